@@ -1,0 +1,23 @@
+# Two entry points for a fresh machine: `make demo` and `make test`. Each sets everything up first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	# torch is pinned for dev/CI: 2.13.0 is a local CPU wheel; pyproject keeps a range for GPU users.
+	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0 numpy -e '.[dev]'
+	touch $(STAMP)
+
+.PHONY: setup demo test lint
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: $(STAMP) lint
+	$(BIN)/python -m pytest -q

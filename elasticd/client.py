@@ -1,0 +1,217 @@
+"""Python client for the elasticd API: sync and asyncio calls with timeouts, and resyncing subscriptions."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from elasticd.protocol import Envelope, ErrorCode, ProtocolError, decode, encode, new_id
+from elasticd.runtime import live_daemons
+
+DEFAULT_TIMEOUT_S = 5.0
+
+
+class ClientError(Exception):
+    """The daemon answered with an error, or did not answer in time."""
+
+    def __init__(self, code: str, reason: str, errno: int = 0) -> None:
+        super().__init__(f"{code}: {reason}")
+        self.code, self.reason, self.errno = code, reason, errno
+
+
+@dataclass
+class Endpoints:
+    control: str
+    pub: str = ""
+    node: str = ""
+    job_id: str = ""
+
+
+@dataclass
+class Event:
+    """One telemetry message: an event (`type` ev) or a daemon heartbeat (`type` hb)."""
+
+    type: str
+    kind: str
+    node: str
+    seq: int
+    ts: float
+    body: dict[str, Any] = field(default_factory=dict)
+
+
+def discover(job_id: str = "") -> list[Endpoints]:
+    """Daemons running on this host, from their endpoint files; coordinators first."""
+    found = [d for d in live_daemons() if not job_id or d.get("job_id") == job_id]
+    found.sort(key=lambda d: (not d.get("coordinator"), d.get("job_id", ""), d.get("node_id", "")))
+    return [Endpoints(d["control"], d.get("pub", ""), d.get("node_id", ""), d.get("job_id", "")) for d in found]
+
+
+def _unwrap(env: Envelope) -> dict[str, Any]:
+    if env.body.get("ok") is False:
+        raise ClientError(str(env.body.get("code", "error")), str(env.body.get("reason", "")),
+                          int(env.body.get("errno", 0)))
+    return env.body
+
+
+def _request(op: str, args: dict[str, Any]) -> tuple[str, bytes]:
+    msg_id = new_id()
+    return msg_id, encode(Envelope("req", op, {**args, "client": _who()}, id=msg_id, ts=time.time()))
+
+
+def _who() -> str:
+    import getpass
+    import socket
+
+    try:
+        return f"{getpass.getuser()}@{socket.gethostname()}"
+    except (KeyError, OSError):
+        return "unknown"
+
+
+class Client:
+    """Blocking client. Every call has a timeout; a lost reply never wedges the socket (DEALER)."""
+
+    def __init__(self, control: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(control)
+        self.timeout_s = timeout_s
+
+    def call(self, op: str, timeout_s: float | None = None, **args: Any) -> dict[str, Any]:
+        msg_id, frame = _request(op, args)
+        self.sock.send(frame)
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        while (left := deadline - time.monotonic()) > 0:
+            if not self.sock.poll(int(left * 1000) + 1):
+                break
+            try:
+                env = decode(self.sock.recv())
+            except ProtocolError:
+                continue
+            if env.id == msg_id:
+                return _unwrap(env)
+        raise ClientError("timeout", f"no answer to {op!r} within {timeout_s or self.timeout_s:.1f}s",
+                          ErrorCode.TIMEOUT)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def subscribe(self, pub: str, idle_timeout_s: float = 3.0) -> Iterator[Event]:
+        """Events after a snapshot, in order; a gap in sequence numbers fetches the missed ones."""
+        sub = self.ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(pub)
+        try:
+            last = int(self.call("status")["seq"])  # subscribe first, then snapshot: nothing falls between
+            while True:
+                if not sub.poll(int(idle_timeout_s * 1000)):
+                    yield Event("idle", "idle", "", last, time.time())
+                    continue
+                event = _parse(sub.recv_multipart())
+                if event is None:
+                    continue
+                if event.type == "ev" and event.seq > last + 1:
+                    for missed in self.call("events", since_seq=last, limit=0)["events"]:
+                        if last < missed["seq"] < event.seq:
+                            yield _from_dict(missed)
+                if event.type != "ev" or event.seq > last:
+                    last = max(last, event.seq) if event.type == "ev" else last
+                    yield event
+        finally:
+            sub.close()
+
+
+def _parse(frames: list[bytes]) -> Event | None:
+    if len(frames) != 2:
+        return None
+    try:
+        env = decode(frames[1])
+    except ProtocolError:
+        return None
+    kind = str(env.body.get("kind", env.op)) if env.type == "ev" else env.op
+    return Event(env.type, kind, env.node, env.seq, env.ts, env.body)
+
+
+def _from_dict(event: dict[str, Any]) -> Event:
+    return Event("ev", str(event.get("kind")), str(event.get("node")), int(event.get("seq", 0)),
+                 float(event.get("ts", 0.0)), event)
+
+
+class AsyncClient:
+    """The asyncio form, for the console and for schedulers built on asyncio."""
+
+    def __init__(self, control: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.ctx = zmq.asyncio.Context.instance()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(control)
+        self.timeout_s = timeout_s
+        self._waiters: dict[str, asyncio.Future[Envelope]] = {}
+        self._reader: asyncio.Task[None] | None = None
+
+    async def call(self, op: str, timeout_s: float | None = None, **args: Any) -> dict[str, Any]:
+        if self._reader is None:
+            self._reader = asyncio.create_task(self._read())
+        msg_id, frame = _request(op, args)
+        future: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
+        self._waiters[msg_id] = future
+        await self.sock.send(frame)
+        try:
+            return _unwrap(await asyncio.wait_for(future, timeout_s or self.timeout_s))
+        except asyncio.TimeoutError:
+            raise ClientError("timeout", f"no answer to {op!r} within {timeout_s or self.timeout_s:.1f}s",
+                              ErrorCode.TIMEOUT) from None
+        finally:
+            self._waiters.pop(msg_id, None)
+
+    async def _read(self) -> None:
+        while True:
+            try:
+                env = decode(await self.sock.recv())
+            except ProtocolError:
+                continue
+            waiter = self._waiters.get(env.id)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(env)
+
+    async def events(self, pub: str) -> AsyncIterator[Event]:
+        """Telemetry after a snapshot; like Client.subscribe, fetching what a gap hides."""
+        sub = self.ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(pub)
+        try:
+            last = int((await self.call("status"))["seq"])
+            while True:
+                event = _parse(await sub.recv_multipart())
+                if event is None:
+                    continue
+                if event.type == "ev" and event.seq > last + 1:
+                    missed = (await self.call("events", since_seq=last, limit=0))["events"]
+                    for item in missed:
+                        if last < item["seq"] < event.seq:
+                            yield _from_dict(item)
+                if event.type != "ev" or event.seq > last:
+                    last = max(last, event.seq) if event.type == "ev" else last
+                    yield event
+        finally:
+            sub.close()
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        self.sock.close()

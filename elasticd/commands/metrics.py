@@ -1,0 +1,27 @@
+"""`metrics`: step, loss, throughput and checkpoint age per rank, from trainer_shim reports."""
+
+import time
+from typing import Any
+
+from elasticd.commands import Command
+from elasticd.coordinator import Coordinator
+
+
+def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+    now, ranks = time.time(), []
+    for node in c.alive():
+        for data in node.metrics.values():
+            if not isinstance(data, dict):
+                continue
+            ckpt = data.get("last_checkpoint") or {}
+            ranks.append({
+                "node": node.node_id, "rank": data.get("rank"), "round": data.get("round"),
+                "step": data.get("step"), "loss": data.get("loss"), "throughput": data.get("throughput"),
+                "step_age_s": round(now - data.get("last_step_at", now), 2), "dropped": data.get("dropped", 0),
+                "checkpoint_step": ckpt.get("step"), "checkpoint_path": ckpt.get("path"),
+                "checkpoint_age_s": round(now - ckpt["at"], 2) if ckpt.get("at") else None,
+            })
+    return {"ok": True, "ranks": sorted(ranks, key=lambda r: (r["rank"] is None, r["rank"]))}
+
+
+COMMANDS = [Command("metrics", False, run, "per rank: step, loss, throughput, checkpoint age")]

@@ -1,0 +1,16 @@
+"""`workers`: every worker process of every node, as last reported by its daemon."""
+
+from typing import Any
+
+from elasticd.commands import Command
+from elasticd.coordinator import Coordinator
+from elasticd.protocol import arg
+
+
+def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+    only = arg(args, "node", str, "")
+    nodes = {n.node_id: n.workers for n in c.nodes.values() if n.status == "alive" and only in ("", n.node_id)}
+    return {"ok": True, "nodes": nodes}
+
+
+COMMANDS = [Command("workers", False, run, "per node: pid, ranks, state, exit code, CPU, RSS, uptime")]

@@ -1,0 +1,78 @@
+"""Parsed `elasticd start` settings, validated into one immutable JobConfig."""
+
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass, field
+
+
+class ConfigError(ValueError):
+    """A flag value that cannot work; the message is shown to the user as is."""
+
+
+class StartError(Exception):
+    """The daemon cannot start (a port in use, an endpoint it cannot bind); one line says why."""
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int
+    rdzv_host: str
+    rdzv_port: int
+    job_id: str
+    node_id: str
+    entry: list[str]  # the command after the interpreter: [script, args...] or ["-m", module, args...]
+    max_restarts: int = 0
+    grace_s: float = 5.0
+    log_dir: str = "elastic-logs"
+    join_timeout_s: float = 600.0
+    hang_timeout_s: float = 60.0
+    heartbeat_s: float = 1.0
+    heartbeat_misses: int = 3
+    local_addr: str = ""
+    control_bind: str = ""
+    pub_bind: str = ""
+    omp_threads: int = 1
+    python: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def lost_after_s(self) -> float:
+        return self.heartbeat_s * self.heartbeat_misses
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*(?::\s*(\d+)\s*)?", text)
+    if not match:
+        raise ConfigError(f"--nnodes must be N or MIN:MAX with positive integers, got {text!r}")
+    low = int(match.group(1))
+    high = int(match.group(2)) if match.group(2) else low
+    if low < 1 or high < low:
+        raise ConfigError(f"--nnodes {text!r}: need 1 <= MIN <= MAX")
+    return low, high
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = text, "29400"
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--rdzv-endpoint must be HOST:PORT with a port in 1..65535, got {text!r}")
+    return host, int(port)
+
+
+def default_node_id() -> str:
+    return socket.gethostname().split(".")[0] or "node"
+
+
+_NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+def check_node_id(node_id: str) -> str:
+    if not _NODE_ID.fullmatch(node_id):
+        raise ConfigError(f"--node-id {node_id!r}: use 1-63 letters, digits, '.', '_' or '-'")
+    return node_id

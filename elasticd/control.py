@@ -1,0 +1,194 @@
+"""The operator API of one daemon: a ROUTER for requests and a PUB for events and heartbeats."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import zmq
+import zmq.asyncio
+
+from elasticd import __version__
+from elasticd.commands import REGISTRY
+from elasticd.config import StartError
+from elasticd.protocol import (
+    MAX_FRAMES,
+    PROTOCOL_VERSION,
+    Envelope,
+    ErrorCode,
+    ProtocolError,
+    decode,
+    encode,
+    error_reply,
+    new_id,
+    reply,
+)
+
+if TYPE_CHECKING:
+    from elasticd.daemon import Daemon
+
+log = logging.getLogger("elasticd")
+FORWARD_TIMEOUT_S = 5.0
+CAPABILITIES = ["snapshot-seq", "dry-run", "force", "forward", *sorted(REGISTRY)]
+
+
+class ControlPlane:
+    def __init__(self, d: Daemon) -> None:
+        self.d = d
+        self.router = d.ctx.socket(zmq.ROUTER)
+        self.pub = d.ctx.socket(zmq.PUB)
+        self.pending: dict[str, tuple[bytes, Envelope, float]] = {}  # forwarded id -> (client, request, due)
+        self.stats = {"requests": 0, "errors": 0, "dropped": 0}
+
+    def bind(self) -> dict[str, str]:
+        for sock in (self.router, self.pub):
+            sock.setsockopt(zmq.LINGER, 0)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self.pub.setsockopt(zmq.SNDHWM, 10000)  # a stuck subscriber loses events, the daemon never stalls
+        return {"control": self._bind(self.router, self.d.cfg.control_bind),
+                "pub": self._bind(self.pub, self.d.cfg.pub_bind)}
+
+    @staticmethod
+    def _bind(sock: zmq.Socket, addr: str) -> str:
+        try:
+            if not addr:
+                port = sock.bind_to_random_port("tcp://127.0.0.1")
+                return f"tcp://127.0.0.1:{port}"
+            sock.bind(addr)
+        except zmq.ZMQError as exc:
+            reason = "address in use" if exc.errno == zmq.EADDRINUSE else str(exc)
+            raise StartError(f"cannot bind {addr or 'a loopback port'}: {reason}") from None
+        return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def tasks(self) -> list[Any]:
+        import asyncio
+
+        return [asyncio.create_task(self.serve())]
+
+    # ---- telemetry ---------------------------------------------------------------------------
+    def publish_event(self, event: dict[str, Any]) -> None:
+        env = Envelope("ev", str(event.get("kind", "event")), event, node=str(event.get("node", "")),
+                       seq=int(event.get("seq", 0)), ts=float(event.get("ts", time.time())))
+        self._publish(f"ev.{env.node}.{env.op}", env)
+
+    def heartbeat(self) -> None:
+        self.expire_forwards()
+        c = self.d.coordinator
+        body = {"state": self.d.node.state, "round": self.d.node.round_id,
+                "job_state": c.state if c else None, "coordinator": c is not None}
+        self._publish(f"hb.{self.d.cfg.node_id}", Envelope("hb", "heartbeat", body, node=self.d.cfg.node_id,
+                                                          seq=self.d.events.seq, ts=time.time()))
+
+    def _publish(self, topic: str, env: Envelope) -> None:
+        try:
+            self.pub.send_multipart([topic.encode(), encode(env)], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            self.stats["dropped"] += 1
+
+    # ---- requests ----------------------------------------------------------------------------
+    async def serve(self) -> None:
+        while True:
+            frames = await self.router.recv_multipart()
+            self.stats["requests"] += 1
+            self.expire_forwards()
+            if len(frames) < 2:
+                self.stats["dropped"] += 1
+                continue
+            ident = frames[0]
+            if len(frames) > MAX_FRAMES or len(frames) != 2:
+                self.send(ident, error_reply("", "error", self.d.cfg.node_id, ProtocolError(
+                    ErrorCode.BAD_MESSAGE, f"a request is one frame; got {len(frames) - 1}")))
+                continue
+            try:
+                env = decode(frames[1])
+                if env.type != "req":
+                    raise ProtocolError(ErrorCode.BAD_MESSAGE, f"expected type 'req', got {env.type!r}")
+                self.handle(ident, env)
+            except ProtocolError as err:
+                self.stats["errors"] += 1
+                self.send(ident, error_reply(_safe_id(frames[1]), "error", self.d.cfg.node_id, err))
+
+    def handle(self, ident: bytes, env: Envelope) -> None:
+        if env.op == "hello":
+            self.send(ident, reply(env, self.d.cfg.node_id, self.hello()))
+            return
+        command = REGISTRY.get(env.op)
+        if command is None:
+            raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {env.op!r}; known: hello, {', '.join(REGISTRY)}")
+        if command.steer:
+            self.d.node_event("command_received", op=env.op, by=env.body.get("client", "?"),
+                              args={k: v for k, v in env.body.items() if k != "client"})
+        if self.d.coordinator is not None:
+            self.send(ident, reply(env, self.d.cfg.node_id, self.execute(env)))
+            return
+        if not self.d.registered or self.d.member_mesh is None:
+            raise ProtocolError(ErrorCode.NOT_RUNNING, "this daemon is not connected to its coordinator yet")
+        fwd = new_id()
+        self.pending[fwd] = (ident, env, time.time() + FORWARD_TIMEOUT_S)
+        self.d.member_mesh.send(f"ctl.{env.op}", env.body, kind="req", msg_id=fwd)
+
+    def execute(self, env: Envelope) -> dict[str, Any]:
+        """Run a verb at the coordinator; interlock refusals become events as well as replies."""
+        c = self.d.coordinator
+        assert c is not None
+        command = REGISTRY[env.op]
+        try:
+            return command.run(c, env.body)
+        except ProtocolError as err:
+            if err.errno == ErrorCode.REFUSED:
+                c.emit("interlock_refused", op=env.op, reason=err.reason)
+            return err.as_body()
+        except Exception as exc:  # a verb's bug must not take the daemon down
+            log.exception("verb %s failed", env.op)
+            return ProtocolError(ErrorCode.INTERNAL, f"{env.op} failed inside the daemon: {exc!r}").as_body()
+
+    def hello(self) -> dict[str, Any]:
+        d = self.d
+        return {"ok": True, "version": __version__, "protocol": PROTOCOL_VERSION, "capabilities": CAPABILITIES,
+                "node": d.cfg.node_id, "job_id": d.cfg.job_id, "coordinator": d.coordinator is not None,
+                "rendezvous": f"{d.cfg.rdzv_host}:{d.cfg.rdzv_port}", **d.endpoints}
+
+    # ---- forwarding between a member and the coordinator ------------------------------------------
+    def on_forwarded(self, sender: str, env: Envelope) -> None:
+        """Coordinator side: run a member's forwarded request and send the answer back."""
+        op = env.op.removeprefix("ctl.")
+        body = (self.execute(Envelope("req", op, env.body, id=env.id)) if op in REGISTRY
+                else ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {op!r}").as_body())
+        assert self.d.coord_mesh is not None
+        self.d.coord_mesh.send(sender, env.op, body, kind="rep", msg_id=env.id)
+
+    def on_forwarded_reply(self, env: Envelope) -> None:
+        entry = self.pending.pop(env.id, None)
+        if entry is not None:
+            ident, request, _ = entry
+            self.send(ident, reply(request, self.d.cfg.node_id, env.body))
+
+    def expire_forwards(self) -> None:
+        now = time.time()
+        for fwd, (ident, request, due) in list(self.pending.items()):
+            if now > due:
+                del self.pending[fwd]
+                self.send(ident, error_reply(request.id, request.op, self.d.cfg.node_id, ProtocolError(
+                    ErrorCode.TIMEOUT, "the coordinator did not answer in time")))
+
+    def send(self, ident: bytes, env: Envelope) -> None:
+        try:
+            self.router.send_multipart([ident, encode(env)], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            self.stats["dropped"] += 1  # the client is gone or not reading: its loss, not ours
+
+    def close(self) -> None:
+        self.router.close()
+        self.pub.close()
+
+
+def _safe_id(frame: bytes) -> str:
+    """Echo a request id back even on a bad request, when one can be found."""
+    try:
+        import json
+
+        raw = json.loads(frame)
+        return raw["id"] if isinstance(raw, dict) and isinstance(raw.get("id"), str) else ""
+    except (ValueError, UnicodeDecodeError):
+        return ""

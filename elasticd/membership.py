@@ -1,0 +1,110 @@
+"""Membership state the coordinator owns: node records, rounds with sticky rank maps, and its store."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+ROLES = ("active", "standby", "draining", "cordoned")
+CAUSES = ("failure", "membership", "operator", "hang")
+
+
+@dataclass
+class NodeRecord:
+    node_id: str
+    host: str
+    nproc: int
+    instance: str  # a fresh id per daemon start: tells a restarted daemon from a duplicate node id
+    joined_seq: int
+    role: str = "active"
+    status: str = "alive"  # alive | lost | left
+    last_seen: float = 0.0
+    ports: list[int] = field(default_factory=list)
+    control: str = ""
+    pub: str = ""
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    def public(self, now: float) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("ports")
+        data["last_seen_age_s"] = round(max(0.0, now - self.last_seen), 3)
+        return data
+
+
+@dataclass
+class RankEntry:
+    node_id: str
+    group_rank: int
+    host: str
+    ranks: list[int]
+
+
+@dataclass
+class Round:
+    round_id: int
+    members: list[RankEntry]
+    world_size: int
+    master_addr: str
+    master_port: int
+    cause: str
+    detail: str
+    started_at: float
+    timeline: dict[str, float] = field(default_factory=dict)
+
+    def entry(self, node_id: str) -> RankEntry | None:
+        return next((e for e in self.members if e.node_id == node_id), None)
+
+    def node_ids(self) -> list[str]:
+        return [e.node_id for e in self.members]
+
+    def public(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def sticky_order(previous: list[str], candidates: list[NodeRecord]) -> list[str]:
+    """Survivors keep their relative order; newcomers follow in the order they joined."""
+    present = {n.node_id for n in candidates}
+    kept = [node for node in previous if node in present]
+    newcomers = sorted((n for n in candidates if n.node_id not in kept), key=lambda n: n.joined_seq)
+    return kept + [n.node_id for n in newcomers]
+
+
+def build_rank_map(order: list[str], nodes: dict[str, NodeRecord]) -> tuple[list[RankEntry], int]:
+    entries, base = [], 0
+    for group_rank, node_id in enumerate(order):
+        node = nodes[node_id]
+        entries.append(RankEntry(node_id, group_rank, node.host, list(range(base, base + node.nproc))))
+        base += node.nproc
+    return entries, base
+
+
+class MembershipStore(Protocol):
+    """What the coordinator persists. The embedded store keeps it in memory; etcd can replace it for HA."""
+
+    def nodes(self) -> dict[str, NodeRecord]: ...
+    def put_node(self, node: NodeRecord) -> None: ...
+    def rounds(self) -> list[Round]: ...
+    def put_round(self, rnd: Round) -> None: ...
+
+
+class MemoryStore:
+    """The embedded single-coordinator store; keeps the last `history` rounds."""
+
+    def __init__(self, history: int = 50) -> None:
+        self._nodes: dict[str, NodeRecord] = {}
+        self._rounds: list[Round] = []
+        self._history = history
+
+    def nodes(self) -> dict[str, NodeRecord]:
+        return self._nodes
+
+    def put_node(self, node: NodeRecord) -> None:
+        self._nodes[node.node_id] = node
+
+    def rounds(self) -> list[Round]:
+        return self._rounds
+
+    def put_round(self, rnd: Round) -> None:
+        self._rounds.append(rnd)
+        del self._rounds[: -self._history]

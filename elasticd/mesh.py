@@ -1,0 +1,98 @@
+"""Daemon-to-daemon transport: the coordinator's ROUTER on the rendezvous endpoint, members' DEALERs."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from elasticd.protocol import MAX_FRAMES, Envelope, ProtocolError, decode, encode
+
+log = logging.getLogger("elasticd")
+Handler = Callable[[str, Envelope], None]  # (sender node id, message)
+
+
+def _configure(sock: zmq.Socket, linger_ms: int) -> None:
+    sock.setsockopt(zmq.LINGER, linger_ms)
+    # Transport heartbeats keep dead TCP peers from lingering; the app-level beats decide liveness.
+    sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+
+
+class CoordinatorMesh:
+    """Binds the rendezvous endpoint; one DEALER per member node talks to it."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, node_id: str) -> None:
+        self.sock = ctx.socket(zmq.ROUTER)
+        _configure(self.sock, 1000)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted member reclaims its identity
+        self.sock.bind(endpoint)
+        self.node_id = node_id
+        self.identities: dict[str, bytes] = {}
+
+    def send(self, node_id: str, op: str, body: dict[str, Any], kind: str = "req", msg_id: str = "") -> None:
+        ident = self.identities.get(node_id)
+        if ident is None:
+            return
+        frame = encode(Envelope(kind, op, body, id=msg_id, node=self.node_id, ts=time.time()))
+        try:
+            self.sock.send_multipart([ident, frame], flags=zmq.NOBLOCK)
+        except zmq.ZMQError as exc:  # a member's queue is full or gone: liveness will sort it out
+            log.debug("mesh send to %s dropped: %s", node_id, exc)
+
+    async def serve(self, handler: Handler) -> None:
+        while True:
+            frames = await self.sock.recv_multipart()
+            if len(frames) != 2 or len(frames) > MAX_FRAMES:
+                continue
+            ident, payload = frames
+            try:
+                env = decode(payload)
+            except ProtocolError as exc:
+                log.warning("mesh: dropped a bad frame: %s", exc.reason)
+                continue
+            sender = ident.decode(errors="replace").split("|", 1)[0]
+            if env.node != sender:
+                continue  # a node speaks only for itself
+            if env.op == "register":
+                self.identities[sender] = ident
+            handler(sender, env)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class MemberMesh:
+    """A member's link to the coordinator."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, node_id: str, instance: str) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        _configure(self.sock, 500)
+        self.sock.setsockopt(zmq.IDENTITY, f"{node_id}|{instance}".encode())
+        self.sock.setsockopt(zmq.SNDHWM, 10000)
+        self.sock.connect(endpoint)
+        self.node_id = node_id
+
+    def send(self, op: str, body: dict[str, Any], kind: str = "req", msg_id: str = "") -> None:
+        frame = encode(Envelope(kind, op, body, id=msg_id, node=self.node_id, ts=time.time()))
+        try:
+            self.sock.send(frame, flags=zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.debug("mesh send %s dropped: %s", op, exc)
+
+    async def serve(self, handler: Handler) -> None:
+        while True:
+            payload = await self.sock.recv()
+            try:
+                env = decode(payload)
+            except ProtocolError as exc:
+                log.warning("mesh: dropped a bad frame from the coordinator: %s", exc.reason)
+                continue
+            handler(env.node, env)
+
+    def close(self) -> None:
+        self.sock.close()

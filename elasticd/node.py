@@ -1,0 +1,126 @@
+"""The node agent: registers with the coordinator, applies each round to the local workers, reports back."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from elasticd.config import JobConfig
+from elasticd.runtime import free_ports
+from elasticd.workers import Worker, WorkerGroup
+
+log = logging.getLogger("elasticd")
+ToCoordinator = Callable[[str, dict[str, Any]], None]
+NodeEvent = Callable[..., None]  # (kind, **fields): a node-side event for the job log
+
+
+class NodeAgent:
+    def __init__(self, cfg: JobConfig, host: str, to_coord: ToCoordinator, event: NodeEvent,
+                 worker_env: dict[str, str]) -> None:
+        self.cfg = cfg
+        self.host = host
+        self.to_coord = to_coord
+        self.event = event
+        self.worker_env = worker_env
+        self.instance = uuid.uuid4().hex[:12]
+        self.state = "registering"  # registering | running | standby | waiting | cordoned | ending
+        self.reason = ""
+        self.round_id = 0
+        self.assignment: dict[str, Any] = {}
+        self.group: WorkerGroup | None = None
+        self.exit_code: int | None = None  # set when the daemon should exit
+        self._round_lock = asyncio.Lock()
+        self.endpoints: dict[str, str] = {}
+        self.rank_metrics: dict[int, dict[str, Any]] = {}  # filled by the worker channel (shim reports)
+        self.drained_ranks: set[int] = set()
+
+    def register_body(self) -> dict[str, Any]:
+        return {"node_id": self.cfg.node_id, "instance": self.instance, "host": self.host,
+                "nproc": self.cfg.nproc_per_node, "ports": free_ports(4), **self.endpoints}
+
+    def heartbeat_body(self) -> dict[str, Any]:
+        return {"instance": self.instance, "ports": free_ports(4), "workers": self.workers_info(),
+                "state": self.state, "round": self.round_id,
+                "metrics": {str(rank): m for rank, m in self.rank_metrics.items() if m.get("round") == self.round_id}}
+
+    def workers_info(self) -> list[dict[str, Any]]:
+        return self.group.info() if self.group else []
+
+    # ---- rounds -------------------------------------------------------------------------------
+    async def apply_round(self, body: dict[str, Any]) -> None:
+        async with self._round_lock:
+            round_id = body.get("round")
+            if round_id is not None and round_id <= self.round_id:
+                return  # a stale or repeated assignment
+            stopped = await self.stop_workers()
+            if round_id is None:
+                self.state, self.reason = body.get("state", "waiting"), body.get("reason", "")
+                log.warning("[%s] %s: %s", self.cfg.node_id, self.state, self.reason)
+                return
+            self.round_id, self.assignment = round_id, body
+            self.rank_metrics, self.drained_ranks = {}, set()
+            if body["state"] != "running":
+                self.state = body["state"]
+                self.to_coord("round_progress", {"round": round_id, "stopped": stopped})
+                return
+            self.state = "running"
+            self.group = WorkerGroup(self.cfg, round_id, body, self.worker_env, self.on_worker_exit)
+            try:
+                await self.group.spawn()
+            except OSError as exc:
+                self.report_failure(None, f"could not start workers on node {self.cfg.node_id}: {exc}")
+                return
+            self.event("workers_started", round=round_id, ranks=body["ranks"], world_size=body["world_size"],
+                       pids=[w.proc.pid for w in self.group.workers])
+            self.to_coord("round_progress", {"round": round_id, "stopped": stopped, "spawned": time.time()})
+
+    async def stop_workers(self) -> float:
+        group, self.group = self.group, None
+        if group and group.running:
+            await group.stop(self.cfg.grace_s)
+            self.event("workers_stopped", round=group.round_id,
+                       exit_codes={w.rank: w.exit_code for w in group.workers})
+        return time.time()
+
+    def on_worker_exit(self, worker: Worker) -> None:
+        group = self.group
+        if worker.stopping or group is None or worker not in group.workers:
+            return
+        self.event("worker_exited", round=group.round_id, rank=worker.rank, pid=worker.proc.pid,
+                   exit_code=worker.exit_code)
+        if worker.exit_code != 0:
+            self.report_failure(worker, f"worker rank {worker.rank} on node {self.cfg.node_id} exited with "
+                                f"{describe_exit(worker.exit_code)} (log: {worker.log_path})")
+        elif not group.running and all(w.exit_code == 0 for w in group.workers):
+            drained = {w.rank for w in group.workers} <= self.drained_ranks
+            self.to_coord("node_drained" if drained else "node_done", {"round": group.round_id})
+
+    async def kill_worker(self, rank: int) -> None:
+        """A failure drill: SIGKILL one local worker, which the job then recovers from like any crash."""
+        if self.group is not None and self.group.kill_worker(rank):
+            self.event("worker_killed", rank=rank, reason="operator drill")
+
+    def report_failure(self, worker: Worker | None, reason: str, hang: bool = False) -> None:
+        self.to_coord("worker_failed", {"round": self.round_id, "reason": reason, "detected": time.time(),
+                                        "rank": worker.rank if worker else None, "hang": hang})
+
+    async def end(self, state: str, reason: str) -> None:
+        self.state, self.reason = "ending", reason
+        await self.stop_workers()
+        self.exit_code = 0 if state in ("succeeded", "stopped") else 1
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "no exit code"
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"

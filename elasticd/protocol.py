@@ -1,0 +1,166 @@
+"""The wire protocol: a versioned JSON envelope shared by daemons, clients and the trainer shim.
+
+Stdlib only: `trainer_shim` imports this module, and it must stay free of elasticd's other imports.
+docs/protocol.md is the reference for everything defined here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 256 * 1024
+MAX_FRAMES = 4  # ROUTER: identity + payload; anything longer is a malformed request
+MESSAGE_TYPES = ("req", "rep", "ev", "hb", "st")
+
+
+class ErrorCode:
+    """Stable error numbers (Circus-style); the names travel with them as `code`."""
+
+    INVALID_JSON = 1
+    BAD_MESSAGE = 2
+    UNKNOWN_OP = 3
+    BAD_ARGUMENT = 4
+    REFUSED = 5  # an interlock; `--force` overrides
+    NOT_RUNNING = 6
+    UNAUTHORIZED = 7
+    TIMEOUT = 8
+    INTERNAL = 9
+    NOT_FOUND = 10
+    VERSION = 11
+
+    NAMES = {
+        1: "invalid_json",
+        2: "bad_message",
+        3: "unknown_op",
+        4: "bad_argument",
+        5: "refused",
+        6: "not_running",
+        7: "unauthorized",
+        8: "timeout",
+        9: "internal",
+        10: "not_found",
+        11: "version",
+    }
+
+
+class ProtocolError(Exception):
+    """A frame or request that cannot be served; carries the stable error number."""
+
+    def __init__(self, errno: int, reason: str) -> None:
+        super().__init__(reason)
+        self.errno = errno
+        self.reason = reason
+
+    def as_body(self) -> dict[str, Any]:
+        return {
+            "ok": False,
+            "errno": self.errno,
+            "code": ErrorCode.NAMES.get(self.errno, "error"),
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class Envelope:
+    """One message on any elastic socket."""
+
+    type: str
+    op: str
+    body: dict[str, Any] = field(default_factory=dict)
+    id: str = ""
+    node: str = ""
+    seq: int = 0
+    ts: float = 0.0
+    v: int = PROTOCOL_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "v": self.v,
+            "type": self.type,
+            "op": self.op,
+            "id": self.id,
+            "node": self.node,
+            "seq": self.seq,
+            "ts": self.ts or time.time(),
+            "body": self.body,
+        }
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN/Infinity; a NaN loss is sent as null rather than as invalid JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def encode(env: Envelope) -> bytes:
+    return json.dumps(_finite(env.to_dict()), separators=(",", ":"), allow_nan=False).encode()
+
+
+def decode(frame: bytes) -> Envelope:
+    """Parse and validate one frame; raises ProtocolError with the reason a client can act on."""
+    if len(frame) > MAX_FRAME_BYTES:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
+    try:
+        raw = json.loads(frame)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(ErrorCode.INVALID_JSON, f"not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "envelope must be a JSON object")
+    version = raw.get("v")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(ErrorCode.VERSION, f"protocol version {version!r} unsupported (want {PROTOCOL_VERSION})")
+    kind, op = raw.get("type"), raw.get("op")
+    if kind not in MESSAGE_TYPES:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"field 'type' must be one of {', '.join(MESSAGE_TYPES)}")
+    if not isinstance(op, str) or not op:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "field 'op' must be a non-empty string")
+    body = raw.get("body", {})
+    if not isinstance(body, dict):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "field 'body' must be an object")
+    msg_id, node = raw.get("id", ""), raw.get("node", "")
+    seq, ts = raw.get("seq", 0), raw.get("ts", 0.0)
+    if not isinstance(msg_id, str) or not isinstance(node, str):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "fields 'id' and 'node' must be strings")
+    if isinstance(seq, bool) or not isinstance(seq, int):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "field 'seq' must be an integer")
+    if isinstance(ts, bool) or not isinstance(ts, int | float):
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, "field 'ts' must be a number")
+    return Envelope(type=kind, op=op, body=body, id=msg_id, node=node, seq=seq, ts=float(ts), v=version)
+
+
+def reply(request: Envelope, node: str, body: dict[str, Any]) -> Envelope:
+    return Envelope(type="rep", op=request.op, body=body, id=request.id, node=node, ts=time.time())
+
+
+def error_reply(request_id: str, op: str, node: str, err: ProtocolError) -> Envelope:
+    return Envelope(type="rep", op=op or "error", body=err.as_body(), id=request_id, node=node, ts=time.time())
+
+
+def arg(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    """Fetch one typed request argument, or raise BAD_ARGUMENT naming it."""
+    if name not in body:
+        if default is ...:
+            raise ProtocolError(ErrorCode.BAD_ARGUMENT, f"missing argument '{name}'")
+        return default
+    value = body[name]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:  # JSON true is not the integer 1 here
+        raise ProtocolError(ErrorCode.BAD_ARGUMENT, f"argument '{name}' has the wrong type")
+    if not isinstance(value, kind):
+        raise ProtocolError(ErrorCode.BAD_ARGUMENT, f"argument '{name}' has the wrong type")
+    return value

@@ -1,0 +1,99 @@
+"""Per-user runtime directory: private ipc sockets and the endpoint files the CLI discovers daemons by."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+
+def runtime_dir() -> Path:
+    base = os.environ.get("ELASTICD_RUNTIME_DIR") or os.environ.get("XDG_RUNTIME_DIR")
+    path = Path(base) / "elasticd" if base else Path(tempfile.gettempdir()) / f"elasticd-{os.getuid()}"
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)  # ipc:// sockets live here: only this user may connect
+    return path
+
+
+def endpoint_file(job_id: str, node_id: str) -> Path:
+    return runtime_dir() / f"{job_id}--{node_id}.json"
+
+
+def write_endpoints(job_id: str, node_id: str, info: dict[str, Any]) -> Path:
+    path = endpoint_file(job_id, node_id)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(info, indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+def remove_endpoints(job_id: str, node_id: str, pid: int) -> None:
+    path = endpoint_file(job_id, node_id)
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(path.read_text()).get("pid") == pid:
+            path.unlink()
+
+
+def live_daemons() -> list[dict[str, Any]]:
+    """Endpoint files of daemons still running; stale files (dead pid) are removed on the way."""
+    found = []
+    for path in sorted(runtime_dir().glob("*--*.json")):
+        try:
+            info = json.loads(path.read_text())
+            pid = int(info["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            found.append(info)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()
+    return found
+
+
+def free_ports(count: int, host: str = "") -> list[int]:
+    """Ports the kernel says are free now; the coordinator hands one to each round's rank 0."""
+    socks, ports = [], []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            socks.append(sock)
+            ports.append(sock.getsockname()[1])
+    finally:
+        for sock in socks:
+            sock.close()
+    return ports
+
+
+def is_local_host(host: str) -> bool:
+    try:
+        infos = socket.getaddrinfo(host, None, socket.AF_INET)
+    except socket.gaierror:
+        return False
+    local = {addr.address for addrs in psutil.net_if_addrs().values() for addr in addrs}
+    return any(info[4][0] in local or info[4][0].startswith("127.") for info in infos)
+
+
+def advertised_addr(rdzv_host: str, override: str = "") -> str:
+    """The address other nodes reach us on: the interface that routes to the rendezvous host."""
+    if override:
+        return override
+    try:
+        target = socket.getaddrinfo(rdzv_host, None, socket.AF_INET)[0][4][0]
+    except socket.gaierror:
+        return "127.0.0.1"
+    if target.startswith("127."):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((target, 9))  # UDP connect sends nothing; it only picks the route
+            return probe.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"

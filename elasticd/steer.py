@@ -1,0 +1,129 @@
+"""Operator steering on the coordinator: plans (dry-run), interlocks, and graceful membership transitions."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from elasticd.coordinator import Coordinator
+from elasticd.membership import build_rank_map
+from elasticd.protocol import ErrorCode, ProtocolError, new_id
+
+STEP_MARGIN = 2  # ranks act this many steps past the highest reported step, so all act at the same one
+DRAIN_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Transition:
+    """A graceful change in flight: shim workers stop at one step, then the job re-forms or ends."""
+
+    op_id: str
+    kind: str
+    leaving: list[str]
+    final_role: str
+    then: str  # "round" | "end"
+    awaiting: set[str]
+    deadline: float
+    started: float = field(default_factory=time.time)
+
+
+def refuse(reason: str, errno: int = ErrorCode.REFUSED) -> ProtocolError:
+    return ProtocolError(errno, reason)
+
+
+def require_running(c: Coordinator) -> None:
+    if c.state != "running" or c.round is None:
+        raise refuse(f"job '{c.cfg.job_id}' is not running (state {c.state})", ErrorCode.NOT_RUNNING)
+
+
+def shim_step(c: Coordinator) -> int | None:
+    """The highest step any rank of this round reported, or None when no worker uses the shim."""
+    steps = [int(m["step"]) for n in c.alive() for m in n.metrics.values()
+             if isinstance(m, dict) and m.get("step") is not None and m.get("round") == c.round.round_id]
+    return max(steps) if steps else None
+
+
+def plan(c: Coordinator, members_after: list[str]) -> dict[str, Any]:
+    """What a change does to the world: sizes, and which global ranks leave or move."""
+    assert c.round is not None
+    before = {e.node_id: e.ranks for e in c.round.members}
+    entries, world = build_rank_map(members_after, c.nodes)
+    after = {e.node_id: e.ranks for e in entries}
+    leaving = sorted(r for n, ranks in before.items() if n not in after for r in ranks)
+    moved = {n: [before[n], after[n]] for n in after if n in before and before[n] != after[n]}
+    return {"world_before": c.round.world_size, "world_after": world, "nodes_after": members_after,
+            "ranks_leaving": leaving, "ranks_moving": moved,
+            "summary": f"world {c.round.world_size} → {world}" + (f"; ranks {span(leaving)} leave" if leaving else "")}
+
+
+def span(ranks: list[int]) -> str:
+    contiguous = len(ranks) > 1 and ranks[-1] - ranks[0] == len(ranks) - 1
+    return f"{ranks[0]}-{ranks[-1]}" if contiguous else ",".join(map(str, ranks))
+
+
+def check_leave(c: Coordinator, nodes: list[str], force: bool) -> None:
+    assert c.round is not None
+    members = c.round.node_ids()
+    for node_id in nodes:
+        if node_id not in c.nodes:
+            raise refuse(f"no node '{node_id}' in job '{c.cfg.job_id}'", ErrorCode.NOT_FOUND)
+        if node_id not in members:
+            raise refuse(f"node '{node_id}' is not in the current round (role {c.nodes[node_id].role})",
+                         ErrorCode.BAD_ARGUMENT)
+    if force:
+        return
+    remaining = len(members) - len(nodes)
+    if remaining < c.cfg.min_nodes:
+        raise refuse(f"would leave {remaining} node(s), below --nnodes min {c.cfg.min_nodes}; use --force")
+    if c.cfg.node_id in nodes:
+        raise refuse(f"node '{c.cfg.node_id}' is the coordinator; draining it ends the job; use --force")
+    if members[0] in nodes:
+        raise refuse(f"node '{members[0]}' holds rank 0; draining it moves rank 0; use --force")
+
+
+def begin(c: Coordinator, kind: str, leaving: list[str], final_role: str, then: str,
+          detail: str) -> dict[str, Any]:
+    """Start a graceful transition; shim workers stop at one agreed step, plain ones get SIGTERM."""
+    assert c.round is not None
+    op_id = new_id()
+    step = shim_step(c)
+    for node_id in leaving:
+        c.nodes[node_id].role = "draining"
+        c.emit("node_role", node_id, role="draining")
+    members = c.round.node_ids()
+    at_step = step + STEP_MARGIN if step is not None else None
+    trans = Transition(op_id, kind, leaving, final_role, then, set(members) if step is not None else set(),
+                       time.time() + DRAIN_TIMEOUT_S)
+    c.transition = trans
+    c.emit(f"{kind}_started", op_id=op_id, nodes=leaving, at_step=at_step, detail=detail)
+    for node_id in members:
+        c.send(node_id, "drain_workers", {"request_id": op_id, "at_step": at_step})
+    finish_if_ready(c, time.time())
+    return {"ok": True, "accepted": True, "op_id": op_id, "at_step": at_step}
+
+
+def node_drained(c: Coordinator, node_id: str, now: float) -> None:
+    trans = c.transition
+    if trans is not None and node_id in trans.awaiting:
+        trans.awaiting.discard(node_id)
+        c.emit("drain_progress", node_id, op_id=trans.op_id, remaining=sorted(trans.awaiting))
+        finish_if_ready(c, now)
+
+
+def finish_if_ready(c: Coordinator, now: float) -> None:
+    trans = c.transition
+    if trans is None or (trans.awaiting and now < trans.deadline):
+        return
+    c.transition = None
+    timed_out = bool(trans.awaiting)
+    for node_id in trans.leaving:
+        c.nodes[node_id].role = trans.final_role
+        c.emit("node_role", node_id, role=trans.final_role)
+    c.emit(f"{trans.kind}_complete", op_id=trans.op_id, nodes=trans.leaving, timed_out=timed_out,
+           duration_s=round(now - trans.started, 3))
+    if trans.then == "end":
+        c.end("stopped", f"stopped by operator ({trans.op_id})", now)
+    else:
+        c.schedule("membership", f"{trans.kind} of {', '.join(trans.leaving) or 'job'}", trans.started)
+        c.pending_due = now

@@ -1,0 +1,134 @@
+"""The daemon's end of the trainer_shim channel (docs/worker-channel.md): metrics, requests, hang checks."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import zmq
+import zmq.asyncio
+
+from elasticd.config import JobConfig, StartError
+from elasticd.protocol import Envelope, ProtocolError, decode, encode, new_id
+from elasticd.runtime import runtime_dir
+
+if TYPE_CHECKING:
+    from elasticd.node import NodeAgent
+
+log = logging.getLogger("elasticd")
+
+
+class WorkerChannel:
+    def __init__(self, ctx: zmq.asyncio.Context, cfg: JobConfig, node: NodeAgent) -> None:
+        self.ctx = ctx
+        self.cfg = cfg
+        self.node = node
+        self.sock: zmq.asyncio.Socket | None = None
+        self.path = ""
+        self.idents: dict[int, tuple[bytes, int]] = {}  # rank -> (identity, round)
+        self.hung_reported: set[tuple[int, int]] = set()
+        self.dropped_frames = 0
+
+    def bind(self) -> dict[str, str]:
+        self.path = str(runtime_dir() / f"{self.cfg.job_id}--{self.cfg.node_id}--{os.getpid()}.workers")
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 100)
+        try:
+            self.sock.bind(f"ipc://{self.path}")
+        except zmq.ZMQError as exc:
+            raise StartError(f"cannot bind the worker channel ipc://{self.path}: {exc}") from None
+        return {"ELASTICD_WORKER_ADDR": f"ipc://{self.path}"}
+
+    async def serve(self) -> None:
+        assert self.sock is not None
+        while True:
+            frames = await self.sock.recv_multipart()
+            if len(frames) != 2:
+                self.dropped_frames += 1
+                continue
+            try:
+                env = decode(frames[1])
+                self.on_message(frames[0], env)
+            except (ProtocolError, KeyError, TypeError, ValueError) as exc:
+                self.dropped_frames += 1
+                log.debug("worker channel: dropped a bad frame: %r", exc)
+
+    def on_message(self, ident: bytes, env: Envelope) -> None:
+        body, now = env.body, time.time()
+        rank = int(body["rank"])
+        if env.op == "hello":
+            round_id = int(body.get("round", self.node.round_id))
+            self.idents[rank] = (ident, round_id)
+            self.node.rank_metrics[rank] = {"rank": rank, "round": round_id, "hello": now, "last_step_at": now}
+            return
+        metrics = self.node.rank_metrics.get(rank)
+        if metrics is None or metrics.get("round") != self.node.round_id:
+            return  # a worker of an old round still draining its queue
+        if env.op == "step":
+            self.on_step(metrics, body, now)
+        elif env.op == "checkpoint":
+            metrics["last_checkpoint"] = {k: body.get(k) for k in ("step", "path", "bytes", "duration_s")}
+            metrics["last_checkpoint"]["at"] = now
+            self.node.event("checkpoint_saved", rank=rank, step=body.get("step"), path=body.get("path"),
+                            bytes=body.get("bytes"), duration_s=body.get("duration_s"),
+                            request_id=body.get("request_id"))
+        elif env.op == "checkpoint_skipped":
+            self.node.event("checkpoint_skipped", rank=rank, path=body.get("path"), reason=body.get("reason"))
+        elif env.op == "drained":
+            metrics["drained_step"] = body.get("step")
+            self.node.drained_ranks.add(rank)
+        elif env.op == "ack":
+            metrics["last_ack"] = body.get("request_id")
+
+    def on_step(self, metrics: dict[str, Any], body: dict[str, Any], now: float) -> None:
+        first = "step" not in metrics
+        elapsed = now - metrics["last_step_at"]
+        step = int(body["step"])
+        samples = int(body.get("samples") or 0)
+        metrics.update(step=step, loss=body.get("loss"), samples=samples, tokens=body.get("tokens"),
+                       step_time=body.get("step_time"), dropped=body.get("dropped", 0),
+                       extra=body.get("metrics", {}), last_step_at=now)
+        if elapsed > 0 and samples:
+            metrics["throughput"] = round(samples / elapsed, 2)
+        if first:
+            self.node.to_coord("first_step", {"round": self.node.round_id, "at": now})
+
+    def request(self, op: str, body: dict[str, Any]) -> int:
+        """Send checkpoint/drain to this round's shim workers; returns how many were asked."""
+        if self.sock is None:
+            return 0
+        payload = {"request_id": body.get("request_id") or new_id(), "at_step": body.get("at_step")}
+        frame = encode(Envelope("req", op, payload, node=self.cfg.node_id, ts=time.time()))
+        sent = 0
+        for ident, round_id in list(self.idents.values()):
+            if round_id == self.node.round_id:
+                try:
+                    self.sock.send_multipart([ident, frame], flags=zmq.NOBLOCK)
+                    sent += 1
+                except zmq.ZMQError:
+                    self.dropped_frames += 1
+        return sent
+
+    def check_hangs(self, now: float) -> None:
+        for rank, metrics in list(self.node.rank_metrics.items()):
+            key = (rank, int(metrics.get("round", 0)))
+            silent = now - metrics.get("last_step_at", now)
+            if (metrics.get("round") == self.node.round_id and self.node.state == "running"
+                    and silent > self.cfg.hang_timeout_s and key not in self.hung_reported
+                    and rank not in self.node.drained_ranks):
+                self.hung_reported.add(key)
+                self.node.event("worker_hung", rank=rank, silent_s=round(silent, 1))
+                self.node.report_failure(None, f"worker rank {rank} on node {self.cfg.node_id} made no step "
+                                         f"for {silent:.1f}s (hang timeout {self.cfg.hang_timeout_s:.0f}s)",
+                                         hang=True)
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        if self.path:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)

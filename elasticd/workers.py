@@ -1,0 +1,161 @@
+"""The local worker processes of one round: spawn with torchrun's env contract, watch, stop, log."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from elasticd.config import JobConfig
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """Runs in the child before exec: its own process group, and SIGKILL when the daemon dies.
+
+    PDEATHSIG covers the daemon being SIGKILLed, which no cleanup handler can.
+    """
+
+    def setup() -> None:
+        os.setsid()
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the daemon died between fork and prctl
+            os._exit(1)
+
+    return setup
+
+
+@dataclass
+class Worker:
+    local_rank: int
+    rank: int
+    proc: asyncio.subprocess.Process
+    log_path: Path
+    started: float
+    exit_code: int | None = None
+    stopping: bool = False
+    ps: psutil.Process | None = None
+    tail: list[str] = field(default_factory=list)
+
+    def info(self) -> dict[str, Any]:
+        cpu = rss = 0.0
+        if self.exit_code is None and self.ps is not None:
+            with contextlib.suppress(psutil.Error), self.ps.oneshot():
+                cpu, rss = self.ps.cpu_percent(), self.ps.memory_info().rss
+        return {
+            "pid": self.proc.pid, "local_rank": self.local_rank, "rank": self.rank,
+            "state": "running" if self.exit_code is None else ("succeeded" if self.exit_code == 0 else "failed"),
+            "exit_code": self.exit_code, "cpu_percent": cpu, "rss": int(rss),
+            "uptime_s": round(time.time() - self.started, 1), "log": str(self.log_path),
+        }
+
+
+ExitHandler = Callable[[Worker], None]
+
+
+class WorkerGroup:
+    """All workers of this node for one round."""
+
+    def __init__(self, cfg: JobConfig, round_id: int, assignment: dict[str, Any], extra_env: dict[str, str],
+                 on_exit: ExitHandler) -> None:
+        self.cfg = cfg
+        self.round_id = round_id
+        self.assignment = assignment
+        self.extra_env = extra_env
+        self.on_exit = on_exit
+        self.workers: list[Worker] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def env_for(self, local_rank: int, rank: int) -> dict[str, str]:
+        a, cfg = self.assignment, self.cfg
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", str(cfg.omp_threads))
+        env.update(cfg.env)
+        env.update({
+            "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(a["world_size"]),
+            "LOCAL_WORLD_SIZE": str(cfg.nproc_per_node), "GROUP_RANK": str(a["group_rank"]),
+            "GROUP_WORLD_SIZE": str(a["group_world_size"]), "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(a["world_size"]), "ROLE_NAME": "default",
+            "MASTER_ADDR": a["master_addr"], "MASTER_PORT": str(a["master_port"]),
+            "TORCHELASTIC_RESTART_COUNT": str(a["restart_count"]),
+            "TORCHELASTIC_MAX_RESTARTS": str(a["max_restarts"]), "TORCHELASTIC_RUN_ID": cfg.job_id,
+            "TORCHELASTIC_USE_AGENT_STORE": "False", "PYTHONUNBUFFERED": "1",
+            "ELASTICD_NODE_ID": cfg.node_id, "ELASTICD_ROUND": str(self.round_id),
+            "ELASTICD_JOB_ID": cfg.job_id, "ELASTICD_HANG_TIMEOUT": str(cfg.hang_timeout_s),
+        })
+        env.update(self.extra_env)
+        return env
+
+    async def spawn(self) -> None:
+        log_dir = Path(self.cfg.log_dir) / self.cfg.job_id / self.cfg.node_id / f"round-{self.round_id:04d}"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        python = self.cfg.python or sys.executable
+        for local_rank, rank in enumerate(self.assignment["ranks"]):
+            log_path = log_dir / f"rank-{rank}.log"
+            proc = await asyncio.create_subprocess_exec(
+                python, "-u", *self.cfg.entry, env=self.env_for(local_rank, rank),
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, preexec_fn=_die_with_parent(os.getpid()),
+            )
+            worker = Worker(local_rank, rank, proc, log_path, time.time())
+            with contextlib.suppress(psutil.Error):
+                worker.ps = psutil.Process(proc.pid)
+            self.workers.append(worker)
+            self._tasks.append(asyncio.create_task(self._watch(worker)))
+
+    async def _watch(self, worker: Worker) -> None:
+        prefix = f"[{self.cfg.node_id}:{worker.rank}] ".encode()
+        assert worker.proc.stdout is not None
+        with open(worker.log_path, "ab") as log_file:
+            async for line in worker.proc.stdout:
+                log_file.write(line)
+                log_file.flush()
+                worker.tail = [*worker.tail[-19:], line.decode(errors="replace").rstrip()]
+                sys.stdout.buffer.write(prefix + line)
+                sys.stdout.flush()
+        worker.exit_code = await worker.proc.wait()
+        self.on_exit(worker)
+
+    @property
+    def running(self) -> list[Worker]:
+        return [w for w in self.workers if w.exit_code is None]
+
+    def signal_all(self, sig: int) -> None:
+        for worker in self.running:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(worker.proc.pid, sig)
+
+    async def stop(self, grace_s: float) -> None:
+        """SIGTERM every process group, wait out the grace period, then SIGKILL what is left."""
+        for worker in self.workers:
+            worker.stopping = True
+        self.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while self.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if self.running:
+            self.signal_all(signal.SIGKILL)
+        # Grandchildren that left the group are not ours to chase; the group kill covers the usual ones.
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def kill_worker(self, rank: int, sig: int = signal.SIGKILL) -> bool:
+        for worker in self.running:
+            if worker.rank == rank:
+                os.killpg(worker.proc.pid, sig)
+                return True
+        return False
+
+    def info(self) -> list[dict[str, Any]]:
+        return [{**w.info(), "round": self.round_id} for w in self.workers]

@@ -1,0 +1,6 @@
+"""Test set-up: tests import the harness module from this folder."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))

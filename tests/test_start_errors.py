@@ -1,0 +1,64 @@
+"""`elasticd start` with bad input: a clear one-line error and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from harness import TICKER, free_port
+
+
+def start(tmp: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    env = {"ELASTICD_RUNTIME_DIR": str(tmp / "run"), "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, "-m", "elasticd.cli", "start", *args], cwd=tmp, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--nnodes", "2:1", str(TICKER)], "need 1 <= MIN <= MAX"),
+    (["--nnodes", "x", str(TICKER)], "--nnodes must be N or MIN:MAX"),
+    (["--nproc-per-node", "0", str(TICKER)], "--nproc-per-node must be a positive integer"),
+    (["--nnodes", "1:2", str(TICKER)], "--rdzv-endpoint HOST:PORT is required"),
+    (["--rdzv-endpoint", "127.0.0.1:99999", str(TICKER)], "port in 1..65535"),
+    (["--standalone", "--nnodes", "2", str(TICKER)], "--standalone is a single-node job"),
+    (["--standalone", "no_such_script.py"], "training script 'no_such_script.py' does not exist"),
+    (["--standalone", "--node-id", "bad id!", str(TICKER)], "--node-id 'bad id!'"),
+    (["--standalone", "--grace-period", "-1", str(TICKER)], "--grace-period must be positive"),
+    (["--standalone", "--max_restarts", "-2", str(TICKER)], "--max-restarts must be 0 or more"),
+])
+def test_bad_flags_get_one_clear_line(tmp_path: Path, args: list[str], message: str) -> None:
+    result = start(tmp_path, *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0
+
+
+def test_control_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = start(tmp_path, "--standalone", "--control", f"tcp://127.0.0.1:{port}", str(TICKER))
+    assert result.returncode == 2
+    assert f"tcp://127.0.0.1:{port}" in result.stderr and "in use" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unreachable_endpoint_gives_up_with_a_reason(tmp_path: Path) -> None:
+    port = free_port()  # nobody listens here, and 192.0.2.1 would leave the machine: use loopback of another port
+    result = start(tmp_path, "--nnodes", "1:2", "--rdzv-endpoint", f"localhost.invalid:{port}",
+                   "--connect-timeout", "2", str(TICKER))
+    assert result.returncode == 2
+    assert "did not answer within 2s" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_underscore_and_dash_flag_forms_are_both_accepted(tmp_path: Path) -> None:
+    result = start(tmp_path, "--standalone", "--nproc_per_node", "1", "--max_restarts", "0", "--node_id", "solo",
+                   str(TICKER), "--ticks", "2", "--interval", "0.01")
+    assert result.returncode == 0, result.stderr
+    assert "[solo:0] tick=1 rank=0 world=1" in result.stdout

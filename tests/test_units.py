@@ -1,0 +1,68 @@
+"""Pure pieces: envelope validation, sticky rank order, rank maps, flag parsing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from elasticd.config import ConfigError, parse_endpoint, parse_nnodes
+from elasticd.membership import NodeRecord, build_rank_map, sticky_order
+from elasticd.protocol import MAX_FRAME_BYTES, Envelope, ErrorCode, ProtocolError, arg, decode, encode
+
+
+def node(node_id: str, seq: int, nproc: int = 2) -> NodeRecord:
+    return NodeRecord(node_id, "127.0.0.1", nproc, "i", seq)
+
+
+def test_survivors_keep_their_order_and_newcomers_append() -> None:
+    nodes = [node("c", 3), node("a", 1), node("d", 4)]
+    assert sticky_order(["b", "c", "a"], nodes) == ["c", "a", "d"]
+    assert sticky_order([], nodes) == ["a", "c", "d"]
+
+
+def test_rank_map_numbers_ranks_by_group_order_with_uneven_nodes() -> None:
+    records = {"x": node("x", 1, 2), "y": node("y", 2, 3)}
+    entries, world = build_rank_map(["y", "x"], records)
+    assert world == 5
+    assert [(e.node_id, e.group_rank, e.ranks) for e in entries] == [("y", 0, [0, 1, 2]), ("x", 1, [3, 4])]
+
+
+def test_envelope_round_trip_and_nan_becomes_null() -> None:
+    env = decode(encode(Envelope("ev", "step", {"loss": float("nan"), "step": 3}, id="x", node="a", seq=9)))
+    assert (env.type, env.op, env.id, env.node, env.seq) == ("ev", "step", "x", "a", 9)
+    assert env.body == {"loss": None, "step": 3}
+
+
+@pytest.mark.parametrize(("frame", "errno"), [
+    (b"{", ErrorCode.INVALID_JSON),
+    (b"\xff\xfe", ErrorCode.INVALID_JSON),
+    (b"[]", ErrorCode.BAD_MESSAGE),
+    (json.dumps({"v": 2, "type": "req", "op": "x"}).encode(), ErrorCode.VERSION),
+    (json.dumps({"v": 1, "type": "nope", "op": "x"}).encode(), ErrorCode.BAD_MESSAGE),
+    (json.dumps({"v": 1, "type": "req", "op": ""}).encode(), ErrorCode.BAD_MESSAGE),
+    (json.dumps({"v": 1, "type": "req", "op": "x", "body": []}).encode(), ErrorCode.BAD_MESSAGE),
+    (json.dumps({"v": 1, "type": "req", "op": "x", "seq": True}).encode(), ErrorCode.BAD_MESSAGE),
+    (b" " * (MAX_FRAME_BYTES + 1), ErrorCode.BAD_MESSAGE),
+])
+def test_bad_frames_are_refused_with_their_error_number(frame: bytes, errno: int) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode(frame)
+    assert info.value.errno == errno
+
+
+def test_typed_arguments_refuse_booleans_for_integers() -> None:
+    assert arg({"n": 3}, "n", int) == 3
+    assert arg({}, "n", int, 5) == 5
+    for body in ({"n": True}, {"n": "3"}, {}):
+        with pytest.raises(ProtocolError) as info:
+            arg(body, "n", int)
+        assert info.value.errno == ErrorCode.BAD_ARGUMENT
+
+
+def test_flag_parsing() -> None:
+    assert parse_nnodes("2") == (2, 2) and parse_nnodes("1:4") == (1, 4)
+    assert parse_endpoint("[::1]:29400") == ("::1", 29400) and parse_endpoint("host") == ("host", 29400)
+    for bad in ("0", "3:2", "a:b", ""):
+        with pytest.raises(ConfigError):
+            parse_nnodes(bad)
