@@ -80,7 +80,11 @@ def request_args(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_verb(ns: argparse.Namespace) -> int:
-    targets = [t for t in discover(ns.job)] if not ns.connect else []
+    targets = discover(ns.job) if not ns.connect else []
+    jobs = sorted({t.job_id for t in targets})
+    if len(jobs) > 1:
+        print(f"elasticd: several jobs run on this host ({', '.join(jobs)}); pick one with --job", file=sys.stderr)
+        return 2
     control = ns.connect or (targets[0].control if targets else "")
     if not control:
         print("elasticd: no running daemon found on this host; pass --connect tcp://HOST:PORT", file=sys.stderr)

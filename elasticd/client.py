@@ -11,7 +11,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from elasticd.protocol import Envelope, ErrorCode, ProtocolError, decode, encode, new_id
+from elasticd.protocol import MAX_REPLY_BYTES, Envelope, ErrorCode, ProtocolError, decode, encode, new_id
 from elasticd.runtime import live_daemons
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -92,7 +92,7 @@ class Client:
             if not self.sock.poll(int(left * 1000) + 1):
                 break
             try:
-                env = decode(self.sock.recv())
+                env = decode(self.sock.recv(), MAX_REPLY_BYTES)
             except ProtocolError:
                 continue
             if env.id == msg_id:
@@ -109,14 +109,12 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def subscribe(self, pub: str, idle_timeout_s: float = 3.0) -> Iterator[Event]:
-        """Events after a snapshot, in order; a gap in sequence numbers fetches the missed ones."""
-        sub = self.ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.connect(pub)
+    def subscribe(self, pub: str, idle_timeout_s: float = 3.0, since_seq: int | None = None) -> Iterator[Event]:
+        """Events after a snapshot (or after `since_seq`), in order, plus heartbeats; gaps are fetched."""
+        sub = _subscriber(self.ctx, pub)
         try:
-            last = int(self.call("status")["seq"])  # subscribe first, then snapshot: nothing falls between
+            # Subscribe first, then take the snapshot's seq: nothing can fall between the two.
+            last = int(self.call("status")["seq"]) if since_seq is None else since_seq
             while True:
                 if not sub.poll(int(idle_timeout_s * 1000)):
                     yield Event("idle", "idle", "", last, time.time())
@@ -124,22 +122,45 @@ class Client:
                 event = _parse(sub.recv_multipart())
                 if event is None:
                     continue
-                if event.type == "ev" and event.seq > last + 1:
-                    for missed in self.call("events", since_seq=last, limit=0)["events"]:
-                        if last < missed["seq"] < event.seq:
-                            yield _from_dict(missed)
+                top = _gap_top(event, last)
+                if top is not None:
+                    missed = self.call("events", since_seq=last, limit=0)["events"]
+                    for item in _between(missed, last, top):
+                        last = item.seq
+                        yield item
                 if event.type != "ev" or event.seq > last:
-                    last = max(last, event.seq) if event.type == "ev" else last
+                    last = event.seq if event.type == "ev" else last
                     yield event
         finally:
             sub.close()
+
+
+def _subscriber(ctx: zmq.Context, pub: str) -> zmq.Socket:
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(pub)
+    return sub
+
+
+def _gap_top(event: Event, last: int) -> int | None:
+    """Events with last < seq < top are missing before this message; None when nothing is missing.
+
+    An event numbered n shows events up to n-1 must exist; a heartbeat carrying n shows events up to n.
+    """
+    top = event.seq if event.type == "ev" else event.seq + 1 if event.type == "hb" else 0
+    return top if top > last + 1 else None
+
+
+def _between(events: list[dict[str, Any]], last: int, top: int) -> list[Event]:
+    return [_from_dict(e) for e in events if last < int(e.get("seq", 0)) < top]
 
 
 def _parse(frames: list[bytes]) -> Event | None:
     if len(frames) != 2:
         return None
     try:
-        env = decode(frames[1])
+        env = decode(frames[1], MAX_REPLY_BYTES)
     except ProtocolError:
         return None
     kind = str(env.body.get("kind", env.op)) if env.type == "ev" else env.op
@@ -181,32 +202,30 @@ class AsyncClient:
     async def _read(self) -> None:
         while True:
             try:
-                env = decode(await self.sock.recv())
+                env = decode(await self.sock.recv(), MAX_REPLY_BYTES)
             except ProtocolError:
                 continue
             waiter = self._waiters.get(env.id)
             if waiter is not None and not waiter.done():
                 waiter.set_result(env)
 
-    async def events(self, pub: str) -> AsyncIterator[Event]:
-        """Telemetry after a snapshot; like Client.subscribe, fetching what a gap hides."""
-        sub = self.ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.connect(pub)
+    async def events(self, pub: str, since_seq: int | None = None) -> AsyncIterator[Event]:
+        """Telemetry after a snapshot, like Client.subscribe: heartbeats too, gaps fetched."""
+        sub = _subscriber(self.ctx, pub)
         try:
-            last = int((await self.call("status"))["seq"])
+            last = int((await self.call("status"))["seq"]) if since_seq is None else since_seq
             while True:
                 event = _parse(await sub.recv_multipart())
                 if event is None:
                     continue
-                if event.type == "ev" and event.seq > last + 1:
+                top = _gap_top(event, last)
+                if top is not None:
                     missed = (await self.call("events", since_seq=last, limit=0))["events"]
-                    for item in missed:
-                        if last < item["seq"] < event.seq:
-                            yield _from_dict(item)
+                    for item in _between(missed, last, top):
+                        last = item.seq
+                        yield item
                 if event.type != "ev" or event.seq > last:
-                    last = max(last, event.seq) if event.type == "ev" else last
+                    last = event.seq if event.type == "ev" else last
                     yield event
         finally:
             sub.close()

@@ -69,10 +69,10 @@ def default_node_id() -> str:
     return socket.gethostname().split(".")[0] or "node"
 
 
-_NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+_NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")  # no '.': it separates PUB topic parts
 
 
 def check_node_id(node_id: str) -> str:
     if not _NODE_ID.fullmatch(node_id):
-        raise ConfigError(f"--node-id {node_id!r}: use 1-63 letters, digits, '.', '_' or '-'")
+        raise ConfigError(f"{node_id!r}: use 1-63 letters, digits, '_' or '-' for --node-id and --rdzv-id")
     return node_id

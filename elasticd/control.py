@@ -13,7 +13,6 @@ from elasticd import __version__
 from elasticd.commands import REGISTRY
 from elasticd.config import StartError
 from elasticd.protocol import (
-    MAX_FRAMES,
     PROTOCOL_VERSION,
     Envelope,
     ErrorCode,
@@ -96,7 +95,7 @@ class ControlPlane:
                 self.stats["dropped"] += 1
                 continue
             ident = frames[0]
-            if len(frames) > MAX_FRAMES or len(frames) != 2:
+            if len(frames) != 2:
                 self.send(ident, error_reply("", "error", self.d.cfg.node_id, ProtocolError(
                     ErrorCode.BAD_MESSAGE, f"a request is one frame; got {len(frames) - 1}")))
                 continue

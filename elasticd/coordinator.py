@@ -40,8 +40,8 @@ class Coordinator:
         self.ended_at = 0.0
 
     # ---- events -------------------------------------------------------------------------------
-    def emit(self, kind: str, node: str = "", **fields: Any) -> dict[str, Any]:
-        event = self.events.append(kind, node or self.cfg.node_id, **fields)
+    def emit(self, kind: str, node: str = "", ts: float = 0.0, **fields: Any) -> dict[str, Any]:
+        event = self.events.append(kind, node or self.cfg.node_id, ts, **fields)
         emit_log(event)
         self.on_event(event)
         return event
@@ -49,7 +49,9 @@ class Coordinator:
     def adopt(self, event: dict[str, Any]) -> None:
         """A member's event enters the job log with the job's sequence number."""
         fields = {k: v for k, v in event.items() if k not in ("seq", "ts", "kind", "node")}
-        self.emit(str(event.get("kind", "unknown")), str(event.get("node", "?")), **fields)
+        ts = event.get("ts")
+        self.emit(str(event.get("kind", "unknown")), str(event.get("node", "?")),
+                  float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool) else 0.0, **fields)
 
     # ---- membership ----------------------------------------------------------------------------
     @property

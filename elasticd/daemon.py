@@ -148,7 +148,7 @@ class Daemon:
 
     # ---- events -------------------------------------------------------------------------------
     def node_event(self, kind: str, **fields: Any) -> None:
-        self.to_coord("event", {"kind": kind, "node": self.cfg.node_id, **fields})
+        self.to_coord("event", {"kind": kind, "node": self.cfg.node_id, "ts": time.time(), **fields})
 
     def on_job_event(self, event: dict[str, Any]) -> None:
         """The coordinator numbered an event: publish it here and fan it out to every member."""

@@ -17,9 +17,9 @@ class EventLog:
         self._events: deque[dict[str, Any]] = deque(maxlen=capacity)
         self.seq = 0
 
-    def append(self, kind: str, node: str, **fields: Any) -> dict[str, Any]:
+    def append(self, kind: str, node: str, ts: float = 0.0, **fields: Any) -> dict[str, Any]:
         self.seq += 1
-        event = {"seq": self.seq, "ts": time.time(), "kind": kind, "node": node, **fields}
+        event = {"seq": self.seq, "ts": ts or time.time(), "kind": kind, "node": node, **fields}
         self._events.append(event)
         return event
 

@@ -10,7 +10,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from elasticd.protocol import MAX_FRAMES, Envelope, ProtocolError, decode, encode
+from elasticd.protocol import MAX_REPLY_BYTES, Envelope, ProtocolError, decode, encode
 
 log = logging.getLogger("elasticd")
 Handler = Callable[[str, Envelope], None]  # (sender node id, message)
@@ -47,7 +47,7 @@ class CoordinatorMesh:
     async def serve(self, handler: Handler) -> None:
         while True:
             frames = await self.sock.recv_multipart()
-            if len(frames) != 2 or len(frames) > MAX_FRAMES:
+            if len(frames) != 2:
                 continue
             ident, payload = frames
             try:
@@ -88,7 +88,7 @@ class MemberMesh:
         while True:
             payload = await self.sock.recv()
             try:
-                env = decode(payload)
+                env = decode(payload, MAX_REPLY_BYTES)  # forwarded replies can be large
             except ProtocolError as exc:
                 log.warning("mesh: dropped a bad frame from the coordinator: %s", exc.reason)
                 continue

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PROTOCOL_VERSION = 1
-MAX_FRAME_BYTES = 256 * 1024
-MAX_FRAMES = 4  # ROUTER: identity + payload; anything longer is a malformed request
+MAX_FRAME_BYTES = 256 * 1024  # the cap on a request a daemon accepts
+MAX_REPLY_BYTES = 64 * 1024 * 1024  # replies and events a client accepts (status of a large job, event history)
 MESSAGE_TYPES = ("req", "rep", "ev", "hb", "st")
 
 
@@ -111,10 +111,10 @@ def encode(env: Envelope) -> bytes:
     return json.dumps(_finite(env.to_dict()), separators=(",", ":"), allow_nan=False).encode()
 
 
-def decode(frame: bytes) -> Envelope:
+def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Envelope:
     """Parse and validate one frame; raises ProtocolError with the reason a client can act on."""
-    if len(frame) > MAX_FRAME_BYTES:
-        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
+    if len(frame) > max_bytes:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"frame of {len(frame)} bytes exceeds {max_bytes}")
     try:
         raw = json.loads(frame)
     except (ValueError, UnicodeDecodeError) as exc:

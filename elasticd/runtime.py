@@ -14,8 +14,11 @@ import psutil
 
 
 def runtime_dir() -> Path:
-    base = os.environ.get("ELASTICD_RUNTIME_DIR") or os.environ.get("XDG_RUNTIME_DIR")
-    path = Path(base) / "elasticd" if base else Path(tempfile.gettempdir()) / f"elasticd-{os.getuid()}"
+    explicit, xdg = os.environ.get("ELASTICD_RUNTIME_DIR"), os.environ.get("XDG_RUNTIME_DIR")
+    if explicit:
+        path = Path(explicit)
+    else:
+        path = Path(xdg) / "elasticd" if xdg else Path(tempfile.gettempdir()) / f"elasticd-{os.getuid()}"
     path.mkdir(parents=True, exist_ok=True)
     os.chmod(path, 0o700)  # ipc:// sockets live here: only this user may connect
     return path

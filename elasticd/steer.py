@@ -37,6 +37,14 @@ def require_running(c: Coordinator) -> None:
         raise refuse(f"job '{c.cfg.job_id}' is not running (state {c.state})", ErrorCode.NOT_RUNNING)
 
 
+def require_idle(c: Coordinator) -> None:
+    """One membership transition at a time: a second would orphan the first's completion."""
+    trans = c.transition
+    if trans is not None:
+        raise refuse(f"a {trans.kind} of {', '.join(trans.leaving) or 'the job'} is in progress (op {trans.op_id}); "
+                     "wait for its *_complete event")
+
+
 def shim_step(c: Coordinator) -> int | None:
     """The highest step any rank of this round reported, or None when no worker uses the shim."""
     steps = [int(m["step"]) for n in c.alive() for m in n.metrics.values()
@@ -86,6 +94,7 @@ def begin(c: Coordinator, kind: str, leaving: list[str], final_role: str, then: 
           detail: str) -> dict[str, Any]:
     """Start a graceful transition; shim workers stop at one agreed step, plain ones get SIGTERM."""
     assert c.round is not None
+    require_idle(c)
     op_id = new_id()
     step = shim_step(c)
     for node_id in leaving:
@@ -107,7 +116,7 @@ def node_drained(c: Coordinator, node_id: str, now: float) -> None:
     trans = c.transition
     if trans is not None and node_id in trans.awaiting:
         trans.awaiting.discard(node_id)
-        c.emit("drain_progress", node_id, op_id=trans.op_id, remaining=sorted(trans.awaiting))
+        c.emit(f"{trans.kind}_progress", node_id, op_id=trans.op_id, remaining=sorted(trans.awaiting))
         finish_if_ready(c, now)
 
 

@@ -182,3 +182,15 @@ def _alive(pid: int) -> bool:
         return False
 
 TICKER = Path(__file__).resolve().parent / "workers" / "ticker.py"
+
+
+def job_processes(job_id: str) -> list[int]:
+    """Every live process that carries this job's id in its environment: its workers, wherever they came from."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("TORCHELASTIC_RUN_ID") == job_id and _alive(proc.pid):
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found

@@ -6,8 +6,7 @@ import json
 import signal
 from pathlib import Path
 
-import psutil
-from harness import TICKER, Job, wait_gone
+from harness import TICKER, Job, job_processes, wait_gone
 
 
 def test_workers_get_torchruns_env_contract(tmp_path: Path) -> None:
@@ -43,7 +42,7 @@ def test_restarts_exhausted_fail_the_job_on_every_node_with_the_reason(tmp_path:
         for daemon in (a, b):
             assert "--max-restarts 1 exhausted" in daemon.output()
             assert "exited with exit code 7" in daemon.output()
-        assert wait_gone([p.pid for p in psutil.process_iter() if "ticker.py" in " ".join(_cmdline(p))]) == []
+        assert wait_gone(job_processes(job.job_id)) == []
     finally:
         job.close()
 
@@ -140,10 +139,3 @@ def test_duplicate_node_id_is_refused_with_a_clear_error(tmp_path: Path) -> None
         assert job.status()["world_size"] == 2
     finally:
         job.close()
-
-
-def _cmdline(proc: psutil.Process) -> list[str]:
-    try:
-        return proc.cmdline()
-    except psutil.Error:
-        return []

@@ -14,14 +14,15 @@ def cordon(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     if node not in c.nodes:
         raise steer.refuse(f"no node '{node}' in job '{c.cfg.job_id}'", ErrorCode.NOT_FOUND)
     in_round = c.round is not None and node in c.round.node_ids() and c.state == "running"
+    dry = bool(arg(args, "dry_run", bool, False))
     if not in_round:
-        if not arg(args, "dry_run", bool, False):
+        if not dry:
             c.nodes[node].role = "cordoned"
             c.emit("node_role", node, role="cordoned")
-        return {"ok": True, "plan": {"summary": f"node {node} cordoned; the world is unchanged"}}
+        return {"ok": True, "dry_run": dry, "plan": {"summary": f"node {node} cordoned; the world is unchanged"}}
     steer.check_leave(c, [node], bool(arg(args, "force", bool, False)))
     plan = steer.plan(c, [n for n in c.round.node_ids() if n != node])
-    if arg(args, "dry_run", bool, False):
+    if dry:
         return {"ok": True, "dry_run": True, "plan": plan}
     return {**steer.begin(c, "cordon", [node], "cordoned", "round", f"cordon of {node}"), "plan": plan}
 
@@ -33,13 +34,14 @@ def uncordon(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
         raise steer.refuse(f"no node '{node}' in job '{c.cfg.job_id}'", ErrorCode.NOT_FOUND)
     if record.role != "cordoned":
         raise steer.refuse(f"node '{node}' is not cordoned (role {record.role})", ErrorCode.BAD_ARGUMENT)
-    if not arg(args, "dry_run", bool, False):
+    dry = bool(arg(args, "dry_run", bool, False))
+    if not dry:
         record.role = "standby"
         c.emit("node_role", node, role="standby")
         active = sum(1 for n in c.alive() if n.role == "active")
         if record.status == "alive" and active < c.target:
             c.schedule("membership", f"uncordon of {node}", time.time())
-    return {"ok": True, "plan": {"summary": f"node {node} may join the next rounds (as standby)"}}
+    return {"ok": True, "dry_run": dry, "plan": {"summary": f"node {node} may join the next rounds (as standby)"}}
 
 
 COMMANDS = [

@@ -15,7 +15,11 @@ def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     if entry is None or rank not in entry.ranks:
         raise steer.refuse(f"rank {rank} is not on node '{node}' in round {c.round.round_id}",
                            ErrorCode.NOT_FOUND)
-    plan = {"summary": f"rank {rank} on {node} is killed; the job restarts (counts against --max-restarts)"}
+    used, limit = c.restarts["failure"], c.cfg.max_restarts
+    if used >= limit and not arg(args, "force", bool, False):
+        raise steer.refuse(f"--max-restarts {limit} is used up ({used}); killing a worker would fail the job; "
+                           "use --force")
+    plan = {"summary": f"rank {rank} on {node} is killed; the job restarts (failure {used + 1} of {limit} allowed)"}
     if arg(args, "dry_run", bool, False):
         return {"ok": True, "dry_run": True, "plan": plan}
     c.send(node, "kill_worker", {"rank": rank})
