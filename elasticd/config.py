@@ -37,6 +37,8 @@ class JobConfig:
     pub_bind: str = ""
     omp_threads: int = 1
     python: str = ""
+    zygote: bool = True  # fork workers from a pre-imported interpreter (elasticd/zygote.py)
+    preload: str = "torch,torch.distributed,torch.nn.parallel,torch._dynamo"
     env: dict[str, str] = field(default_factory=dict)
 
     @property

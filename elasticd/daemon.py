@@ -23,7 +23,9 @@ from elasticd.mesh import CoordinatorMesh, MemberMesh
 from elasticd.node import NodeAgent
 from elasticd.protocol import Envelope
 from elasticd.runtime import advertised_addr, is_local_host, remove_endpoints, write_endpoints
+from elasticd.spawner import Spawner, Zygote
 from elasticd.worker_channel import WorkerChannel
+from elasticd.workers import base_env
 
 log = logging.getLogger("elasticd")
 EXIT_COORDINATOR_LOST = 3
@@ -51,6 +53,7 @@ class Daemon:
         self.endpoints: dict[str, str] = {}
         self.plane: Any = None  # the operator control plane (elasticd.control), bound in start()
         self.channel = WorkerChannel(self.ctx, cfg, self.node)
+        self.zygote: Zygote | None = None
 
     # ---- set-up ------------------------------------------------------------------------------
     def bind_mesh(self) -> None:
@@ -76,6 +79,10 @@ class Daemon:
         self.endpoints = self.plane.bind()
         self.node.endpoints = {"control": self.endpoints["control"], "pub": self.endpoints["pub"]}
         self.node.worker_env = self.channel.bind()
+        if self.cfg.zygote:
+            self.zygote = Zygote(self.cfg.python or sys.executable, self.cfg.preload, base_env(self.cfg))
+            await self.zygote.start()
+            self.node.spawner = Spawner(self.cfg.python, self.zygote)
         write_endpoints(self.cfg.job_id, self.cfg.node_id, {
             "job_id": self.cfg.job_id, "node_id": self.cfg.node_id, "pid": os.getpid(), "host": self.host,
             "coordinator": self.coordinator is not None, "version": __version__, **self.endpoints})
@@ -105,6 +112,8 @@ class Daemon:
 
     async def shutdown(self) -> None:
         await self.node.stop_workers()
+        if self.zygote is not None:
+            await self.zygote.close()
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 from elasticd.config import JobConfig
 from elasticd.runtime import free_ports
+from elasticd.spawner import Spawner
 from elasticd.workers import Worker, WorkerGroup
 
 log = logging.getLogger("elasticd")
@@ -23,6 +24,7 @@ class NodeAgent:
     def __init__(self, cfg: JobConfig, host: str, to_coord: ToCoordinator, event: NodeEvent,
                  worker_env: dict[str, str]) -> None:
         self.cfg = cfg
+        self.spawner = Spawner(cfg.python, None)  # the daemon swaps in a zygote-backed one at start
         self.host = host
         self.to_coord = to_coord
         self.event = event
@@ -69,7 +71,7 @@ class NodeAgent:
                 self.to_coord("round_progress", {"round": round_id, "stopped": stopped})
                 return
             self.state = "running"
-            self.group = WorkerGroup(self.cfg, round_id, body, self.worker_env, self.on_worker_exit)
+            self.group = WorkerGroup(self.cfg, round_id, body, self.worker_env, self.on_worker_exit, self.spawner)
             try:
                 await self.group.spawn()
             except OSError as exc:

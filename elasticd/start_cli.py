@@ -43,6 +43,10 @@ def add_start_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     flag("control", default="", help="control ROUTER address (tcp://... or ipc://...; default: a free loopback port)")
     flag("pub", default="", help="telemetry PUB address (default: a free loopback port)")
     flag("heartbeat", type=float, default=1.0, help="seconds between node heartbeats (lost after 3 misses)")
+    flag("no-zygote", action="store_true", help="exec a fresh interpreter per worker instead of forking "
+         "from one that pre-imported torch (slower restarts)")
+    flag("preload", default="torch,torch.distributed,torch.nn.parallel,torch._dynamo",
+         help="modules the zygote imports once for every worker (comma-separated)")
     p.add_argument("-m", "--module", action="store_true", help="treat SCRIPT as a Python module, like python -m")
     p.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -83,7 +87,8 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
         job_id=check_node_id(job_id), node_id=check_node_id(ns.node_id or default_node_id()), entry=entry,
         max_restarts=ns.max_restarts, grace_s=ns.grace_period, log_dir=os.path.abspath(ns.log_dir),
         join_timeout_s=ns.join_timeout, hang_timeout_s=ns.hang_timeout, heartbeat_s=ns.heartbeat,
-        local_addr=ns.local_addr, control_bind=ns.control, pub_bind=ns.pub,
+        local_addr=ns.local_addr, control_bind=ns.control, pub_bind=ns.pub, zygote=not ns.no_zygote,
+        preload=ns.preload,
     )
     return cfg, ns.connect_timeout
 

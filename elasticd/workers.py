@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import signal
 import sys
@@ -17,31 +16,14 @@ from typing import Any
 import psutil
 
 from elasticd.config import JobConfig
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(parent: int) -> Callable[[], None]:
-    """Runs in the child before exec: its own process group, and SIGKILL when the daemon dies.
-
-    PDEATHSIG covers the daemon being SIGKILLed, which no cleanup handler can.
-    """
-
-    def setup() -> None:
-        os.setsid()
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the daemon died between fork and prctl
-            os._exit(1)
-
-    return setup
+from elasticd.spawner import Spawner, WorkerProcess
 
 
 @dataclass
 class Worker:
     local_rank: int
     rank: int
-    proc: asyncio.subprocess.Process
+    proc: WorkerProcess
     log_path: Path
     started: float
     exit_code: int | None = None
@@ -65,12 +47,22 @@ class Worker:
 ExitHandler = Callable[[Worker], None]
 
 
+def base_env(cfg: JobConfig) -> dict[str, str]:
+    """What every worker's environment starts from (the zygote imports torch under it too)."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(cfg.omp_threads))
+    env.update(cfg.env)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
 class WorkerGroup:
     """All workers of this node for one round."""
 
     def __init__(self, cfg: JobConfig, round_id: int, assignment: dict[str, Any], extra_env: dict[str, str],
-                 on_exit: ExitHandler) -> None:
+                 on_exit: ExitHandler, spawner: Spawner) -> None:
         self.cfg = cfg
+        self.spawner = spawner
         self.round_id = round_id
         self.assignment = assignment
         self.extra_env = extra_env
@@ -80,9 +72,7 @@ class WorkerGroup:
 
     def env_for(self, local_rank: int, rank: int) -> dict[str, str]:
         a, cfg = self.assignment, self.cfg
-        env = dict(os.environ)
-        env.setdefault("OMP_NUM_THREADS", str(cfg.omp_threads))
-        env.update(cfg.env)
+        env = base_env(cfg)
         env.update({
             "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(a["world_size"]),
             "LOCAL_WORLD_SIZE": str(cfg.nproc_per_node), "GROUP_RANK": str(a["group_rank"]),
@@ -101,14 +91,9 @@ class WorkerGroup:
     async def spawn(self) -> None:
         log_dir = Path(self.cfg.log_dir) / self.cfg.job_id / self.cfg.node_id / f"round-{self.round_id:04d}"
         log_dir.mkdir(parents=True, exist_ok=True)
-        python = self.cfg.python or sys.executable
         for local_rank, rank in enumerate(self.assignment["ranks"]):
             log_path = log_dir / f"rank-{rank}.log"
-            proc = await asyncio.create_subprocess_exec(
-                python, "-u", *self.cfg.entry, env=self.env_for(local_rank, rank),
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, preexec_fn=_die_with_parent(os.getpid()),
-            )
+            proc = await self.spawner.spawn(self.cfg.entry, self.env_for(local_rank, rank), os.getcwd())
             worker = Worker(local_rank, rank, proc, log_path, time.time())
             with contextlib.suppress(psutil.Error):
                 worker.ps = psutil.Process(proc.pid)

@@ -122,7 +122,10 @@ class Job:
         args = ["--nnodes", self.nnodes, "--nproc-per-node", str(self.nproc),
                 "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", self.job_id, "--node-id", node,
                 "--max-restarts", str(self.max_restarts), "--log-dir", str(self.tmp / "logs"),
-                "--grace-period", "3", *self.extra, *(extra or []), str(script), *script_args]
+                "--grace-period", "3", *self.extra, *(extra or [])]
+        if script == TICKER and "--no-zygote" not in args:
+            args += ["--preload", "json"]  # the fork path without a torch import per daemon: tests stay fast
+        args += [str(script), *script_args]
         daemon = DaemonProc(args, self.tmp, self.env)
         self.daemons[node] = daemon
         self.started.append(daemon)

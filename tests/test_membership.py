@@ -6,6 +6,7 @@ import json
 import signal
 from pathlib import Path
 
+import pytest
 from harness import TICKER, Job, job_processes, wait_gone
 
 
@@ -114,8 +115,9 @@ def test_coordinator_sigterm_ends_the_job_everywhere(tmp_path: Path) -> None:
         job.close()
 
 
-def test_workers_die_with_a_sigkilled_daemon(tmp_path: Path) -> None:
-    job = Job(tmp_path, nnodes="1", nproc=2)
+@pytest.mark.parametrize("spawn", ["zygote", "exec"])
+def test_workers_die_with_a_sigkilled_daemon(tmp_path: Path, spawn: str) -> None:
+    job = Job(tmp_path, nnodes="1", nproc=2, extra=["--no-zygote"] if spawn == "exec" else [])
     try:
         a = job.start("a", TICKER)
         started = job.wait_event("workers_started")
