@@ -6,12 +6,15 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from typing import Any
 
 from elasticd import __version__
-from elasticd.client import Client, ClientError, discover
+from elasticd.auth import KeyStoreError
+from elasticd.client import Client, ClientError, Credentials, Endpoints, discover
 from elasticd.config import ConfigError
+from elasticd.keys_cli import add_keys_parser, run_keys
 from elasticd.render import render
 from elasticd.start_cli import add_start_parser, config_from_args
 
@@ -38,12 +41,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"elasticd {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     add_start_parser(sub)
+    add_keys_parser(sub)
     for verb, summary in VERBS.items():
         p = sub.add_parser(verb, help=summary, description=summary)
         p.add_argument("--connect", default="", help="control address of any daemon of the job (default: discover)")
         p.add_argument("--job", default="", help="job id, when several jobs run on this host")
         p.add_argument("--json", action="store_true", help="print the raw JSON reply")
         p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
+        p.add_argument("--key", default=os.environ.get("ELASTICD_KEY", ""),
+                       help="your CURVE key (.key_secret file) for a job started with --keys")
+        p.add_argument("--server-key", default=os.environ.get("ELASTICD_SERVER_KEY", ""),
+                       help="the job's node key (node.key file or z85 text; default: from the daemon's endpoint file)")
         if verb in ("scale",):
             p.add_argument("nodes", type=int, help="target number of nodes")
         if verb in ("drain", "cordon", "uncordon", "kill-worker"):
@@ -89,8 +97,13 @@ def run_verb(ns: argparse.Namespace) -> int:
     if not control:
         print("elasticd: no running daemon found on this host; pass --connect tcp://HOST:PORT", file=sys.stderr)
         return 2
+    try:
+        credentials = credentials_for(ns, targets)
+    except KeyStoreError as err:
+        print(f"elasticd {ns.verb}: {err}", file=sys.stderr)
+        return 2
     op = ns.verb
-    with Client(control, ns.timeout) as client:
+    with Client(control, ns.timeout, credentials) as client:
         try:
             result = client.call(op, **request_args(ns))
             if not (op == "events" and ns.follow):
@@ -105,9 +118,18 @@ def run_verb(ns: argparse.Namespace) -> int:
         except ClientError as err:
             print(f"elasticd {op}: {err.reason} [{err.code}]", file=sys.stderr)
             return 1
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, BrokenPipeError):  # Ctrl+C on --follow, or `| head` closing the pipe
             return 0
     return 0
+
+
+def credentials_for(ns: argparse.Namespace, targets: list[Endpoints]) -> Credentials | None:
+    if not ns.key:
+        return None
+    server = ns.server_key or (targets[0].server_key if targets else "")
+    if not server:
+        raise KeyStoreError("--key needs the job's server key: pass --server-key (the node.key file)")
+    return Credentials.load(ns.key, server)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.verb is None:
         parser.print_help()
         return 2
+    if ns.verb == "keys":
+        return run_keys(ns)
     if ns.verb != "start":
         return run_verb(ns)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s elasticd %(message)s", stream=sys.stderr)

@@ -15,6 +15,7 @@ from elasticd.protocol import MAX_REPLY_BYTES, Envelope, ErrorCode, ProtocolErro
 from elasticd.runtime import live_daemons
 
 DEFAULT_TIMEOUT_S = 5.0
+_UNREACHABLE = "no connection to send {op!r} on within {limit:.1f}s (daemon down, or its keys refused ours?)"
 
 
 class ClientError(Exception):
@@ -31,6 +32,26 @@ class Endpoints:
     pub: str = ""
     node: str = ""
     job_id: str = ""
+    server_key: str = ""
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """A client's CURVE key pair and the job's server key (see elasticd/auth.py)."""
+
+    public: bytes
+    secret: bytes
+    server: bytes
+
+    @classmethod
+    def load(cls, key_file: str, server_key: str) -> Credentials:
+        from elasticd.auth import load_client_key, load_public
+
+        public, secret = load_client_key(key_file)
+        return cls(public, secret, load_public(server_key))
+
+    def apply(self, sock: zmq.Socket) -> None:
+        sock.curve_secretkey, sock.curve_publickey, sock.curve_serverkey = self.secret, self.public, self.server
 
 
 @dataclass
@@ -49,7 +70,8 @@ def discover(job_id: str = "") -> list[Endpoints]:
     """Daemons running on this host, from their endpoint files; coordinators first."""
     found = [d for d in live_daemons() if not job_id or d.get("job_id") == job_id]
     found.sort(key=lambda d: (not d.get("coordinator"), d.get("job_id", ""), d.get("node_id", "")))
-    return [Endpoints(d["control"], d.get("pub", ""), d.get("node_id", ""), d.get("job_id", "")) for d in found]
+    return [Endpoints(d["control"], d.get("pub", ""), d.get("node_id", ""), d.get("job_id", ""),
+                      d.get("server_key", "")) for d in found]
 
 
 def _unwrap(env: Envelope) -> dict[str, Any]:
@@ -77,17 +99,22 @@ def _who() -> str:
 class Client:
     """Blocking client. Every call has a timeout; a lost reply never wedges the socket (DEALER)."""
 
-    def __init__(self, control: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, control: str, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 credentials: Credentials | None = None) -> None:
         self.ctx = zmq.Context.instance()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
+        self.credentials = credentials
+        self.sock = _socket(self.ctx, zmq.DEALER, credentials)
         self.sock.connect(control)
         self.timeout_s = timeout_s
 
     def call(self, op: str, timeout_s: float | None = None, **args: Any) -> dict[str, Any]:
         msg_id, frame = _request(op, args)
-        self.sock.send(frame)
-        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        limit = timeout_s or self.timeout_s
+        deadline = time.monotonic() + limit
+        # A DEALER with no live connection (a refused CURVE handshake drops it) would block in send().
+        if not self.sock.poll(int(limit * 1000) + 1, zmq.POLLOUT):
+            raise ClientError("timeout", _UNREACHABLE.format(op=op, limit=limit), ErrorCode.TIMEOUT)
+        self.sock.send(frame, flags=zmq.NOBLOCK)
         while (left := deadline - time.monotonic()) > 0:
             if not self.sock.poll(int(left * 1000) + 1):
                 break
@@ -111,7 +138,7 @@ class Client:
 
     def subscribe(self, pub: str, idle_timeout_s: float = 3.0, since_seq: int | None = None) -> Iterator[Event]:
         """Events after a snapshot (or after `since_seq`), in order, plus heartbeats; gaps are fetched."""
-        sub = _subscriber(self.ctx, pub)
+        sub = _subscriber(self.ctx, pub, self.credentials)
         try:
             # Subscribe first, then take the snapshot's seq: nothing can fall between the two.
             last = int(self.call("status")["seq"]) if since_seq is None else since_seq
@@ -135,9 +162,16 @@ class Client:
             sub.close()
 
 
-def _subscriber(ctx: zmq.Context, pub: str) -> zmq.Socket:
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.LINGER, 0)
+def _socket(ctx: zmq.Context, kind: int, credentials: Credentials | None) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    if credentials is not None:
+        credentials.apply(sock)
+    return sock
+
+
+def _subscriber(ctx: zmq.Context, pub: str, credentials: Credentials | None) -> zmq.Socket:
+    sub = _socket(ctx, zmq.SUB, credentials)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(pub)
     return sub
@@ -175,10 +209,11 @@ def _from_dict(event: dict[str, Any]) -> Event:
 class AsyncClient:
     """The asyncio form, for the console and for schedulers built on asyncio."""
 
-    def __init__(self, control: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, control: str, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 credentials: Credentials | None = None) -> None:
         self.ctx = zmq.asyncio.Context.instance()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
+        self.credentials = credentials
+        self.sock = _socket(self.ctx, zmq.DEALER, credentials)
         self.sock.connect(control)
         self.timeout_s = timeout_s
         self._waiters: dict[str, asyncio.Future[Envelope]] = {}
@@ -188,11 +223,14 @@ class AsyncClient:
         if self._reader is None:
             self._reader = asyncio.create_task(self._read())
         msg_id, frame = _request(op, args)
+        limit = timeout_s or self.timeout_s
+        if not await self.sock.poll(int(limit * 1000) + 1, zmq.POLLOUT):
+            raise ClientError("timeout", _UNREACHABLE.format(op=op, limit=limit), ErrorCode.TIMEOUT)
         future: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
         self._waiters[msg_id] = future
-        await self.sock.send(frame)
+        await self.sock.send(frame, flags=zmq.NOBLOCK)
         try:
-            return _unwrap(await asyncio.wait_for(future, timeout_s or self.timeout_s))
+            return _unwrap(await asyncio.wait_for(future, limit))
         except asyncio.TimeoutError:
             raise ClientError("timeout", f"no answer to {op!r} within {timeout_s or self.timeout_s:.1f}s",
                               ErrorCode.TIMEOUT) from None
@@ -211,7 +249,7 @@ class AsyncClient:
 
     async def events(self, pub: str, since_seq: int | None = None) -> AsyncIterator[Event]:
         """Telemetry after a snapshot, like Client.subscribe: heartbeats too, gaps fetched."""
-        sub = _subscriber(self.ctx, pub)
+        sub = _subscriber(self.ctx, pub, self.credentials)
         try:
             last = int((await self.call("status"))["seq"]) if since_seq is None else since_seq
             while True:

@@ -37,6 +37,8 @@ class JobConfig:
     pub_bind: str = ""
     omp_threads: int = 1
     python: str = ""
+    keys_dir: str = ""  # CURVE key store (elasticd/auth.py); empty: no encryption, loopback only
+    insecure: bool = False  # allow non-loopback binds without keys
     zygote: bool = True  # fork workers from a pre-imported interpreter (elasticd/zygote.py)
     preload: str = "torch,torch.distributed,torch.nn.parallel,torch._dynamo"
     env: dict[str, str] = field(default_factory=dict)

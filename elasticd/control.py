@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -10,6 +12,7 @@ import zmq
 import zmq.asyncio
 
 from elasticd import __version__
+from elasticd.auth import serve_curve
 from elasticd.commands import REGISTRY
 from elasticd.config import StartError
 from elasticd.protocol import (
@@ -43,7 +46,9 @@ class ControlPlane:
     def bind(self) -> dict[str, str]:
         for sock in (self.router, self.pub):
             sock.setsockopt(zmq.LINGER, 0)
-        self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+            if self.d.keys is not None:
+                serve_curve(sock, self.d.keys.secret, self.d.keys.public, "control")
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished client is counted, not lost silently
         self.pub.setsockopt(zmq.SNDHWM, 10000)  # a stuck subscriber loses events, the daemon never stalls
         return {"control": self._bind(self.router, self.d.cfg.control_bind),
                 "pub": self._bind(self.pub, self.d.cfg.pub_bind)}
@@ -61,8 +66,6 @@ class ControlPlane:
         return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
     def tasks(self) -> list[Any]:
-        import asyncio
-
         return [asyncio.create_task(self.serve())]
 
     # ---- telemetry ---------------------------------------------------------------------------
@@ -88,7 +91,9 @@ class ControlPlane:
     # ---- requests ----------------------------------------------------------------------------
     async def serve(self) -> None:
         while True:
-            frames = await self.router.recv_multipart()
+            parts = await self.router.recv_multipart(copy=False)
+            frames = [part.bytes for part in parts]
+            user = parts[-1].get("User-Id") if self.d.gate is not None else ""
             self.stats["requests"] += 1
             self.expire_forwards()
             if len(frames) < 2:
@@ -103,20 +108,26 @@ class ControlPlane:
                 env = decode(frames[1])
                 if env.type != "req":
                     raise ProtocolError(ErrorCode.BAD_MESSAGE, f"expected type 'req', got {env.type!r}")
-                self.handle(ident, env)
+                self.handle(ident, env, user)
             except ProtocolError as err:
                 self.stats["errors"] += 1
                 self.send(ident, error_reply(_safe_id(frames[1]), "error", self.d.cfg.node_id, err))
+            except Exception as exc:  # one bad request must never end the loop that serves everyone
+                log.exception("control request failed")
+                self.send(ident, error_reply(_safe_id(frames[1]), "error", self.d.cfg.node_id,
+                                             ProtocolError(ErrorCode.INTERNAL, f"request failed: {exc!r}")))
+            await asyncio.sleep(0)  # a pipelined flood must not starve heartbeats and rounds
 
-    def handle(self, ident: bytes, env: Envelope) -> None:
+    def handle(self, ident: bytes, env: Envelope, user: str = "") -> None:
         if env.op == "hello":
             self.send(ident, reply(env, self.d.cfg.node_id, self.hello()))
             return
         command = REGISTRY.get(env.op)
         if command is None:
             raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {env.op!r}; known: hello, {', '.join(REGISTRY)}")
+        who = self.authorize(env, command.steer, user)
         if command.steer:
-            self.d.node_event("command_received", op=env.op, by=env.body.get("client", "?"),
+            self.d.node_event("command_received", op=env.op, by=who,
                               args={k: v for k, v in env.body.items() if k != "client"})
         if self.d.coordinator is not None:
             self.send(ident, reply(env, self.d.cfg.node_id, self.execute(env)))
@@ -126,6 +137,20 @@ class ControlPlane:
         fwd = new_id()
         self.pending[fwd] = (ident, env, time.time() + FORWARD_TIMEOUT_S)
         self.d.member_mesh.send(f"ctl.{env.op}", env.body, kind="req", msg_id=fwd)
+
+    def authorize(self, env: Envelope, steer: bool, user: str) -> str:
+        """Who is asking; a viewer's steer verb, or a key revoked since it connected, is refused and logged."""
+        claimed = str(env.body.get("client", "?"))
+        if self.d.gate is None:
+            return claimed  # no keys: loopback only (start refuses otherwise), every local user may steer
+        key = self.d.gate.role_of(user)
+        if key is None:
+            self.d.node_event("unauthorized", op=env.op, by=claimed, reason="key not authorized (revoked?)")
+            raise ProtocolError(ErrorCode.UNAUTHORIZED, "this key is not authorized (revoked?)")
+        if steer and key.role != "operator":
+            self.d.node_event("unauthorized", op=env.op, by=key.name, reason=f"role {key.role} cannot steer")
+            raise ProtocolError(ErrorCode.UNAUTHORIZED, f"key '{key.name}' has role {key.role}: it may read, not steer")
+        return f"{key.name} ({key.role})"
 
     def execute(self, env: Envelope) -> dict[str, Any]:
         """Run a verb at the coordinator; interlock refusals become events as well as replies."""
@@ -146,7 +171,7 @@ class ControlPlane:
         d = self.d
         return {"ok": True, "version": __version__, "protocol": PROTOCOL_VERSION, "capabilities": CAPABILITIES,
                 "node": d.cfg.node_id, "job_id": d.cfg.job_id, "coordinator": d.coordinator is not None,
-                "rendezvous": f"{d.cfg.rdzv_host}:{d.cfg.rdzv_port}", **d.endpoints}
+                "rendezvous": f"{d.cfg.rdzv_host}:{d.cfg.rdzv_port}", **d.endpoints, "stats": dict(self.stats)}
 
     # ---- forwarding between a member and the coordinator ------------------------------------------
     def on_forwarded(self, sender: str, env: Envelope) -> None:
@@ -185,9 +210,7 @@ class ControlPlane:
 def _safe_id(frame: bytes) -> str:
     """Echo a request id back even on a bad request, when one can be found."""
     try:
-        import json
-
         raw = json.loads(frame)
         return raw["id"] if isinstance(raw, dict) and isinstance(raw.get("id"), str) else ""
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return ""

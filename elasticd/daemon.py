@@ -9,12 +9,14 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
 from elasticd import __version__, steer
+from elasticd.auth import Gatekeeper, KeyStore, KeyStoreError, NodeKeys
 from elasticd.config import JobConfig, StartError
 from elasticd.coordinator import Coordinator
 from elasticd.events import EventLog
@@ -54,6 +56,8 @@ class Daemon:
         self.plane: Any = None  # the operator control plane (elasticd.control), bound in start()
         self.channel = WorkerChannel(self.ctx, cfg, self.node)
         self.zygote: Zygote | None = None
+        self.keys: NodeKeys | None = None
+        self.gate: Gatekeeper | None = None
 
     # ---- set-up ------------------------------------------------------------------------------
     def bind_mesh(self) -> None:
@@ -61,7 +65,8 @@ class Daemon:
         if is_local_host(self.cfg.rdzv_host):
             try:
                 addr = socket.gethostbyname(self.cfg.rdzv_host)
-                self.coord_mesh = CoordinatorMesh(self.ctx, f"tcp://{addr}:{self.cfg.rdzv_port}", self.cfg.node_id)
+                self.coord_mesh = CoordinatorMesh(self.ctx, f"tcp://{addr}:{self.cfg.rdzv_port}", self.cfg.node_id,
+                                                  self.keys)
             except zmq.ZMQError as exc:
                 if exc.errno != zmq.EADDRINUSE:
                     raise StartError(f"cannot bind rendezvous endpoint {endpoint}: {exc}") from None
@@ -69,11 +74,19 @@ class Daemon:
             self.coordinator = Coordinator(self.cfg, MemoryStore(), self.send_to_node, self.events,
                                            self.on_job_event)
         else:
-            self.member_mesh = MemberMesh(self.ctx, endpoint, self.cfg.node_id, self.node.instance)
+            self.member_mesh = MemberMesh(self.ctx, endpoint, self.cfg.node_id, self.node.instance, self.keys)
 
     async def start(self) -> None:
         from elasticd.control import ControlPlane
 
+        if self.cfg.keys_dir:
+            store = KeyStore(Path(self.cfg.keys_dir))
+            try:
+                self.keys = store.node_keys()
+            except KeyStoreError as err:
+                raise StartError(str(err)) from None
+            self.gate = Gatekeeper(self.ctx, store)
+            self.gate.start()
         self.bind_mesh()
         self.plane = ControlPlane(self)
         self.endpoints = self.plane.bind()
@@ -85,7 +98,8 @@ class Daemon:
             self.node.spawner = Spawner(self.cfg.python, self.zygote)
         write_endpoints(self.cfg.job_id, self.cfg.node_id, {
             "job_id": self.cfg.job_id, "node_id": self.cfg.node_id, "pid": os.getpid(), "host": self.host,
-            "coordinator": self.coordinator is not None, "version": __version__, **self.endpoints})
+            "coordinator": self.coordinator is not None, "version": __version__, **self.endpoints,
+            "server_key": self.keys.public.decode() if self.keys else ""})
         role = "coordinator" if self.coordinator else "member"
         print(f"elasticd {__version__}: node {self.cfg.node_id} ({role}) of job {self.cfg.job_id}; "
               f"control {self.endpoints['control']} pub {self.endpoints['pub']}; "
@@ -123,6 +137,8 @@ class Daemon:
         for mesh in (self.coord_mesh, self.member_mesh):
             if mesh is not None:
                 mesh.close()
+        if self.gate is not None:
+            self.gate.stop()
         self.ctx.term()
         remove_endpoints(self.cfg.job_id, self.cfg.node_id, os.getpid())
 
@@ -185,6 +201,8 @@ class Daemon:
             await asyncio.sleep(0.05)
 
     def beat(self, now: float) -> None:
+        if self.gate is not None:
+            self.gate.reload()
         if self.plane is not None:
             self.plane.heartbeat()
         self.channel.check_hangs(now)

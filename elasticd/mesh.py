@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from elasticd.auth import NodeKeys, connect_curve, serve_curve
 from elasticd.protocol import MAX_REPLY_BYTES, Envelope, ProtocolError, decode, encode
 
 log = logging.getLogger("elasticd")
@@ -26,9 +28,11 @@ def _configure(sock: zmq.Socket, linger_ms: int) -> None:
 class CoordinatorMesh:
     """Binds the rendezvous endpoint; one DEALER per member node talks to it."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, node_id: str) -> None:
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, node_id: str, keys: NodeKeys | None) -> None:
         self.sock = ctx.socket(zmq.ROUTER)
         _configure(self.sock, 1000)
+        if keys is not None:
+            serve_curve(self.sock, keys.secret, keys.public, "mesh")
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted member reclaims its identity
         self.sock.bind(endpoint)
         self.node_id = node_id
@@ -51,10 +55,11 @@ class CoordinatorMesh:
                 continue
             ident, payload = frames
             try:
-                env = decode(payload)
+                env = decode(payload, MAX_REPLY_BYTES)  # forwarded requests are a little over the request cap
             except ProtocolError as exc:
                 log.warning("mesh: dropped a bad frame: %s", exc.reason)
                 continue
+            await asyncio.sleep(0)  # never starve the rest of the daemon, whatever arrives
             sender = ident.decode(errors="replace").split("|", 1)[0]
             if env.node != sender:
                 continue  # a node speaks only for itself
@@ -69,9 +74,12 @@ class CoordinatorMesh:
 class MemberMesh:
     """A member's link to the coordinator."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, node_id: str, instance: str) -> None:
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, node_id: str, instance: str,
+                 keys: NodeKeys | None) -> None:
         self.sock = ctx.socket(zmq.DEALER)
         _configure(self.sock, 500)
+        if keys is not None:  # daemons of one job share the node key pair: each proves it holds it
+            connect_curve(self.sock, keys.secret, keys.public, keys.public)
         self.sock.setsockopt(zmq.IDENTITY, f"{node_id}|{instance}".encode())
         self.sock.setsockopt(zmq.SNDHWM, 10000)
         self.sock.connect(endpoint)
@@ -93,6 +101,7 @@ class MemberMesh:
                 log.warning("mesh: dropped a bad frame from the coordinator: %s", exc.reason)
                 continue
             handler(env.node, env)
+            await asyncio.sleep(0)
 
     def close(self) -> None:
         self.sock.close()

@@ -15,6 +15,7 @@ from typing import Any
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 256 * 1024  # the cap on a request a daemon accepts
+MAX_DEPTH = 32  # nesting of objects and lists; deeper is refused before anything recurses over it
 MAX_REPLY_BYTES = 64 * 1024 * 1024  # replies and events a client accepts (status of a large job, event history)
 MESSAGE_TYPES = ("req", "rep", "ev", "hb", "st")
 
@@ -107,6 +108,18 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def _depth(value: Any) -> int:
+    """Nesting depth, without recursion (a hostile frame must not reach the recursion limit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            if level <= MAX_DEPTH:
+                stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def encode(env: Envelope) -> bytes:
     return json.dumps(_finite(env.to_dict()), separators=(",", ":"), allow_nan=False).encode()
 
@@ -119,10 +132,14 @@ def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Envelope:
         raw = json.loads(frame)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(ErrorCode.INVALID_JSON, f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"JSON nested deeper than {MAX_DEPTH} levels") from None
+    if _depth(raw) > MAX_DEPTH:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"JSON nested deeper than {MAX_DEPTH} levels")
     if not isinstance(raw, dict):
         raise ProtocolError(ErrorCode.BAD_MESSAGE, "envelope must be a JSON object")
     version = raw.get("v")
-    if version != PROTOCOL_VERSION:
+    if type(version) is not int or version != PROTOCOL_VERSION:  # true and 1.0 are not the version 1
         raise ProtocolError(ErrorCode.VERSION, f"protocol version {version!r} unsupported (want {PROTOCOL_VERSION})")
     kind, op = raw.get("type"), raw.get("op")
     if kind not in MESSAGE_TYPES:

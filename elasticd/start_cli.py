@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
 import uuid
 from pathlib import Path
 
@@ -43,6 +44,9 @@ def add_start_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     flag("control", default="", help="control ROUTER address (tcp://... or ipc://...; default: a free loopback port)")
     flag("pub", default="", help="telemetry PUB address (default: a free loopback port)")
     flag("heartbeat", type=float, default=1.0, help="seconds between node heartbeats (lost after 3 misses)")
+    flag("keys", default=os.environ.get("ELASTICD_KEYS", ""),
+         help="CURVE key store (see `elasticd keys`): encrypts and authenticates every socket")
+    flag("insecure", action="store_true", help="allow binding a non-loopback address without --keys (dangerous)")
     flag("no-zygote", action="store_true", help="exec a fresh interpreter per worker instead of forking "
          "from one that pre-imported torch (slower restarts)")
     flag("preload", default="torch,torch.distributed,torch.nn.parallel,torch._dynamo",
@@ -88,9 +92,39 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
         max_restarts=ns.max_restarts, grace_s=ns.grace_period, log_dir=os.path.abspath(ns.log_dir),
         join_timeout_s=ns.join_timeout, hang_timeout_s=ns.hang_timeout, heartbeat_s=ns.heartbeat,
         local_addr=ns.local_addr, control_bind=ns.control, pub_bind=ns.pub, zygote=not ns.no_zygote,
-        preload=ns.preload,
+        preload=ns.preload, keys_dir=ns.keys, insecure=ns.insecure,
     )
+    check_exposure(cfg)
     return cfg, ns.connect_timeout
+
+
+def check_exposure(cfg: JobConfig) -> None:
+    """A steering API reachable from the network with no keys lets anyone kill the job: refuse it."""
+    exposed = [addr for addr in (cfg.control_bind, cfg.pub_bind) if _non_loopback(addr)]
+    if cfg.max_nodes > 1 and not _loopback_host(cfg.rdzv_host):
+        exposed.append(f"rendezvous {cfg.rdzv_host}:{cfg.rdzv_port}")
+    if not exposed or cfg.keys_dir:
+        return
+    if not cfg.insecure:
+        raise ConfigError(f"{', '.join(exposed)} is reachable from the network and --keys is not set; create keys "
+                          "with `elasticd keys init` (see README), or pass --insecure to accept the risk")
+    print("elasticd start: WARNING: --insecure: anyone who can reach " + ", ".join(exposed) + " can steer or kill "
+          "this job, and traffic is not encrypted", file=sys.stderr, flush=True)
+
+
+def _non_loopback(addr: str) -> bool:
+    if not addr.startswith("tcp://"):
+        return False
+    return not _loopback_host(addr[len("tcp://"):].rpartition(":")[0].strip("[]"))
+
+
+def _loopback_host(host: str) -> bool:
+    if host in ("localhost", "::1"):
+        return True
+    try:
+        return socket.gethostbyname(host).startswith("127.")
+    except OSError:
+        return False
 
 
 def _auto_nproc(kind: str) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -56,6 +57,7 @@ class WorkerChannel:
             except (ProtocolError, KeyError, TypeError, ValueError) as exc:
                 self.dropped_frames += 1
                 log.debug("worker channel: dropped a bad frame: %r", exc)
+            await asyncio.sleep(0)
 
     def on_message(self, ident: bytes, env: Envelope) -> None:
         body, now = env.body, time.time()

@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from elasticd.client import Client
+from elasticd.client import Client, Credentials
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAIN = ROOT / "examples" / "train_plain.py"
@@ -116,6 +116,7 @@ class Job:
         self.env = {**os.environ, "ELASTICD_RUNTIME_DIR": str(tmp / "run"), "PYTHONUNBUFFERED": "1"}
         self.daemons: dict[str, DaemonProc] = {}
         self.started: list[DaemonProc] = []
+        self.credentials: Credentials | None = None  # set for a job started with --keys
 
     def start(self, node: str, script: Path, *script_args: str, extra: list[str] | None = None,
               wait: bool = True) -> DaemonProc:
@@ -134,7 +135,7 @@ class Job:
         return daemon
 
     def client(self, node: str = "a") -> Client:
-        return Client(self.daemons[node].control, timeout_s=10)
+        return Client(self.daemons[node].control, timeout_s=10, credentials=self.credentials)
 
     def wait_event(self, kind: str, match: Callable[[dict[str, Any]], bool] = lambda e: True,
                    since: int = 0, timeout: float = 60.0, node: str = "a") -> dict[str, Any]:

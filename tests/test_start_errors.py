@@ -50,8 +50,8 @@ def test_control_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_unreachable_endpoint_gives_up_with_a_reason(tmp_path: Path) -> None:
-    port = free_port()  # nobody listens here, and 192.0.2.1 would leave the machine: use loopback of another port
-    result = start(tmp_path, "--nnodes", "1:2", "--rdzv-endpoint", f"localhost.invalid:{port}",
+    port = free_port()  # a name that never resolves: no traffic leaves the machine
+    result = start(tmp_path, "--nnodes", "1:2", "--rdzv-endpoint", f"localhost.invalid:{port}", "--insecure",
                    "--connect-timeout", "2", str(TICKER))
     assert result.returncode == 2
     assert "did not answer within 2s" in result.stderr
@@ -63,3 +63,14 @@ def test_underscore_and_dash_flag_forms_are_both_accepted(tmp_path: Path) -> Non
                    str(TICKER), "--ticks", "2", "--interval", "0.01")
     assert result.returncode == 0, result.stderr
     assert "[solo:0] tick=1 rank=0 world=1" in result.stdout
+
+
+def test_a_network_bind_without_keys_is_refused_unless_insecure(tmp_path: Path) -> None:
+    refused = start(tmp_path, "--standalone", "--control", "tcp://0.0.0.0:0", str(TICKER))
+    assert refused.returncode == 2
+    assert "reachable from the network and --keys is not set" in refused.stderr
+    assert "--insecure" in refused.stderr
+    risky = start(tmp_path, "--standalone", "--control", "tcp://0.0.0.0:0", "--insecure", str(TICKER),
+                  "--ticks", "1", "--interval", "0.01")
+    assert risky.returncode == 0, risky.stderr
+    assert "WARNING: --insecure: anyone who can reach tcp://0.0.0.0:0 can steer or kill this job" in risky.stderr

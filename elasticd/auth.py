@@ -1,0 +1,176 @@
+"""CURVE keys and roles: the key store layout, socket set-up, and the ZAP authenticator with live revocation.
+
+Layout of a key store (default ~/.config/elasticd/keys, or $ELASTICD_KEYS):
+  node/node.key, node/node.key_secret   the job's daemon key pair; copy this folder to every node
+  authorized/NAME.key                   public client keys allowed on control/PUB, with a `role` metadata
+  clients/NAME.key, NAME.key_secret     key pairs made here by `elasticd keys create`; hand out the secret
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.auth.asyncio import AsyncioAuthenticator
+
+ROLES = ("viewer", "operator")
+_ROLE = re.compile(r'^\s*role\s*=\s*"([^"]*)"', re.MULTILINE)
+
+
+class KeyStoreError(Exception):
+    """A key store or key file problem; the message is shown to the user as is."""
+
+
+def default_dir() -> Path:
+    return Path(os.environ.get("ELASTICD_KEYS") or Path.home() / ".config" / "elasticd" / "keys")
+
+
+@dataclass(frozen=True)
+class NodeKeys:
+    public: bytes
+    secret: bytes
+
+
+@dataclass(frozen=True)
+class Authorized:
+    name: str
+    role: str
+    public: bytes
+
+
+class KeyStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.node_dir, self.authorized_dir, self.clients_dir = root / "node", root / "authorized", root / "clients"
+
+    def init(self, force: bool = False) -> Path:
+        if (self.node_dir / "node.key_secret").exists() and not force:
+            raise KeyStoreError(f"{self.node_dir} already holds a node key; --force replaces it (every node then "
+                            "needs the new one)")
+        for folder in (self.root, self.node_dir, self.authorized_dir, self.clients_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+            os.chmod(folder, 0o700)
+        _, secret = zmq.auth.create_certificates(str(self.node_dir), "node")
+        return Path(secret)
+
+    def node_keys(self) -> NodeKeys:
+        path = self.node_dir / "node.key_secret"
+        if not path.exists():
+            raise KeyStoreError(f"no node key in {self.node_dir}; run `elasticd keys init --dir {self.root}` and copy "
+                            "the folder to every node")
+        public, secret = zmq.auth.load_certificate(str(path))
+        assert secret is not None
+        return NodeKeys(public, secret)
+
+    def create_client(self, name: str, role: str) -> Path:
+        check_name_role(name, role)
+        self.clients_dir.mkdir(parents=True, exist_ok=True)
+        public_file, secret_file = zmq.auth.create_certificates(str(self.clients_dir), name, {"role": role})
+        self.authorize(Path(public_file), name, role)
+        return Path(secret_file)
+
+    def authorize(self, public_file: Path, name: str, role: str) -> Path:
+        check_name_role(name, role)
+        try:
+            public, _ = zmq.auth.load_certificate(str(public_file))
+        except (OSError, ValueError) as exc:
+            raise KeyStoreError(f"cannot read a public key from {public_file}: {exc}") from None
+        self.authorized_dir.mkdir(parents=True, exist_ok=True)
+        target = self.authorized_dir / f"{name}.key"
+        text = (f'metadata\n    role = "{role}"\ncurve\n    public-key = "{public.decode()}"\n')
+        target.write_text(text)
+        return target
+
+    def revoke(self, name: str) -> None:
+        target = self.authorized_dir / f"{name}.key"
+        if not target.exists():
+            raise KeyStoreError(f"no authorized key named {name!r} in {self.authorized_dir}")
+        target.unlink()
+
+    def authorized(self) -> list[Authorized]:
+        found = []
+        for path in sorted(self.authorized_dir.glob("*.key")):
+            try:
+                public, _ = zmq.auth.load_certificate(str(path))
+            except (OSError, ValueError):
+                continue
+            match = _ROLE.search(path.read_text())
+            role = match.group(1) if match and match.group(1) in ROLES else "viewer"
+            found.append(Authorized(path.stem, role, public))
+        return found
+
+
+def check_name_role(name: str, role: str) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,63}", name):
+        raise KeyStoreError(f"key name {name!r}: use 1-63 letters, digits, '_' or '-'")
+    if role not in ROLES:
+        raise KeyStoreError(f"role {role!r}: use one of {', '.join(ROLES)}")
+
+
+def serve_curve(sock: zmq.Socket, secret: bytes, public: bytes, domain: str) -> None:
+    """Make `sock` a CURVE server whose clients the authenticator checks in `domain` (before bind)."""
+    sock.curve_secretkey, sock.curve_publickey, sock.curve_server = secret, public, True
+    sock.zap_domain = domain.encode()
+
+
+def connect_curve(sock: zmq.Socket, secret: bytes, public: bytes, server_public: bytes) -> None:
+    """Make `sock` a CURVE client of a server with `server_public` (before connect)."""
+    sock.curve_secretkey, sock.curve_publickey, sock.curve_serverkey = secret, public, server_public
+
+
+def load_client_key(secret_file: str) -> tuple[bytes, bytes]:
+    try:
+        public, secret = zmq.auth.load_certificate(secret_file)
+    except (OSError, ValueError) as exc:
+        raise KeyStoreError(f"cannot read key file {secret_file}: {exc}") from None
+    if secret is None:
+        raise KeyStoreError(f"{secret_file} holds no secret key; pass the .key_secret file")
+    return public, secret
+
+
+def load_public(value: str) -> bytes:
+    """A server key given as a certificate file or as its 40-character z85 text."""
+    if len(value) == 40 and not os.path.exists(value):
+        return value.encode()
+    try:
+        public, _ = zmq.auth.load_certificate(value)
+    except (OSError, ValueError) as exc:
+        raise KeyStoreError(f"cannot read server key {value}: {exc}") from None
+    return public
+
+
+class Gatekeeper:
+    """The ZAP authenticator plus the role table, reloaded whenever the authorized folder changes."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, store: KeyStore) -> None:
+        self.store = store
+        self.auth = AsyncioAuthenticator(ctx)
+        self.roles: dict[bytes, Authorized] = {}
+        self._stamp = -1.0
+
+    def start(self) -> None:
+        self.auth.start()
+        self.auth.configure_curve(domain="mesh", location=str(self.store.node_dir))
+        self.reload()
+
+    def reload(self) -> None:
+        """Pick up `elasticd keys create/authorize/revoke` done while the daemon runs."""
+        try:
+            stamp = self.store.authorized_dir.stat().st_mtime
+        except OSError:
+            stamp = 0.0
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        self.auth.configure_curve(domain="control", location=str(self.store.authorized_dir))
+        self.roles = {a.public: a for a in self.store.authorized()}
+
+    def role_of(self, user_id: str) -> Authorized | None:
+        return self.roles.get(user_id.encode())
+
+    def stop(self) -> None:
+        self.auth.stop()
