@@ -1,0 +1,171 @@
+"""The shim's channel against a real ROUTER standing in for the daemon, and the quiet no-op mode."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+import trainer_shim
+from elasticd.protocol import Envelope, decode, encode
+from trainer_shim import NullSession, Session
+
+
+@pytest.fixture
+def addr() -> Iterator[str]:
+    d = tempfile.mkdtemp(prefix="shim", dir="/tmp")  # ipc paths must stay under ~100 bytes
+    yield f"ipc://{d}/w.sock"
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def router(addr: str) -> Iterator[zmq.Socket]:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind(addr)
+    yield sock
+    sock.close()
+    ctx.term()
+
+
+def recv(sock: zmq.Socket, timeout_ms: int = 5000) -> tuple[bytes, Envelope]:
+    assert sock.poll(timeout_ms), "no frame from the shim in time"
+    ident, payload = sock.recv_multipart()
+    return ident, decode(payload)
+
+
+def request(sock: zmq.Socket, ident: bytes, op: str, rid: str, at_step: int | None) -> None:
+    env = Envelope(type="req", op=op, body={"request_id": rid, "at_step": at_step}, id=rid)
+    sock.send_multipart([ident, encode(env)])
+
+
+def wait_for(pred, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.001)
+
+
+def test_noop_without_addr() -> None:
+    s = trainer_shim.init({"RANK": "2"})
+    assert isinstance(s, NullSession) and not s.enabled and s.rank == 2
+    s.report(1, loss=0.5, samples=8, acc=1.0)
+    s.report_checkpoint(1, "p", 1, 0.1)
+    s.drained(1)
+    assert not s.should_checkpoint(1) and not s.should_stop(10**9) and s.pending == []
+    s.close()
+
+
+def test_hello_step_checkpoint_frames(addr: str, router: zmq.Socket) -> None:
+    env = {"ELASTICD_WORKER_ADDR": addr, "RANK": "3", "LOCAL_RANK": "1", "ELASTICD_NODE_ID": "n1",
+           "ELASTICD_ROUND": "4"}
+    with trainer_shim.init(env) as s:
+        assert isinstance(s, Session)
+        s.report(7, loss=float("nan"), samples=32, tokens=640, lr=0.1, **{'odd "name"': float("inf")})
+        s.report_checkpoint(7, "/ck/ckpt-00000007.pt", 1234, 0.5, "rq")
+        s.report_skipped("/ck/bad.pt", "sha256 mismatch")
+        _, hello = recv(router)
+        assert (hello.type, hello.op, hello.node) == ("ev", "hello", "n1")
+        assert hello.body == {"rank": 3, "local_rank": 1, "pid": os.getpid(), "round": 4}
+        _, step = recv(router)
+        assert step.op == "step" and step.seq == hello.seq + 1
+        body = step.body
+        assert body["rank"] == 3 and body["step"] == 7 and body["loss"] is None and body["samples"] == 32
+        assert body["tokens"] == 640 and body["metrics"] == {"lr": 0.1, 'odd "name"': None} and body["dropped"] == 0
+        assert body["step_time"] >= 0
+        _, ck = recv(router)
+        assert ck.op == "checkpoint" and ck.body == {"rank": 3, "step": 7, "path": "/ck/ckpt-00000007.pt",
+                                                     "bytes": 1234, "duration_s": 0.5, "request_id": "rq"}
+        _, sk = recv(router)
+        assert sk.op == "checkpoint_skipped" and sk.body["reason"] == "sha256 mismatch"
+
+
+def test_requests_honoured_at_step(addr: str, router: zmq.Socket) -> None:
+    with Session(addr, rank=0) as s:
+        ident, _ = recv(router)  # hello
+        request(router, ident, "checkpoint", "c1", 5)
+        request(router, ident, "drain", "d1", 8)
+        wait_for(lambda: (s.poll(), len(s.pending) == 2)[1])
+        acks = [recv(router)[1] for _ in range(2)]
+        assert [(a.op, a.body["request_id"], a.body["op"]) for a in acks] == [("ack", "c1", "checkpoint"),
+                                                                           ("ack", "d1", "drain")]
+        request(router, ident, "checkpoint", "c1", 5)  # a resend is not a second request
+        ck_steps, stop_step = [], None
+        for step in range(1, 20):
+            if s.should_checkpoint(step):
+                ck_steps.append((step, s.last_request_id))
+            if s.should_stop(step):
+                stop_step = step
+                s.drained(step)
+                break
+        assert ck_steps == [(5, "c1")] and stop_step == 8
+        _, drained = recv(router)
+        assert drained.op == "drained" and drained.body == {"rank": 0, "step": 8, "request_id": "d1"}
+
+
+def test_null_at_step_means_next_boundary(addr: str, router: zmq.Socket) -> None:
+    with Session(addr) as s:
+        ident, _ = recv(router)
+        assert not s.should_checkpoint(3)
+        request(router, ident, "checkpoint", "now", None)
+        wait_for(lambda: (s.poll(), bool(s.pending))[1])
+        assert s.should_checkpoint(4) and not s.should_checkpoint(5)
+
+
+def test_report_never_blocks_without_daemon(addr: str) -> None:
+    with Session(addr) as s:  # nobody bound: frames queue to SNDHWM, then count as drops
+        start = time.perf_counter()
+        for i in range(10_000):
+            s.report(i, loss=1.0, samples=4)
+            s.should_checkpoint(i)
+        elapsed = time.perf_counter() - start
+        assert elapsed < 5.0
+        assert s.dropped > 0 and s.sent + s.dropped == 10_001
+
+
+def test_daemon_gone_mid_run(addr: str) -> None:
+    ctx = zmq.Context()
+    r = ctx.socket(zmq.ROUTER)
+    r.setsockopt(zmq.LINGER, 0)
+    r.bind(addr)
+    with Session(addr) as s:
+        recv(r)
+        r.close()
+        ctx.term()
+        for i in range(5000):
+            s.report(i)
+            assert not s.should_stop(i)
+        assert s.sent + s.dropped == 5001
+
+
+def test_events_from_other_threads_are_queued(addr: str, router: zmq.Socket) -> None:
+    with Session(addr) as s:
+        recv(router)
+        def elsewhere() -> None:
+            s.report_checkpoint(9, "/p", 1, 0.1, None)
+            s.report(9)
+
+        t = threading.Thread(target=elsewhere)
+        t.start()
+        t.join()
+        assert not router.poll(50)  # nothing touched the socket off its owning thread
+        s.report(10)  # the owning thread flushes the queued events first
+        got = [recv(router)[1] for _ in range(3)]
+        assert [(e.op, e.body.get("step")) for e in got] == [("checkpoint", 9), ("step", 9), ("step", 10)]
+
+
+def test_malformed_requests_ignored(addr: str, router: zmq.Socket) -> None:
+    with Session(addr) as s:
+        ident, _ = recv(router)
+        router.send_multipart([ident, b"not json"])
+        router.send_multipart([ident, encode(Envelope(type="req", op="reboot", body={}))])
+        request(router, ident, "drain", "d", 1)
+        wait_for(lambda: (s.poll(), bool(s.pending))[1])
+        assert [p.op for p in s.pending] == ["drain"]

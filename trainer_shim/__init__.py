@@ -1,0 +1,29 @@
+"""trainer_shim: report steps to elasticd, honour its checkpoint/drain requests, save and resume safely."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from trainer_shim.noop import NullSession
+from trainer_shim.session import Request, Session
+
+__all__ = ["NullSession", "Request", "Session", "init"]
+
+
+def _int(env: Mapping[str, str], name: str, default: int = 0) -> int:
+    try:
+        return int(env.get(name, default))
+    except ValueError:
+        return default
+
+
+def init(env: Mapping[str, str] | None = None) -> Session | NullSession:
+    """A session from the worker environment; a no-op one when ELASTICD_WORKER_ADDR is absent."""
+    env = os.environ if env is None else env
+    rank, local_rank = _int(env, "RANK"), _int(env, "LOCAL_RANK")
+    addr = env.get("ELASTICD_WORKER_ADDR", "")
+    if not addr:
+        return NullSession(rank, local_rank)
+    return Session(addr, rank=rank, local_rank=local_rank, node=env.get("ELASTICD_NODE_ID", ""),
+                   round_id=_int(env, "ELASTICD_ROUND"))

@@ -1,0 +1,198 @@
+"""Worker side of docs/worker-channel.md: a never-blocking DEALER that reports steps and reads requests."""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from elasticd.protocol import Envelope, ProtocolError, decode, encode, new_id
+
+
+@dataclass
+class Request:
+    """One daemon request (`checkpoint` or `drain`) waiting for its step boundary."""
+
+    op: str
+    request_id: str
+    at_step: int | None
+
+    def due(self, step: int) -> bool:
+        return self.at_step is None or step >= self.at_step
+
+
+def _num(value: float | None) -> str:
+    # JSON has no NaN/Infinity: the contract sends a non-finite loss as null.
+    if value is None:
+        return "null"
+    value = float(value)
+    return repr(value) if math.isfinite(value) else "null"
+
+
+def _key(name: str) -> str:
+    return f'"{name}"' if name.isidentifier() else json.dumps(name)
+
+
+class Session:
+    """Connected to the daemon's worker ROUTER; every send is NOBLOCK and a full queue is a counted drop.
+
+    Call it from the training thread; events sent from any other thread are queued and go out with the
+    training thread's next call, since a zmq socket must stay on one thread.
+    """
+
+    enabled = True
+
+    def __init__(self, addr: str, rank: int = 0, local_rank: int = 0, node: str = "",
+                 round_id: int = 0) -> None:
+        self.rank, self.local_rank, self.node, self.round = rank, local_rank, node, round_id
+        self.dropped = 0
+        self.sent = 0
+        self.last_request_id: str | None = None  # the request the last true should_* answer acted on
+        self._pending: list[Request] = []
+        self._seen: set[str] = set()
+        self._seq = 0
+        self._idp = new_id()[:8] + "-"  # cheap unique ids: a per-session prefix plus the sequence number
+        # Events from other threads (background saves) queue here: zmq sockets are not thread-safe.
+        self._outbox: collections.deque[bytes] = collections.deque()
+        self._owner = threading.get_ident()
+        self._last = time.perf_counter()
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SNDHWM, 1000)
+        self._sock.setsockopt(zmq.IMMEDIATE, 0)  # queue while the daemon restarts; the HWM bounds it
+        self._sock.connect(addr)
+        # The step frame's constant parts, precomputed so report() formats only the numbers.
+        self._head = '{"v":1,"type":"ev","op":"step","id":"' + self._idp
+        self._mid = '","node":' + json.dumps(node) + ',"seq":'
+        self._rank_s = '{"rank":' + str(int(rank)) + ',"step":'
+        self._send(self._frame("hello", {"rank": rank, "local_rank": local_rank, "pid": os.getpid(),
+                                         "round": round_id}))
+
+    # -- sending --------------------------------------------------------------------------------------
+    def _frame(self, op: str, body: dict[str, Any]) -> bytes:
+        self._seq += 1
+        env = Envelope(type="ev", op=op, body=body, id=f"{self._idp}{self._seq}", node=self.node,
+                       seq=self._seq, ts=time.time())
+        return encode(env)
+
+    def _send(self, frame: bytes) -> None:
+        if threading.get_ident() != self._owner:
+            self._outbox.append(frame)
+            return
+        if self._outbox:
+            self._flush()
+        try:
+            self._sock.send(frame, zmq.NOBLOCK)
+            self.sent += 1
+        except zmq.Again:
+            self.dropped += 1
+        except zmq.ZMQError:  # closed socket: training goes on, the report is lost
+            self.dropped += 1
+
+    def _flush(self) -> None:
+        while self._outbox:
+            frame = self._outbox.popleft()
+            try:
+                self._sock.send(frame, zmq.NOBLOCK)
+                self.sent += 1
+            except zmq.ZMQError:
+                self.dropped += 1
+
+    def report(self, step: int, loss: float | None = None, samples: int = 0, tokens: int = 0,
+               **metrics: float) -> None:
+        """Send one `step` event (also the heartbeat); never blocks. Pass loss as a float, not a tensor."""
+        now = time.perf_counter()
+        dt, self._last = now - self._last, now
+        self._seq += 1
+        seq = self._seq
+        # Identifier names (the usual keyword case) need no JSON escaping; anything else goes through json.
+        met = "{" + ",".join(f'{_key(k)}:{_num(v)}' for k, v in metrics.items()) + "}" if metrics else "{}"
+        frame = (f'{self._head}{seq}{self._mid}{seq},"ts":{time.time()!r},"body":{self._rank_s}{int(step)},'
+                 f'"loss":{_num(loss)},"samples":{int(samples)},"tokens":{int(tokens)},"step_time":{dt!r},'
+                 f'"metrics":{met},"dropped":{self.dropped}}}}}')
+        self._send(frame.encode())
+
+    def report_checkpoint(self, step: int, path: str, nbytes: int, duration_s: float,
+                          request_id: str | None = None) -> None:
+        self._send(self._frame("checkpoint", {"rank": self.rank, "step": int(step), "path": str(path),
+                                              "bytes": int(nbytes), "duration_s": float(duration_s),
+                                              "request_id": request_id}))
+
+    def report_skipped(self, path: str, reason: str) -> None:
+        body = {"rank": self.rank, "path": str(path), "reason": reason}
+        self._send(self._frame("checkpoint_skipped", body))
+
+    def drained(self, step: int, request_id: str | None = None) -> None:
+        rid = request_id if request_id is not None else self.last_request_id
+        self._send(self._frame("drained", {"rank": self.rank, "step": int(step), "request_id": rid}))
+
+    # -- receiving ------------------------------------------------------------------------------------
+    def poll(self) -> None:
+        """Read every queued request without waiting; each new one is acknowledged."""
+        try:
+            if not self._sock.get(zmq.EVENTS) & zmq.POLLIN:  # one cheap call when nothing is queued
+                return
+            while True:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+                self._accept(frames[-1])
+        except zmq.ZMQError:
+            return
+
+    def _accept(self, frame: bytes) -> None:
+        try:
+            env = decode(frame)
+        except ProtocolError:
+            return  # a malformed frame must not stop training
+        if env.type != "req" or env.op not in ("checkpoint", "drain"):
+            return
+        rid = str(env.body.get("request_id") or env.id)
+        at = env.body.get("at_step")
+        if rid in self._seen:
+            return
+        self._seen.add(rid)
+        at_step = at if isinstance(at, int) and not isinstance(at, bool) else None
+        self._pending.append(Request(env.op, rid, at_step))
+        self._send(self._frame("ack", {"rank": self.rank, "request_id": rid, "op": env.op}))
+
+    def _take(self, op: str, step: int) -> bool:
+        self.poll()
+        for req in self._pending:
+            if req.op == op and req.due(step):
+                self._pending.remove(req)
+                self.last_request_id = req.request_id
+                return True
+        return False
+
+    def should_checkpoint(self, step: int) -> bool:
+        """True once, at the first boundary whose completed step reaches a checkpoint request's at_step."""
+        return self._take("checkpoint", step)
+
+    def should_stop(self, step: int) -> bool:
+        """True once a drain is due: save, report_checkpoint, drained(step), then exit 0."""
+        return self._take("drain", step)
+
+    @property
+    def pending(self) -> list[Request]:
+        return list(self._pending)
+
+    def close(self) -> None:
+        if self._sock.closed:
+            return
+        if self._outbox:
+            self._flush()
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
