@@ -119,7 +119,8 @@ def test_null_at_step_means_next_boundary(addr: str, router: zmq.Socket) -> None
         assert s.should_checkpoint(4) and not s.should_checkpoint(5)
 
 
-def test_report_never_blocks_without_daemon(addr: str) -> None:
+def test_report_never_blocks_without_daemon(addr: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ELASTICD_REPORT_INTERVAL", "0")  # a frame per report, to count every one
     with Session(addr) as s:  # nobody bound: frames queue to SNDHWM, then count as drops
         start = time.perf_counter()
         for i in range(10_000):
@@ -130,7 +131,8 @@ def test_report_never_blocks_without_daemon(addr: str) -> None:
         assert s.dropped > 0 and s.sent + s.dropped == 10_001
 
 
-def test_daemon_gone_mid_run(addr: str) -> None:
+def test_daemon_gone_mid_run(addr: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ELASTICD_REPORT_INTERVAL", "0")
     ctx = zmq.Context()
     r = ctx.socket(zmq.ROUTER)
     r.setsockopt(zmq.LINGER, 0)
@@ -145,7 +147,8 @@ def test_daemon_gone_mid_run(addr: str) -> None:
         assert s.sent + s.dropped == 5001
 
 
-def test_events_from_other_threads_are_queued(addr: str, router: zmq.Socket) -> None:
+def test_events_from_other_threads_are_queued(addr: str, router: zmq.Socket, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ELASTICD_REPORT_INTERVAL", "0")
     with Session(addr) as s:
         recv(router)
         def elsewhere() -> None:
@@ -159,6 +162,22 @@ def test_events_from_other_threads_are_queued(addr: str, router: zmq.Socket) -> 
         s.report(10)  # the owning thread flushes the queued events first
         got = [recv(router)[1] for _ in range(3)]
         assert [(e.op, e.body.get("step")) for e in got] == [("checkpoint", 9), ("step", 9), ("step", 10)]
+
+
+def test_reports_are_coalesced_but_lose_nothing_that_matters(addr: str, router: zmq.Socket) -> None:
+    with Session(addr) as s:
+        recv(router)  # hello
+        for i in range(1, 2001):
+            s.report(i, loss=1.0 / i, samples=4)
+        first = recv(router)[1]
+        assert first.body["step"] == 1 and first.body["samples"] == 4  # the first step goes out at once
+        frames = [first]
+    while router.poll(100):
+        frames.append(recv(router)[1])
+    steps = [f for f in frames if f.op == "step"]
+    assert len(steps) < 200  # 2000 reports in a few ms: a handful of frames
+    assert steps[-1].body["step"] == 2000  # close() flushed the latest step
+    assert sum(f.body["samples"] for f in steps) == 4 * 2000  # samples are summed, never dropped
 
 
 def test_malformed_requests_ignored(addr: str, router: zmq.Socket) -> None:
