@@ -35,6 +35,10 @@ class Coordinator:
         # died, its peers' workers fail too, and that is a membership change, not a charged failure.
         self.suspect: dict[str, Any] | None = None
         self.transition: Any = None  # an elasticd.steer.Transition in flight (drain, scale down, stop)
+        self.queries: dict[str, Any] = {}  # elasticd.step_agreement.StepQuery by op id
+        # Set by elasticd.steer: before a round that restarts healthy shim workers, stop them at one step.
+        self.reform_first: Callable[[Coordinator, str, str, float], bool] = lambda *_: False
+        self.reformed = False  # the workers already stopped gracefully for the pending round
         self.used_ports: set[int] = set()
         self._join_seq = 0
         self.ended_at = 0.0
@@ -122,8 +126,11 @@ class Coordinator:
         self.check_liveness(now)
         if self.pending and now >= self.pending_due:
             cause, detail, detected = self.pending
+            if self.transition is not None and cause in ("membership", "operator"):
+                return  # a graceful stop is in flight; its end starts the round
             self.pending = None
-            self.start_round(cause, detail, detected, now)
+            if not self.reform_first(self, cause, detail, detected):
+                self.start_round(cause, detail, detected, now)
         if self.state == "waiting" and now - self.waiting_since > self.cfg.join_timeout_s:
             self.end("failed", f"join timeout: {self.reason} for {self.cfg.join_timeout_s:.0f}s", now)
 
@@ -145,6 +152,8 @@ class Coordinator:
         return [self.nodes[n] for n in order[:cap]]
 
     def start_round(self, cause: str, detail: str, detected: float, now: float) -> None:
+        self.abandon_transition()
+        self.reformed = False
         members = self.candidates()
         previous = self.round
         if len(members) < self.cfg.min_nodes:
@@ -174,6 +183,14 @@ class Coordinator:
                   rank_map={e.node_id: e.ranks for e in entries})
         for node in self.alive():
             self.send(node.node_id, "round", self.assignment(node.node_id))
+
+    def abandon_transition(self) -> None:
+        """A round that starts anyway (a failure, a lost node) ends a graceful stop where it stands."""
+        trans, self.transition = self.transition, None
+        if trans is not None:
+            for node_id in trans.leaving:
+                self.nodes[node_id].role = trans.final_role
+            self.emit(f"{trans.kind}_abandoned", op_id=trans.op_id, reason="a new round started first")
 
     def assignment(self, node_id: str) -> dict[str, Any]:
         rnd = self.round
@@ -222,7 +239,7 @@ class Coordinator:
             return  # this round is already being replaced; its later failures are echoes
         others = {n for n in rnd.node_ids() if n not in (node_id, self.cfg.node_id)}
         self.suspect = {"node": node_id, "body": body, "awaiting": others}
-        for other in others:
+        for other in sorted(others):  # a copy: answers may shrink the awaited set
             self.send(other, "probe", {"round": rnd.round_id})
         self.confirm_failure(now)
 

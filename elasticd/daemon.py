@@ -15,7 +15,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from elasticd import __version__, steer
+from elasticd import __version__, steer, step_agreement
 from elasticd.auth import Gatekeeper, KeyStore, KeyStoreError, NodeKeys
 from elasticd.config import JobConfig, StartError
 from elasticd.coordinator import Coordinator
@@ -73,6 +73,7 @@ class Daemon:
         if self.coord_mesh is not None:
             self.coordinator = Coordinator(self.cfg, MemoryStore(), self.send_to_node, self.events,
                                            self.on_job_event)
+            self.coordinator.reform_first = steer.reform_first
         else:
             self.member_mesh = MemberMesh(self.ctx, endpoint, self.cfg.node_id, self.node.instance, self.keys)
 
@@ -192,12 +193,16 @@ class Daemon:
         next_beat = 0.0
         while not self.done.is_set():
             now = time.time()
-            if self.coordinator is not None:
-                self.coordinator.tick(now)
-                steer.finish_if_ready(self.coordinator, now)
-            if now >= next_beat:
-                next_beat = now + self.cfg.heartbeat_s
-                self.beat(now)
+            try:
+                if self.coordinator is not None:
+                    self.coordinator.tick(now)
+                    steer.finish_if_ready(self.coordinator, now)
+                    step_agreement.expire(self.coordinator, now)
+                if now >= next_beat:
+                    next_beat = now + self.cfg.heartbeat_s
+                    self.beat(now)
+            except Exception:  # a bug in one tick must not freeze membership for the whole job
+                log.exception("[%s] tick failed", self.cfg.node_id)
             await asyncio.sleep(0.05)
 
     def beat(self, now: float) -> None:

@@ -6,7 +6,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from elasticd import steer
+from elasticd import steer, step_agreement
 from elasticd.protocol import Envelope
 
 if TYPE_CHECKING:
@@ -43,6 +43,8 @@ def handle_peer(d: Daemon, sender: str, env: Envelope) -> None:
             c.round_progress(sender, body)
         elif env.op == "first_step":
             c.first_step(sender, int(body["round"]), float(body["at"]))
+        elif env.op == "step_report":
+            step_agreement.answer(c, sender, body, now)
         elif env.op == "pong":
             c.pong(sender, now)
         elif env.op == "event":
@@ -75,6 +77,9 @@ def handle_coordinator_message(d: Daemon, env: Envelope) -> None:
     elif env.op == "event" and d.coordinator is None:
         d.events.adopt(body)
         d.publish_event(body)
+    elif env.op == "step_query":
+        d.to_coord("step_report", {"op_id": body.get("op_id"),
+                                   **step_agreement.local_answer(d.node.rank_metrics, d.node.round_id)})
     elif env.op == "drain_workers":
         d.channel.request("drain", body)
     elif env.op == "checkpoint_workers":

@@ -6,11 +6,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from elasticd import step_agreement
 from elasticd.coordinator import Coordinator
 from elasticd.membership import build_rank_map
 from elasticd.protocol import ErrorCode, ProtocolError, new_id
 
-STEP_MARGIN = 2  # ranks act this many steps past the highest reported step, so all act at the same one
 DRAIN_TIMEOUT_S = 30.0
 
 
@@ -26,6 +26,8 @@ class Transition:
     awaiting: set[str]
     deadline: float
     started: float = field(default_factory=time.time)
+    cause: str = "membership"  # the cause of the round that follows
+    detail: str = ""
 
 
 def refuse(reason: str, errno: int = ErrorCode.REFUSED) -> ProtocolError:
@@ -91,25 +93,22 @@ def check_leave(c: Coordinator, nodes: list[str], force: bool) -> None:
 
 
 def begin(c: Coordinator, kind: str, leaving: list[str], final_role: str, then: str,
-          detail: str) -> dict[str, Any]:
+          detail: str, cause: str = "membership", detected: float = 0.0) -> dict[str, Any]:
     """Start a graceful transition; shim workers stop at one agreed step, plain ones get SIGTERM."""
     assert c.round is not None
     require_idle(c)
     op_id = new_id()
-    step = shim_step(c)
     for node_id in leaving:
         c.nodes[node_id].role = "draining"
         c.emit("node_role", node_id, role="draining")
-    members = c.round.node_ids()
-    at_step = step + STEP_MARGIN if step is not None else None
-    trans = Transition(op_id, kind, leaving, final_role, then, set(members) if step is not None else set(),
-                       time.time() + DRAIN_TIMEOUT_S)
+    # Every member is awaited until the step agreement says otherwise: with no shim worker anywhere
+    # (at_step null) there is nothing to wait for, and the round's SIGTERM stops the plain workers.
+    trans = Transition(op_id, kind, leaving, final_role, then, set(c.round.node_ids()),
+                       time.time() + DRAIN_TIMEOUT_S, detected or time.time(), cause, detail)
     c.transition = trans
-    c.emit(f"{kind}_started", op_id=op_id, nodes=leaving, at_step=at_step, detail=detail)
-    for node_id in members:
-        c.send(node_id, "drain_workers", {"request_id": op_id, "at_step": at_step})
-    finish_if_ready(c, time.time())
-    return {"ok": True, "accepted": True, "op_id": op_id, "at_step": at_step}
+    c.emit(f"{kind}_started", op_id=op_id, nodes=leaving, detail=detail)
+    step_agreement.ask(c, op_id, "drain")  # `step_agreed` carries the step every rank stops at
+    return {"ok": True, "accepted": True, "op_id": op_id}
 
 
 def node_drained(c: Coordinator, node_id: str, now: float) -> None:
@@ -134,5 +133,19 @@ def finish_if_ready(c: Coordinator, now: float) -> None:
     if trans.then == "end":
         c.end("stopped", f"stopped by operator ({trans.op_id})", now)
     else:
-        c.schedule("membership", f"{trans.kind} of {', '.join(trans.leaving) or 'job'}", trans.started)
-        c.pending_due = now
+        c.schedule(trans.cause, trans.detail, trans.started)
+        c.reformed, c.pending_due = True, now
+
+
+def reform_first(c: Coordinator, cause: str, detail: str, detected: float) -> bool:
+    """Before a round that restarts healthy shim workers (a join, scale up, restart), stop them at one step.
+
+    Returns True when it started that graceful stop; the round follows when every rank has saved and stopped.
+    A round after a failure or a lost node cannot wait: its workers are failing already.
+    """
+    if c.reformed or cause not in ("membership", "operator") or c.state != "running" or c.round is None:
+        return False
+    if any(c.nodes[n].status != "alive" for n in c.round.node_ids()):
+        return False
+    begin(c, "reform", [], "active", "round", detail, cause, detected)
+    return True

@@ -11,6 +11,7 @@ import contextlib
 import os
 import sys
 import time
+from typing import TextIO
 
 import torch
 import torch.distributed as dist
@@ -37,6 +38,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--micro", type=int, default=8, help="largest micro-batch per rank")
     parser.add_argument("--log-every", type=int, default=1, help="rank 0 prints every N steps")
     parser.add_argument("--async-ckpt", action="store_true", help="periodic saves on a background thread")
+    parser.add_argument("--sample-log", default="", help="folder: each rank appends `step epoch ids` per step")
     return parser.parse_args()
 
 
@@ -61,6 +63,15 @@ def synthetic_data() -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
+def open_sample_log(folder: str, rank: int) -> TextIO | None:
+    """Which samples each step trained on, per rank and round: tests check no sample repeats or goes missing."""
+    if not folder:
+        return None
+    os.makedirs(folder, exist_ok=True)
+    name = f"rank{rank}-round{os.environ.get('ELASTICD_ROUND', '0')}-pid{os.getpid()}.log"
+    return open(os.path.join(folder, name), "a")  # open for the whole run
+
+
 def main() -> int:
     args = parse_args()
     device = setup()
@@ -68,7 +79,7 @@ def main() -> int:
     session = trainer_shim.init()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     sampler = ElasticSampler(DATASET, rank, world, seed=42)
     gb = GlobalBatch.fit(args.batch, world, args.micro)  # fails fast with a clear message on a bad world
     x_all, y_all = synthetic_data()
@@ -84,6 +95,7 @@ def main() -> int:
     ckpt = Checkpointer(args.ckpt_dir, keep=args.keep, session=session, background=args.async_ckpt) \
         if rank == 0 else None
     ddp = DDP(model)
+    sample_log = open_sample_log(args.sample_log, rank)
     if rank == 0:
         print(f"world_size={world} round={os.environ.get('ELASTICD_ROUND', '-')} start_step={step} "
               f"epoch={sampler.epoch} consumed={sampler.consumed} micro={gb.micro_batch} "
@@ -96,10 +108,13 @@ def main() -> int:
     while step < args.steps:
         opt.zero_grad(set_to_none=True)
         total, taken = torch.zeros((), device=device), 0
+        trained: list[str] = []  # "epoch:ids" per micro-batch, for --sample-log
         for micro in range(gb.accum_steps):
             if sampler.exhausted:
                 sampler.set_epoch(sampler.epoch + 1)
-            idx = torch.tensor(sampler.next_batch(gb.micro_batch), dtype=torch.long)
+            ids = sampler.next_batch(gb.micro_batch)
+            trained.append(f"{sampler.epoch}:{','.join(map(str, ids))}")
+            idx = torch.tensor(ids, dtype=torch.long)
             x, y = x_all[idx].to(device), y_all[idx].to(device)
             # Sum over this rank's samples, scaled so DDP's mean over ranks yields the global mean.
             with ddp.no_sync() if micro < gb.accum_steps - 1 else contextlib.nullcontext():
@@ -109,6 +124,9 @@ def main() -> int:
             taken += len(idx)  # this rank's samples; the daemon sums ranks
         opt.step()
         step += 1
+        if sample_log is not None:
+            sample_log.write(f"{step} {' '.join(trained)}\n")
+            sample_log.flush()
         loss_value = total.item()  # this rank's estimate of the mean loss; a float keeps report() cheap
         session.report(step, loss=loss_value, samples=taken, epoch=float(sampler.epoch))
         if rank == 0 and (step % args.log_every == 0 or step == args.steps):

@@ -1,0 +1,149 @@
+"""trainer_shim under real daemons: live metrics, forced checkpoints, zero-loss resizes, exact samples, hangs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from harness import SHIM, Job
+
+DATASET = 1000  # examples/train_shim.py
+
+
+def cli(job: Job, *args: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "elasticd.cli", *args, "--json"], env=job.env, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def sample_lines(folder: Path) -> dict[int, list[tuple[int, str]]]:
+    """For each rank, (step, "epoch:ids ...") in the order the rounds trained them."""
+    by_rank: dict[int, list[tuple[int, str]]] = {}
+    for path in sorted(folder.glob("rank*-round*.log"), key=lambda p: int(re.search(r"round(\d+)", p.name)[1])):
+        rank = int(re.match(r"rank(\d+)", path.name)[1])
+        for line in path.read_text().splitlines():
+            step, _, ids = line.partition(" ")
+            by_rank.setdefault(rank, []).append((int(step), ids))
+    return by_rank
+
+
+def epoch_counts(folder: Path, epoch: int) -> Counter[int]:
+    counts: Counter[int] = Counter()
+    for lines in sample_lines(folder).values():
+        for _, micro_batches in lines:
+            for part in micro_batches.split():
+                e, _, ids = part.partition(":")
+                if int(e) == epoch and ids:
+                    counts.update(int(i) for i in ids.split(","))
+    return counts
+
+
+def reached_epoch(folder: Path, epoch: int) -> bool:
+    return any(part.startswith(f"{epoch}:") for lines in sample_lines(folder).values()
+               for _, ids in lines for part in ids.split())
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError("condition not met in time")
+
+
+def test_shim_job_metrics_checkpoint_zero_loss_resizes_exact_samples_and_hang(tmp_path: Path) -> None:
+    samples, ckpts = tmp_path / "samples", tmp_path / "ckpt"
+    job = Job(tmp_path, nnodes="1:2", nproc=2, extra=["--hang-timeout", "5"])
+    args = ("--steps", "100000", "--ckpt-dir", str(ckpts), "--ckpt-every", "0", "--step-time", "0.1",
+            "--batch", "16", "--micro", "8", "--sample-log", str(samples))
+    try:
+        job.start("a", SHIM, *args)
+        first = job.wait_event("round_started", lambda e: e["world_size"] == 2)
+        job.wait_event("first_step", since=first["seq"])
+        job.start("b", SHIM, *args)
+        # b's join first stops a's healthy workers at one agreed step: the world grows and nothing is lost.
+        grown = job.wait_event("round_started", lambda e: e["world_size"] == 4)
+        reform = job.wait_event("reform_complete", since=first["seq"])
+        assert not reform["timed_out"]
+        job.wait_event("first_step", since=grown["seq"])
+
+        # Metrics: step, loss and throughput for every rank, moving.
+        wait_for(lambda: len(cli(job, "metrics")["ranks"]) == 4)
+        before = max(r["step"] for r in cli(job, "metrics")["ranks"])
+        wait_for(lambda: min(r["step"] for r in cli(job, "metrics")["ranks"]) > before)
+        after = cli(job, "metrics")["ranks"]
+        assert sorted(r["rank"] for r in after) == [0, 1, 2, 3]
+        assert all(isinstance(r["loss"], float) and r["throughput"] for r in after)
+
+        # drain b: every rank stops at one step with a checkpoint; the smaller world resumes right there.
+        mark = job.seq()
+        cli(job, "drain", "b")
+        shrunk = job.wait_event("round_started", lambda e: e["world_size"] == 2, since=mark)
+        assert not job.wait_event("drain_complete", since=mark)["timed_out"]
+        job.wait_event("first_step", since=shrunk["seq"])
+        # scale 2: b comes back; the survivors stop at one step again before the world grows.
+        mark = job.seq()
+        cli(job, "scale", "2")
+        regrown = job.wait_event("round_started", lambda e: e["world_size"] == 4, since=mark)
+        job.wait_event("first_step", since=regrown["seq"])
+        steps = [step for step, _ in sample_lines(samples)[0]]
+        assert steps == list(range(1, len(steps) + 1)), "a step was lost or repeated across the resizes"
+        assert job.status()["restarts"]["failure"] == 0
+
+        # Those mid-epoch resizes (2 -> 4 -> 2 -> 4) trained every sample of epoch 0 exactly once.
+        wait_for(lambda: reached_epoch(samples, 1), timeout=90)
+        counts = epoch_counts(samples, 0)
+        assert sorted(counts) == list(range(DATASET)), "a sample was skipped"
+        assert set(counts.values()) == {1}, "a sample was trained twice"
+
+        # A forced checkpoint lands at the agreed step, and checkpoint age resets.
+        mark = job.seq()
+        reply = cli(job, "checkpoint")
+        agreed = job.wait_event("step_agreed", lambda e: e["op_id"] == reply["op_id"], since=mark)
+        saved = job.wait_event("checkpoint_saved", lambda e: e["request_id"] == reply["op_id"], since=mark)
+        assert saved["step"] == agreed["at_step"] and saved["bytes"] > 0 and os.path.exists(saved["path"])
+        age = next(r["checkpoint_age_s"] for r in cli(job, "metrics")["ranks"] if r["rank"] == 0)
+        assert age is not None and age < 10
+
+        # A SIGSTOPped worker is a hang: the job restarts with cause "hang", charged to no failure budget.
+        mark = job.seq()
+        victim = next(w for w in cli(job, "workers")["nodes"]["b"] if w["rank"] == 3)
+        os.kill(victim["pid"], signal.SIGSTOP)
+        hung = job.wait_event("round_started", lambda e: e["cause"] == "hang", since=mark, timeout=60)
+        assert hung["world_size"] == 4
+        restarts = job.status()["restarts"]
+        assert restarts["hang"] == 1 and restarts["failure"] == 0
+        job.wait_event("first_step", since=hung["seq"])
+    finally:
+        job.close()
+
+
+def test_kills_during_saves_always_leave_a_loadable_checkpoint(tmp_path: Path) -> None:
+    ckpts = tmp_path / "ckpt"
+    job = Job(tmp_path, nnodes="1", nproc=1, max_restarts=10)
+    try:
+        a = job.start("a", SHIM, "--steps", "100000", "--ckpt-dir", str(ckpts), "--ckpt-every", "1",
+                      "--step-time", "0", "--batch", "16", "--keep", "2")
+        resumed_from = []
+        for kill in range(4):
+            started = job.wait_event("round_started", lambda e, k=kill: e["round"] == k + 1)
+            job.wait_event("first_step", since=started["seq"])
+            wait_for(lambda: len(list(ckpts.glob("ckpt-*.pt"))) >= 2)
+            os.kill(next(iter(job.worker_pids(started["seq"]))), signal.SIGKILL)  # it saves every step
+            line = a.wait_line(rf"world_size=1 round={kill + 2} start_step=(\d+)")
+            resumed_from.append(int(line.group(1)))
+        assert all(step > 0 for step in resumed_from)  # every restart found a valid checkpoint to load
+        assert resumed_from == sorted(resumed_from)
+        assert "CorruptCheckpoint" not in a.output() and "Traceback" not in a.output()
+    finally:
+        job.close()
