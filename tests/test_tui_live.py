@@ -1,0 +1,110 @@
+"""elastic-tui against real daemons (2 nodes, ticker worker): views, drain with confirm, cancel, read-only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from harness import TICKER, Job
+from test_tui_support import SIZE, until
+from textual.widgets import Button
+
+from tui.app import ElasticApp
+from tui.screens.confirm import ConfirmScreen
+from tui.screens.node_detail import NodeDetailScreen
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+    job = Job(Path(tmp_path_factory.mktemp("tui")), nnodes="1:2", nproc=1)
+    job.start("a", TICKER)
+    job.start("b", TICKER)
+    job.wait_event("round_started", lambda e: e["world_size"] == 2)
+    yield job
+    job.close()
+
+
+def connected(app: ElasticApp, world: int = 2) -> bool:
+    model = app.model
+    return (model.job.world_size == world and set(model.nodes) >= {"a", "b"}
+            and all(model.node_liveness(n) == "live" for n in model.nodes.values()))
+
+
+async def cursor_to(pilot, app: ElasticApp, node: str) -> None:  # type: ignore[no-untyped-def]
+    table = app.nodes_table
+    await until(pilot, lambda: table.cursor_key() is not None and node in {k for k, _ in table.shown})
+    table.move_cursor(row=[k for k, _ in table.shown].index(node))
+    await pilot.pause()
+
+
+async def test_one_member_address_shows_the_whole_job_and_every_view(job: Job) -> None:
+    app = ElasticApp({job.job_id: [job.daemons["b"].control]})
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: connected(app), what="both daemons live")
+        assert app.model.job.job_id == job.job_id and app.model.job.coordinator == "a"
+        for view in ("ranks", "events", "ckpt", "loss", "nodes"):
+            await pilot.press("colon", *view, "enter")
+            await pilot.pause()
+            assert app.view == view
+        await until(pilot, lambda: any(e.get("kind") == "round_started" for e in app.model.events))
+        await until(pilot, lambda: bool(app.model.nodes["a"].workers))
+        await cursor_to(pilot, app, "a")
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, NodeDetailScreen))
+        await until(pilot, lambda: "tick=" in str(app.screen.query_one("#tails").render()), what="log tail")
+        await pilot.press("escape")
+        await pilot.press("slash", "b")
+        await until(pilot, lambda: [k for k, _ in app.nodes_table.shown] == ["b"], what="filter to b")
+
+
+async def test_cancel_changes_nothing(job: Job) -> None:
+    mark = job.seq()
+    app = ElasticApp({job.job_id: [job.daemons["a"].control]})
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: connected(app))
+        await cursor_to(pilot, app, "b")
+        await pilot.press("D")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm dialog")
+        assert "world 2 → 1; ranks 1 leave" in str(app.screen.query_one("#effect").render())
+        focused = app.focused
+        assert isinstance(focused, Button) and focused.id == "cancel"
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
+    with job.client() as client:
+        kinds = {e["kind"] for e in client.call("events", since_seq=mark, limit=0)["events"]}
+    assert "drain_started" not in kinds and job.status()["world_size"] == 2
+
+
+async def test_readonly_disables_every_action(job: Job) -> None:
+    mark = job.seq()
+    app = ElasticApp({job.job_id: [job.daemons["a"].control]}, readonly=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: connected(app))
+        await cursor_to(pilot, app, "b")
+        assert app.check_action("run", ("drain",)) is None and app.check_action("run", ("help",))
+        for key in ("D", "K", "R", "S", "c", "o", "u", "plus", "minus"):
+            await pilot.press(key)
+        await pilot.pause(0.5)
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert any("read-only" in n.message for n in app._notifications)
+    with job.client() as client:
+        kinds = {e["kind"] for e in client.call("events", since_seq=mark, limit=0)["events"]}
+    assert "command_received" not in kinds and job.status()["world_size"] == 2
+
+
+async def test_drain_with_confirm_shrinks_the_world(job: Job) -> None:
+    app = ElasticApp({job.job_id: [job.daemons["a"].control]})
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: connected(app))
+        await cursor_to(pilot, app, "b")
+        await pilot.press("D")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.click("#confirm")
+        await until(pilot, lambda: app.model.job.world_size == 1 and app.model.nodes["b"].role == "standby",
+                    timeout=40, what="world 1 after drain")
+        await until(pilot, lambda: any("accepted" in n.message for n in app._notifications))
+        assert any(e.get("kind") == "drain_complete" for e in app.model.events)
+    assert job.status()["world_size"] == 1

@@ -1,0 +1,1 @@
+"""elastic-tui: the Textual console that watches and steers elasticd jobs."""

@@ -1,0 +1,64 @@
+"""The one registry of console actions: keys, descriptions, steering verbs; bindings, help and palette use it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.binding import Binding
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """One thing the operator can do; `verb` is set for steering actions (sent to the daemon)."""
+
+    id: str
+    key: str
+    description: str
+    verb: str = ""
+    destructive: bool = False
+    targets: str = ""  # "nodes" (marked or cursor), "rank", "job", or "" for local actions
+    show: bool = True
+
+    @property
+    def steers(self) -> bool:
+        return bool(self.verb)
+
+    @property
+    def key_display(self) -> str:
+        return {"question_mark": "?", "colon": ":", "slash": "/", "plus": "+", "minus": "-",
+                "escape": "esc", "space": "space", "full_stop": "."}.get(self.key, self.key)
+
+
+ACTIONS: tuple[ActionSpec, ...] = (
+    ActionSpec("command_bar", "colon", "Command bar (:nodes :ranks :events :ckpt :loss :job ID)"),
+    ActionSpec("filter", "slash", "Filter the current view"),
+    ActionSpec("help", "question_mark", "Help: every key and action"),
+    ActionSpec("mark", "space", "Mark or unmark the node (targets of drain/cordon)", show=False),
+    ActionSpec("back", "escape", "Back / clear filter and marks", show=False),
+    ActionSpec("quit", "q", "Quit"),
+    ActionSpec("view_nodes", "1", "View: nodes", show=False),
+    ActionSpec("view_ranks", "2", "View: rank map and round history", show=False),
+    ActionSpec("view_events", "3", "View: events and recovery timelines", show=False),
+    ActionSpec("view_ckpt", "4", "View: checkpoints", show=False),
+    ActionSpec("view_loss", "5", "View: loss plot", show=False),
+    ActionSpec("next_job", "right_square_bracket", "Next job", show=False),
+    ActionSpec("scale_up", "plus", "Scale up: target world +1 node", verb="scale", targets="job"),
+    ActionSpec("scale_down", "minus", "Scale down: target world -1 node", verb="scale", targets="job"),
+    ActionSpec("checkpoint", "c", "Force a checkpoint of every rank", verb="checkpoint", targets="job"),
+    ActionSpec("cordon", "o", "Cordon node(s): keep out of next rounds", verb="cordon", targets="nodes"),
+    ActionSpec("uncordon", "u", "Uncordon node(s)", verb="uncordon", targets="nodes"),
+    ActionSpec("drain", "D", "Drain node(s): graceful leave", verb="drain", destructive=True, targets="nodes"),
+    ActionSpec("kill_worker", "K", "Kill a worker (failure drill)", verb="kill-worker", destructive=True,
+               targets="rank"),
+    ActionSpec("restart", "R", "Restart every worker", verb="restart", destructive=True, targets="job"),
+    ActionSpec("stop", "S", "Stop the job", verb="stop", destructive=True, targets="job"),
+)
+ACTIONS_BY_ID: dict[str, ActionSpec] = {spec.id: spec for spec in ACTIONS}
+STEERING_KEYS: dict[str, ActionSpec] = {spec.key: spec for spec in ACTIONS if spec.steers}
+
+
+def bindings() -> list[Binding]:
+    """App bindings, each with an id so a keymap can remap it."""
+    return [Binding(spec.key, f"run('{spec.id}')", spec.description.split(":")[0].split(" (")[0],
+                    show=spec.show, key_display=spec.key_display, id=spec.id, tooltip=spec.description)
+            for spec in ACTIONS]

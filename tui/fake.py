@@ -1,0 +1,145 @@
+"""A deterministic job for snapshot tests and demos: fixed replies, fixed timestamps, the DaemonLink interface."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator
+from typing import Any
+
+from elasticd.client import ClientError, Event
+
+NOW = 1_700_000_000.0
+NODES = {"a": ("node-a.example", [0, 1], "active"), "b": ("node-b.example", [2, 3], "active"),
+         "c": ("node-c.example", [], "standby")}
+LAST_SEEN_AGE = {"a": 0.2, "b": 0.4, "c": 5.0}
+
+
+def fixed_clock() -> float:
+    return NOW
+
+
+def loss_at(rank: int, step: int) -> float:
+    return round(2.5 * math.exp(-step / 60) + 0.3 + 0.02 * math.sin(step + rank), 4)
+
+
+def timeline(total: float) -> dict[str, float]:
+    return {"detect": 0.0, "rendezvous": 0.1, "stopped": round(total * 0.4, 3), "spawned": round(total * 0.6, 3),
+            "first_step": total}
+
+
+def history_events() -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+
+    def add(kind: str, node: str, **fields: Any) -> None:
+        events.append({"seq": len(events) + 1, "ts": NOW - 600 + 10 * len(events), "kind": kind, "node": node,
+                       **fields})
+
+    add("node_joined", "a", host="node-a.example", nproc=2, role="active")
+    add("node_joined", "b", host="node-b.example", nproc=2, role="active")
+    add("round_started", "a", round=1, world_size=4, cause="start", detail="node b joined",
+        rank_map={"a": [0, 1], "b": [2, 3]})
+    add("workers_started", "a", round=1, ranks=[0, 1], world_size=4, pids=[1001, 1002])
+    add("workers_started", "b", round=1, ranks=[2, 3], world_size=4, pids=[2001, 2002])
+    add("round_complete", "a", round=1, cause="start", timeline=timeline(1.2))
+    add("worker_exited", "b", round=1, rank=3, pid=2002, exit_code=1)
+    add("round_started", "a", round=2, world_size=4, cause="failure", detail="rank 3 exited 1",
+        rank_map={"a": [0, 1], "b": [2, 3]})
+    add("workers_started", "a", round=2, ranks=[0, 1], world_size=4, pids=[1003, 1004])
+    add("workers_started", "b", round=2, ranks=[2, 3], world_size=4, pids=[2003, 2004])
+    add("first_step", "a", round=2, cause="failure", timeline=timeline(3.4))
+    add("node_joined", "c", host="node-c.example", nproc=2, role="standby")
+    for rank in range(4):
+        add("checkpoint_saved", "a" if rank < 2 else "b", rank=rank, step=200, path=f"/ckpt/step-200/rank-{rank}.pt",
+            bytes=48_000_000 + rank * 1000, duration_s=0.8 + rank / 10)
+    add("interlock_refused", "a", op="drain", reason="node a is the coordinator; use --force")
+    return events
+
+
+class FakeLink:
+    """Answers like a daemon of the fake job; `drain a` is refused without force, like the real interlock."""
+
+    def __init__(self, control: str) -> None:
+        self.control = control
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    async def call(self, op: str, timeout_s: float | None = None, **args: Any) -> dict[str, Any]:
+        self.calls.append((op, args))
+        handler = getattr(self, f"op_{op.replace('-', '_')}", None)
+        if handler is None:
+            raise ClientError("unknown_op", f"unknown op {op!r}")
+        return dict(handler(args))
+
+    def op_status(self, args: dict[str, Any]) -> dict[str, Any]:
+        nodes = [{"node_id": n, "host": host, "nproc": 2, "role": role, "status": "alive",
+                  "control": f"fake://{n}", "pub": f"fake-pub://{n}", "last_seen_age_s": LAST_SEEN_AGE[n]}
+                 for n, (host, _, role) in NODES.items()]
+        rank_map = [{"node_id": n, "group_rank": i, "host": NODES[n][0], "ranks": NODES[n][1]}
+                    for i, n in enumerate(("a", "b"))]
+        return {"ok": True, "job_id": "demo", "state": "running", "reason": "", "round": 2, "world_size": 4,
+                "min_nodes": 1, "max_nodes": 3, "target": 2, "coordinator": "a",
+                "restarts": {"failure": 1, "membership": 0, "operator": 0, "hang": 0}, "max_restarts": 3,
+                "last_recovery": timeline(3.4), "rank_map": rank_map, "nodes": nodes, "seq": 17}
+
+    def op_events(self, args: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "events": history_events(), "seq": 17}
+
+    def op_metrics(self, args: dict[str, Any]) -> dict[str, Any]:
+        ranks = [{"node": "a" if r < 2 else "b", "rank": r, "round": 2, "step": 240, "loss": loss_at(r, 240),
+                  "throughput": 128.0, "step_age_s": 0.1, "dropped": 0, "checkpoint_step": 200,
+                  "checkpoint_path": f"/ckpt/step-200/rank-{r}.pt", "checkpoint_age_s": 42.0 if r < 3 else 900.0}
+                 for r in range(4)]
+        return {"ok": True, "ranks": ranks}
+
+    def op_workers(self, args: dict[str, Any]) -> dict[str, Any]:
+        def worker(node: str, local: int, rank: int) -> dict[str, Any]:
+            return {"pid": 1003 + rank, "local_rank": local, "rank": rank, "state": "running", "exit_code": None,
+                    "cpu_percent": 97.0, "rss": 512 * 1024 * 1024, "uptime_s": 300.0,
+                    "log": f"/nonexistent/logs/demo/{node}/round-0002/rank-{rank}.log", "round": 2}
+
+        return {"ok": True, "nodes": {"a": [worker("a", 0, 0), worker("a", 1, 1)],
+                                      "b": [worker("b", 0, 2), worker("b", 1, 3)], "c": []}}
+
+    def op_ranks(self, args: dict[str, Any]) -> dict[str, Any]:
+        def rnd(round_id: int, cause: str, total: float) -> dict[str, Any]:
+            start = NOW - 600 + 100 * round_id
+            return {"round_id": round_id, "world_size": 4, "cause": cause, "detail": "", "started_at": start,
+                    "master_addr": "node-a.example", "master_port": 29500 + round_id,
+                    "members": [{"node_id": "a", "group_rank": 0, "host": "node-a.example", "ranks": [0, 1]},
+                                {"node_id": "b", "group_rank": 1, "host": "node-b.example", "ranks": [2, 3]}],
+                    "timeline": {k: start + v for k, v in timeline(total).items()}}
+
+        return {"ok": True, "round": rnd(2, "failure", 3.4), "history": [rnd(1, "start", 1.2), rnd(2, "failure", 3.4)]}
+
+    def steer(self, args: dict[str, Any], summary: str) -> dict[str, Any]:
+        if args.get("dry_run"):
+            return {"ok": True, "dry_run": True, "plan": {"summary": summary}}
+        return {"ok": True, "accepted": True, "plan": {"summary": summary}}
+
+    def op_drain(self, args: dict[str, Any]) -> dict[str, Any]:
+        if args.get("node") == "a" and not args.get("force"):
+            raise ClientError("refused", "node a hosts the coordinator; draining it ends the job. Use --force")
+        return self.steer(args, "world 4 → 2; ranks 2-3 leave" if args.get("node") == "b" else "world 4 → 2")
+
+    def op_scale(self, args: dict[str, Any]) -> dict[str, Any]:
+        return self.steer(args, f"world 4 → {2 * int(args['nodes'])}")
+
+    def op_checkpoint(self, args: dict[str, Any]) -> dict[str, Any]:
+        return self.steer(args, "every rank saves at step 243")
+
+    async def events(self, pub: str) -> AsyncIterator[Event]:
+        node = pub.rsplit("/", 1)[-1]
+        if node == "a":
+            for step in range(0, 241, 4):
+                for rank in range(4):
+                    yield Event("st", "step", "a" if rank < 2 else "b", 0, NOW,
+                                {"rank": rank, "step": step, "loss": loss_at(rank, step), "throughput": 128.0})
+        while node in ("a", "b"):
+            yield Event("hb", "heartbeat", node, 17, NOW, {"state": "running", "round": 2})
+            await asyncio.sleep(0.5)
+        while True:  # c never beats but its socket stays up: the snapshot shows it stale (status says 5 s)
+            yield Event("idle", "idle", node, 17, NOW, {})
+            await asyncio.sleep(0.5)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,232 @@
+"""The headless job model: status, metrics, workers, events and heartbeats folded into plain dataclasses."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tui.liveness import liveness
+
+Clock = Callable[[], float]
+EVENT_HISTORY = 2000
+LOSS_HISTORY = 600
+
+
+@dataclass
+class RankMetrics:
+    """The latest trainer_shim report of one global rank."""
+
+    rank: int
+    node: str
+    step: int | None = None
+    loss: float | None = None
+    throughput: float | None = None
+    checkpoint_step: int | None = None
+    checkpoint_at: float | None = None
+    checkpoint_bytes: int | None = None
+    checkpoint_duration_s: float | None = None
+    checkpoint_path: str | None = None
+    updated_at: float = 0.0
+
+
+@dataclass
+class NodeView:
+    """One node (daemon) as the console sees it."""
+
+    node_id: str
+    host: str = ""
+    role: str = ""
+    status: str = "alive"
+    nproc: int = 0
+    control: str = ""
+    pub: str = ""
+    ranks: list[int] = field(default_factory=list)
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    last_seen: float | None = None
+    daemon_state: str = ""
+    connected: bool = True
+    restarts: int = 0
+    loss_history: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=LOSS_HISTORY))
+
+
+@dataclass
+class JobView:
+    """The job header: state, round, sizes, restarts and the last recovery."""
+
+    job_id: str = ""
+    state: str = "connecting"
+    reason: str = ""
+    round: int = 0
+    world_size: int = 0
+    target: int = 0
+    min_nodes: int = 0
+    max_nodes: int = 0
+    coordinator: str = ""
+    restarts: dict[str, int] = field(default_factory=dict)
+    max_restarts: int = 0
+    last_recovery: dict[str, float] = field(default_factory=dict)
+    seq: int = 0
+
+
+class JobModel:
+    """Everything known about one job; fed by the I/O workers, read by the views. Never does I/O."""
+
+    def __init__(self, job_id: str = "", clock: Clock = time.time) -> None:
+        self.clock = clock
+        self.job = JobView(job_id=job_id)
+        self.nodes: dict[str, NodeView] = {}
+        self.rank_metrics: dict[int, RankMetrics] = {}
+        self.rank_map: list[dict[str, Any]] = []
+        self.round_history: list[dict[str, Any]] = []
+        self.events: deque[dict[str, Any]] = deque(maxlen=EVENT_HISTORY)
+        self.last_event_seq = 0
+        self.connection = "connecting"
+        self.version = 0
+        self.step_seen_at: dict[tuple[str, int], float] = {}
+
+    def changed(self) -> None:
+        self.version += 1
+
+    def node(self, node_id: str) -> NodeView:
+        if node_id not in self.nodes:
+            self.nodes[node_id] = NodeView(node_id)
+        return self.nodes[node_id]
+
+    # ---- replies ---------------------------------------------------------------------------------
+    def apply_status(self, reply: dict[str, Any]) -> None:
+        now = self.clock()
+        job = self.job
+        job.job_id = str(reply.get("job_id", job.job_id))
+        job.state, job.reason = str(reply.get("state", "")), str(reply.get("reason", ""))
+        job.round, job.world_size = int(reply.get("round", 0)), int(reply.get("world_size", 0))
+        job.target, job.min_nodes = int(reply.get("target", 0)), int(reply.get("min_nodes", 0))
+        job.max_nodes, job.coordinator = int(reply.get("max_nodes", 0)), str(reply.get("coordinator", ""))
+        job.restarts, job.max_restarts = dict(reply.get("restarts", {})), int(reply.get("max_restarts", 0))
+        job.last_recovery, job.seq = dict(reply.get("last_recovery") or {}), int(reply.get("seq", 0))
+        self.rank_map = list(reply.get("rank_map", []))
+        ranks = {str(e.get("node_id")): list(e.get("ranks", [])) for e in self.rank_map}
+        for record in reply.get("nodes", []):
+            node = self.node(str(record.get("node_id")))
+            node.host, node.role = str(record.get("host", "")), str(record.get("role", ""))
+            node.status, node.nproc = str(record.get("status", "alive")), int(record.get("nproc", 0))
+            node.control, node.pub = str(record.get("control", "")), str(record.get("pub", ""))
+            node.ranks = ranks.get(node.node_id, [])
+            age = record.get("last_seen_age_s")
+            if age is not None and node.status == "alive":
+                node.last_seen = max(node.last_seen or 0.0, now - float(age))
+        self.connection = "connected"
+        self.changed()
+
+    def apply_metrics(self, reply: dict[str, Any]) -> None:
+        now = self.clock()
+        for item in reply.get("ranks", []):
+            if item.get("rank") is None:
+                continue
+            self.update_rank(int(item["rank"]), str(item.get("node", "")), item.get("step"), item.get("loss"),
+                             item.get("throughput"))
+            metrics = self.rank_metrics[int(item["rank"])]
+            if item.get("checkpoint_step") is not None:
+                metrics.checkpoint_step = int(item["checkpoint_step"])
+                metrics.checkpoint_path = item.get("checkpoint_path")
+                if item.get("checkpoint_age_s") is not None:
+                    metrics.checkpoint_at = now - float(item["checkpoint_age_s"])
+        self.changed()
+
+    def apply_workers(self, reply: dict[str, Any]) -> None:
+        for node_id, workers in (reply.get("nodes") or {}).items():
+            self.node(str(node_id)).workers = list(workers)
+        self.changed()
+
+    def apply_ranks(self, reply: dict[str, Any]) -> None:
+        self.round_history = list(reply.get("history", []))
+        self.changed()
+
+    def apply_history(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            self.apply_event(event)
+
+    # ---- telemetry -------------------------------------------------------------------------------
+    def update_rank(self, rank: int, node: str, step: Any, loss: Any, throughput: Any) -> None:
+        metrics = self.rank_metrics.get(rank)
+        if metrics is None or metrics.node != node:
+            metrics = self.rank_metrics[rank] = RankMetrics(rank, node)
+        if step is not None and step != metrics.step:
+            metrics.step = int(step)
+            self.step_seen_at[(node, rank)] = self.clock()
+            if loss is not None:
+                self.node(node).loss_history.append((int(step), float(loss)))
+        metrics.loss = float(loss) if loss is not None else metrics.loss
+        metrics.throughput = float(throughput) if throughput is not None else metrics.throughput
+        metrics.updated_at = self.clock()
+
+    def apply_heartbeat(self, node_id: str, body: dict[str, Any]) -> None:
+        node = self.node(node_id)
+        node.last_seen, node.connected = self.clock(), True
+        node.daemon_state = str(body.get("state", node.daemon_state))
+        self.changed()
+
+    def apply_event(self, event: dict[str, Any]) -> bool:
+        """Fold one numbered job event in; duplicates (the same event from another daemon) are ignored."""
+        seq = int(event.get("seq", 0))
+        if seq and seq <= self.last_event_seq:
+            return False
+        self.last_event_seq = max(self.last_event_seq, seq)
+        self.events.append(event)
+        kind, node_id = str(event.get("kind", "")), str(event.get("node", ""))
+        if kind == "workers_started" and node_id:
+            self.node(node_id).restarts = sum(1 for e in self.events if e.get("kind") == "workers_started"
+                                              and e.get("node") == node_id) - 1
+        elif kind == "node_role" and node_id:
+            self.node(node_id).role = str(event.get("role", ""))
+        elif kind in ("node_lost", "node_left") and node_id:
+            self.node(node_id).status = "lost" if kind == "node_lost" else "left"
+        elif kind == "round_started":
+            self.job.round, self.job.world_size = int(event.get("round", 0)), int(event.get("world_size", 0))
+        elif kind == "checkpoint_saved" and event.get("rank") is not None:
+            self.apply_checkpoint(event)
+        elif kind == "job_end":
+            self.job.state = str(event.get("state", "ended"))
+        self.changed()
+        return True
+
+    def apply_checkpoint(self, event: dict[str, Any]) -> None:
+        rank = int(event["rank"])
+        metrics = self.rank_metrics.get(rank) or RankMetrics(rank, str(event.get("node", "")))
+        self.rank_metrics[rank] = metrics
+        metrics.checkpoint_step = event.get("step", metrics.checkpoint_step)
+        metrics.checkpoint_at = float(event.get("ts") or self.clock())
+        metrics.checkpoint_bytes = event.get("bytes")
+        metrics.checkpoint_duration_s = event.get("duration_s")
+        metrics.checkpoint_path = event.get("path") or metrics.checkpoint_path
+
+    def apply_step(self, node_id: str, body: dict[str, Any]) -> None:
+        """Per-step telemetry (`st` messages), where a daemon publishes it."""
+        if body.get("rank") is not None:
+            self.update_rank(int(body["rank"]), node_id, body.get("step"), body.get("loss"), body.get("throughput"))
+            self.changed()
+
+    def disconnected(self, node_id: str) -> None:
+        if node_id in self.nodes:
+            self.nodes[node_id].connected = False
+            self.changed()
+
+    # ---- derived -----------------------------------------------------------------------------------
+    def heartbeat_age(self, node: NodeView) -> float | None:
+        return None if node.last_seen is None else max(0.0, self.clock() - node.last_seen)
+
+    def node_liveness(self, node: NodeView) -> str:
+        return liveness(self.heartbeat_age(node), node.connected, node.status)
+
+    def node_ranks(self, node_id: str) -> list[RankMetrics]:
+        return sorted((m for m in self.rank_metrics.values() if m.node == node_id), key=lambda m: m.rank)
+
+    def recoveries(self) -> list[dict[str, Any]]:
+        """Recovery timelines, newest last: the latest `round_complete`/`first_step` of each round."""
+        by_round: dict[int, dict[str, Any]] = {}
+        for event in self.events:
+            if event.get("kind") in ("round_complete", "first_step") and event.get("timeline"):
+                by_round[int(event.get("round", 0))] = event
+        return [by_round[r] for r in sorted(by_round)]

@@ -1,0 +1,147 @@
+"""Table rows for each view, computed from the job model as rich Text; no Textual widgets here."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rich.text import Text
+
+from tui.liveness import format_age, format_bytes, sparkline
+from tui.model import JobModel, NodeView
+
+Row = tuple[str, list[Text | str]]
+LIVENESS_STYLE = {"live": "green", "stale": "yellow", "missing": "bold red", "lost": "red", "left": "dim"}
+ROLE_STYLE = {"active": "green", "standby": "cyan", "draining": "yellow", "cordoned": "magenta"}
+NODE_COLOURS = ("dodger_blue2", "dark_orange", "medium_purple", "spring_green3", "deep_pink3", "gold3",
+                "turquoise2", "salmon1")
+CKPT_STALE_S = 600.0
+NODE_COLUMNS = ("", "node", "host", "role/state", "wrk", "ranks", "step", "loss", "trend", "thr/s", "ckpt",
+                "heartbeat", "cpu%", "rss", "rst")
+NODE_WIDTHS = (1, 6, 12, 15, 3, 5, 6, 6, 10, 6, 6, 11, 4, 6, 3)
+CKPT_COLUMNS = ("rank", "node", "saved step", "age", "size", "took", "path")
+EVENT_COLUMNS = ("seq", "time", "node", "kind", "details")
+PHASES = ("detect", "rendezvous", "stopped", "spawned", "first_step")
+
+
+def node_colour(model: JobModel, node_id: str) -> str:
+    ids = list(model.nodes)
+    return NODE_COLOURS[ids.index(node_id) % len(NODE_COLOURS)] if node_id in ids else "white"
+
+
+def span_text(ranks: list[int]) -> str:
+    if not ranks:
+        return "-"
+    contiguous = ranks[-1] - ranks[0] == len(ranks) - 1
+    return f"{ranks[0]}-{ranks[-1]}" if contiguous and len(ranks) > 1 else ",".join(map(str, ranks))
+
+
+def matches(pattern: str, *cells: object) -> bool:
+    """Filter text: a regex (case-insensitive), `!` in front inverts; a bad regex matches literally."""
+    if not pattern:
+        return True
+    invert, pattern = pattern.startswith("!"), pattern.removeprefix("!")
+    haystack = " ".join(str(c) for c in cells)
+    try:
+        found = re.search(pattern, haystack, re.IGNORECASE) is not None
+    except re.error:
+        found = pattern.lower() in haystack.lower()
+    return found != invert
+
+
+def node_row(model: JobModel, node: NodeView, marked: bool) -> list[Text | str]:
+    ranks = model.node_ranks(node.node_id)
+    steps = [m.step for m in ranks if m.step is not None]
+    losses = [m.loss for m in ranks if m.loss is not None]
+    throughput = sum(m.throughput or 0.0 for m in ranks)
+    saved = [m.checkpoint_at for m in ranks if m.checkpoint_at is not None]
+    ckpt_age = model.clock() - min(saved) if saved else None
+    live = model.node_liveness(node)
+    running = sum(1 for w in node.workers if w.get("state") == "running")
+    cpu = sum(float(w.get("cpu_percent") or 0) for w in node.workers)
+    rss = sum(int(w.get("rss") or 0) for w in node.workers)
+    role = node.role or "?"
+    state = node.daemon_state or node.status
+    return [
+        Text("●" if marked else " ", style="bold yellow"),
+        Text(node.node_id, style=f"bold {node_colour(model, node.node_id)}"),
+        node.host or "-",
+        Text(f"{role}/{state}", style=ROLE_STYLE.get(role, "")),
+        f"{running}/{len(node.workers)}" if node.workers else "-",
+        span_text(node.ranks),
+        str(max(steps)) if steps else "-",
+        f"{sum(losses) / len(losses):.4f}" if losses else "-",
+        Text(sparkline([loss for _, loss in node.loss_history]), style="cyan"),
+        f"{throughput:.1f}" if throughput else "-",
+        Text(format_age(ckpt_age), style="bold red" if ckpt_age and ckpt_age > CKPT_STALE_S else ""),
+        Text(f"{live} {format_age(model.heartbeat_age(node))}", style=LIVENESS_STYLE.get(live, "")),
+        f"{cpu:.0f}" if node.workers else "-",
+        format_bytes(rss) if node.workers else "-",
+        str(node.restarts),
+    ]
+
+
+def node_rows(model: JobModel, marks: set[str], pattern: str = "") -> list[Row]:
+    rows = []
+    for node in model.nodes.values():
+        cells = node_row(model, node, node.node_id in marks)
+        if matches(pattern, *cells):
+            rows.append((node.node_id, cells))
+    return rows
+
+
+def checkpoint_rows(model: JobModel, pattern: str = "") -> list[Row]:
+    rows = []
+    for metrics in sorted(model.rank_metrics.values(), key=lambda m: m.rank):
+        age = model.clock() - metrics.checkpoint_at if metrics.checkpoint_at is not None else None
+        cells: list[Text | str] = [
+            str(metrics.rank), Text(metrics.node, style=node_colour(model, metrics.node)),
+            "-" if metrics.checkpoint_step is None else str(metrics.checkpoint_step),
+            Text(format_age(age), style="bold red" if age and age > CKPT_STALE_S else ""),
+            format_bytes(metrics.checkpoint_bytes),
+            "-" if metrics.checkpoint_duration_s is None else f"{metrics.checkpoint_duration_s:.2f}s",
+            metrics.checkpoint_path or "-"]
+        if matches(pattern, *cells):
+            rows.append((str(metrics.rank), cells))
+    return rows
+
+
+def timeline_text(timeline: dict[str, Any]) -> str:
+    """detect 0.00 → rendezvous 0.10 → … → first_step 2.31 (seconds from detection)."""
+    return " → ".join(f"{p} {float(timeline[p]):.2f}" for p in PHASES if p in timeline)
+
+
+def event_details(event: dict[str, Any]) -> str:
+    if event.get("timeline"):
+        return f"round {event.get('round')} ({event.get('cause')}): {timeline_text(event['timeline'])}s"
+    skip = {"seq", "ts", "kind", "node", "timeline"}
+    return " ".join(f"{k}={v}" for k, v in event.items() if k not in skip)
+
+
+def event_rows(model: JobModel, pattern: str = "", limit: int = 500) -> list[Row]:
+    import time as _time
+
+    rows = []
+    for event in reversed(model.events):
+        kind = str(event.get("kind", ""))
+        style = ("bold red" if "fail" in kind or "lost" in kind or kind == "interlock_refused"
+                 else "green" if kind in ("round_complete", "first_step") else "")
+        stamp = _time.strftime("%H:%M:%S", _time.gmtime(float(event.get("ts", 0))))
+        cells: list[Text | str] = [str(event.get("seq", "")), stamp, str(event.get("node", "")),
+                                   Text(kind, style=style), event_details(event)[:160]]
+        if matches(pattern, *cells):
+            rows.append((str(event.get("seq", len(rows))), cells))
+        if len(rows) >= limit:
+            break
+    return rows
+
+
+def history_rows(model: JobModel) -> list[Row]:
+    rows = []
+    for rnd in reversed(model.round_history):
+        members = " ".join(f"{m.get('node_id')}:{span_text(list(m.get('ranks', [])))}" for m in rnd.get("members", []))
+        timeline = {k: float(v) - float(rnd["timeline"].get("detect", 0)) for k, v in rnd.get("timeline", {}).items()
+                    if k in PHASES}
+        rows.append((str(rnd.get("round_id")), [str(rnd.get("round_id")), str(rnd.get("cause", "")),
+                                                str(rnd.get("world_size", "")), members, timeline_text(timeline)]))
+    return rows

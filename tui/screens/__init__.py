@@ -1,0 +1,1 @@
+"""Modal and pushed screens: confirmation, help, node detail."""

@@ -1,0 +1,94 @@
+"""Node detail: the node's worker processes and the last lines of each worker's log."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from tui.liveness import format_age, format_bytes
+from tui.model import JobModel
+from tui.views.table import SyncedTable
+
+WORKER_COLUMNS = ("rank", "local", "pid", "state", "exit", "cpu%", "rss", "uptime", "log")
+TAIL_LINES = 8
+
+
+def read_tail(path: str, lines: int = TAIL_LINES, max_bytes: int = 16384) -> str:
+    """The last lines of a local file; says so when the file is elsewhere or unreadable."""
+    if not path:
+        return "(no log path reported)"
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - max_bytes))
+            data = handle.read().decode(errors="replace")
+    except FileNotFoundError:
+        return f"(log {path} is not on this host: the worker runs on another machine)"
+    except OSError as err:
+        return f"(cannot read {path}: {err.strerror})"
+    return "\n".join(data.splitlines()[-lines:]) or "(empty log)"
+
+
+class NodeDetailScreen(Screen[None]):
+    """Esc goes back; the tails refresh every second."""
+
+    BINDINGS = [Binding("escape", "app.pop_screen", "Back", id="detail.back")]
+    DEFAULT_CSS = """
+    NodeDetailScreen #detail-title { padding: 0 1; text-style: bold; background: $primary-darken-2; }
+    NodeDetailScreen #workers { height: auto; max-height: 12; }
+    """
+
+    @dataclass
+    class TailsRead(Message):
+        tails: dict[str, str]
+
+    def __init__(self, model: JobModel, node_id: str) -> None:
+        super().__init__()
+        self.model, self.node_id = model, node_id
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="detail-title")
+        yield SyncedTable(WORKER_COLUMNS, id="workers")
+        with VerticalScroll():
+            yield Static(id="tails")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.redraw()
+        self.read_tails()
+        self.set_interval(1.0, self.read_tails)
+
+    def redraw(self) -> None:
+        node = self.model.node(self.node_id)
+        self.query_one("#detail-title", Static).update(
+            f"node {node.node_id} · host {node.host or '?'} · {node.role}/{node.daemon_state or node.status} · "
+            f"{self.model.node_liveness(node)} {format_age(self.model.heartbeat_age(node))}")
+        rows = [(str(w.get("pid")), [str(w.get("rank")), str(w.get("local_rank")), str(w.get("pid")),
+                 Text(str(w.get("state")), style="green" if w.get("state") == "running" else "red"),
+                 "-" if w.get("exit_code") is None else str(w.get("exit_code")),
+                 f"{float(w.get('cpu_percent') or 0):.0f}", format_bytes(w.get("rss")),
+                 format_age(w.get("uptime_s")), str(w.get("log", ""))]) for w in node.workers]
+        self.query_one("#workers", SyncedTable).sync(rows)
+
+    @work(thread=True, exclusive=True, group="tails")
+    def read_tails(self) -> None:
+        workers = list(self.model.node(self.node_id).workers)
+        tails = {f"rank {w.get('rank')} (pid {w.get('pid')})": read_tail(str(w.get("log", ""))) for w in workers}
+        self.post_message(self.TailsRead(tails))
+
+    def on_node_detail_screen_tails_read(self, message: NodeDetailScreen.TailsRead) -> None:
+        self.redraw()
+        text = Text()
+        for title, tail in message.tails.items():
+            text.append(f"── {title} ──\n", style="bold cyan").append(tail + "\n")
+        self.query_one("#tails", Static).update(text or "(no workers reported)")

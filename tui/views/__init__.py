@@ -1,0 +1,14 @@
+"""The console's views: nodes, ranks, events, checkpoints and loss; each redraws from the job model."""
+
+from __future__ import annotations
+
+from tui.views.ckpt import CheckpointsView
+from tui.views.events import EventsView
+from tui.views.loss import LossView
+from tui.views.nodes import NodesView
+from tui.views.ranks import RanksView
+
+VIEW_NAMES = {"nodes": "nodes", "n": "nodes", "no": "nodes", "ranks": "ranks", "r": "ranks", "rank": "ranks",
+              "events": "events", "ev": "events", "e": "events", "ckpt": "ckpt", "checkpoints": "ckpt",
+              "c": "ckpt", "loss": "loss", "l": "loss", "plot": "loss"}
+__all__ = ["VIEW_NAMES", "CheckpointsView", "EventsView", "LossView", "NodesView", "RanksView"]

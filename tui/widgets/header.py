@@ -1,0 +1,49 @@
+"""The job header: job, state, round, world/target/min:max, restarts by cause, last recovery, liveness."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from tui.model import JobModel
+
+STATE_STYLE = {"running": "bold green", "waiting": "bold yellow", "succeeded": "bold cyan", "failed": "bold red",
+               "stopped": "bold magenta", "connecting": "yellow"}
+
+
+def header_text(model: JobModel, readonly: bool, jobs: list[str], view: str) -> Text:
+    job = model.job
+    text = Text()
+    if len(jobs) > 1:
+        for job_id in jobs:
+            text.append(f" {job_id} ", style="reverse bold" if job_id == job.job_id else "dim")
+        text.append("  ([ ] or :job ID)\n", style="dim")
+    text.append(f"job {job.job_id or '?'} ", style="bold").append(job.state, STATE_STYLE.get(job.state, "")).append(" ")
+    text.append(f"  round {job.round}  world {job.world_size}  target {job.target} nodes  "
+                f"min:max {job.min_nodes}:{job.max_nodes}  coordinator {job.coordinator or '?'}")
+    if readonly:
+        text.append("  READ-ONLY", style="bold reverse yellow")
+    restarts = " ".join(f"{cause} {count}" for cause, count in job.restarts.items())
+    text.append(f"\nrestarts: {restarts or '-'} (max {job.max_restarts})  ")
+    if job.last_recovery:
+        phase, total = max(job.last_recovery.items(), key=lambda kv: kv[1])
+        text.append(f"last recovery {total:.2f}s (to {phase})  ")
+    counts: dict[str, int] = {}
+    for node in model.nodes.values():
+        live = model.node_liveness(node)
+        counts[live] = counts.get(live, 0) + 1
+    text.append("daemons: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    if model.connection != "connected":
+        text.append(f"  {model.connection}", style="bold red")
+    text.append(f"\nview :{view}", style="bold cyan")
+    if job.reason:
+        text.append(f"  {job.reason}", style="yellow")
+    return text
+
+
+class JobHeader(Static):
+    """Three lines at the top (four with several jobs)."""
+
+    DEFAULT_CSS = """
+    JobHeader { height: auto; background: $primary-background; padding: 0 1; }
+    """
