@@ -170,9 +170,11 @@ def _socket(ctx: zmq.Context, kind: int, credentials: Credentials | None) -> zmq
     return sock
 
 
-def _subscriber(ctx: zmq.Context, pub: str, credentials: Credentials | None) -> zmq.Socket:
+def _subscriber(ctx: zmq.Context, pub: str, credentials: Credentials | None,
+                topics: tuple[str, ...] = ("",)) -> zmq.Socket:
     sub = _socket(ctx, zmq.SUB, credentials)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    for topic in topics:
+        sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
     sub.connect(pub)
     return sub
 
@@ -247,16 +249,25 @@ class AsyncClient:
             if waiter is not None and not waiter.done():
                 waiter.set_result(env)
 
-    async def events(self, pub: str, since_seq: int | None = None) -> AsyncIterator[Event]:
-        """Telemetry after a snapshot, like Client.subscribe: heartbeats too, gaps fetched."""
-        sub = _subscriber(self.ctx, pub, self.credentials)
+    async def events(self, pub: str, since_seq: int | None = None, topics: tuple[str, ...] = ("",),
+                     idle_timeout_s: float | None = None) -> AsyncIterator[Event]:
+        """Telemetry after a snapshot, like Client.subscribe: heartbeats too, gaps fetched.
+
+        `topics` narrows the subscription (`("hb.",)` for liveness alone: without `ev.` no gap is ever seen).
+        With `idle_timeout_s`, silence that long yields an `idle` event instead of waiting forever.
+        """
+        sub = _subscriber(self.ctx, pub, self.credentials, topics)
+        watch_gaps = any("ev.".startswith(t) or t.startswith("ev.") for t in topics)
         try:
             last = int((await self.call("status"))["seq"]) if since_seq is None else since_seq
             while True:
+                if idle_timeout_s is not None and not await sub.poll(int(idle_timeout_s * 1000)):
+                    yield Event("idle", "idle", "", last, time.time())
+                    continue
                 event = _parse(await sub.recv_multipart())
                 if event is None:
                     continue
-                top = _gap_top(event, last)
+                top = _gap_top(event, last) if watch_gaps else None
                 if top is not None:
                     missed = (await self.call("events", since_seq=last, limit=0))["events"]
                     for item in _between(missed, last, top):

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("elasticd")
 FORWARD_TIMEOUT_S = 5.0
+STEP_TELEMETRY_S = 0.25
 CAPABILITIES = ["snapshot-seq", "dry-run", "force", "forward", *sorted(REGISTRY)]
 
 
@@ -42,6 +43,7 @@ class ControlPlane:
         self.pub = d.ctx.socket(zmq.PUB)
         self.pending: dict[str, tuple[bytes, Envelope, float]] = {}  # forwarded id -> (client, request, due)
         self.stats = {"requests": 0, "errors": 0, "dropped": 0}
+        self.steps_sent = 0.0
 
     def bind(self) -> dict[str, str]:
         for sock in (self.router, self.pub):
@@ -73,6 +75,18 @@ class ControlPlane:
         env = Envelope("ev", str(event.get("kind", "event")), event, node=str(event.get("node", "")),
                        seq=int(event.get("seq", 0)), ts=float(event.get("ts", time.time())))
         self._publish(f"ev.{env.node}.{env.op}", env)
+
+    def publish_steps(self, now: float) -> None:
+        """This node's shim ranks on `st.<node>`, at most 4 times a second and only when a step moved."""
+        node = self.d.node
+        if not node.steps_dirty or now - self.steps_sent < STEP_TELEMETRY_S:
+            return
+        node.steps_dirty, self.steps_sent = False, now
+        keys = ("rank", "step", "loss", "throughput", "samples", "step_time", "last_step_at")
+        ranks = [{k: m.get(k) for k in keys} for m in node.rank_metrics.values() if m.get("round") == node.round_id]
+        body = {"round": node.round_id, "ranks": ranks}
+        self._publish(f"st.{self.d.cfg.node_id}", Envelope("st", "steps", body, node=self.d.cfg.node_id,
+                                                          seq=self.d.events.seq, ts=now))
 
     def heartbeat(self) -> None:
         self.expire_forwards()

@@ -168,6 +168,9 @@ class Coordinator:
             return
         if previous is not None and self.state == "running":
             self.restarts[cause] += 1
+            for node_id in previous.node_ids():  # these nodes' workers are restarted by this round
+                if node_id in self.nodes and self.nodes[node_id].status == "alive":
+                    self.nodes[node_id].restarts[cause] += 1
         entries, world = build_rank_map(sticky_order([], members) if previous is None
                                         else [m.node_id for m in members], self.nodes)
         master = self.nodes[entries[0].node_id]

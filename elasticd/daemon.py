@@ -198,6 +198,8 @@ class Daemon:
                     self.coordinator.tick(now)
                     steer.finish_if_ready(self.coordinator, now)
                     step_agreement.expire(self.coordinator, now)
+                if self.plane is not None:
+                    self.plane.publish_steps(now)
                 if now >= next_beat:
                     next_beat = now + self.cfg.heartbeat_s
                     self.beat(now)

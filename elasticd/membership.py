@@ -24,6 +24,7 @@ class NodeRecord:
     pub: str = ""
     workers: list[dict[str, Any]] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))  # its workers, by cause
 
     def public(self, now: float) -> dict[str, Any]:
         data = asdict(self)

@@ -40,6 +40,7 @@ class NodeAgent:
         self.endpoints: dict[str, str] = {}
         self.rank_metrics: dict[int, dict[str, Any]] = {}  # filled by the worker channel (shim reports)
         self.drained_ranks: set[int] = set()
+        self.steps_dirty = False  # a shim step arrived since the last `st` telemetry message
 
     def register_body(self) -> dict[str, Any]:
         return {"node_id": self.cfg.node_id, "instance": self.instance, "host": self.host,

@@ -96,6 +96,7 @@ class WorkerChannel:
                        extra=body.get("metrics", {}), last_step_at=now)
         if elapsed > 0 and samples:
             metrics["throughput"] = round(samples / elapsed, 2)
+        self.node.steps_dirty = True
         if first:
             self.node.to_coord("first_step", {"round": self.node.round_id, "at": now})
 

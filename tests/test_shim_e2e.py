@@ -15,6 +15,8 @@ from pathlib import Path
 
 from harness import SHIM, Job
 
+from elasticd.client import Client
+
 DATASET = 1000  # examples/train_shim.py
 
 
@@ -84,6 +86,12 @@ def test_shim_job_metrics_checkpoint_zero_loss_resizes_exact_samples_and_hang(tm
         after = cli(job, "metrics")["ranks"]
         assert sorted(r["rank"] for r in after) == [0, 1, 2, 3]
         assert all(isinstance(r["loss"], float) and r["throughput"] for r in after)
+        # The same steps stream on each daemon's PUB as `st.<node>`, a few times a second.
+        with Client(job.daemons["b"].control) as client:
+            telemetry = client.subscribe(job.daemons["b"].pub)
+            steps = next(e for e in telemetry if e.type == "st")
+        assert steps.node == "b" and sorted(r["rank"] for r in steps.body["ranks"]) == [2, 3]
+        assert all(isinstance(r["step"], int) for r in steps.body["ranks"])
 
         # drain b: every rank stops at one step with a checkpoint; the smaller world resumes right there.
         mark = job.seq()

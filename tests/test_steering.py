@@ -97,8 +97,11 @@ def test_restart_and_kill_worker_are_counted_by_cause(job: Job) -> None:
     mark = job.seq()
     cli(job, "kill-worker", "b", "3")
     job.wait_event("round_started", lambda e: e["cause"] == "failure", since=mark)
-    restarts = job.status()["restarts"]
-    assert restarts["operator"] == 1 and restarts["failure"] == 1
+    status = job.status()
+    assert status["restarts"]["operator"] == 1 and status["restarts"]["failure"] == 1
+    per_node = {n["node_id"]: n["restarts"] for n in status["nodes"]}
+    assert per_node["a"] == {"failure": 1, "membership": 1, "operator": 1, "hang": 0}  # b's join restarted a too
+    assert per_node["b"] == {"failure": 1, "membership": 0, "operator": 1, "hang": 0}
     missing = cli(job, "kill-worker", "b", "0", check=False)
     assert missing.returncode == 1 and "rank 0 is not on node 'b'" in missing.stderr
 

@@ -19,6 +19,7 @@ def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
                 "step": data.get("step"), "loss": data.get("loss"), "throughput": data.get("throughput"),
                 "step_age_s": round(now - data.get("last_step_at", now), 2), "dropped": data.get("dropped", 0),
                 "checkpoint_step": ckpt.get("step"), "checkpoint_path": ckpt.get("path"),
+                "checkpoint_bytes": ckpt.get("bytes"), "checkpoint_duration_s": ckpt.get("duration_s"),
                 "checkpoint_age_s": round(now - ckpt["at"], 2) if ckpt.get("at") else None,
             })
     return {"ok": True, "ranks": sorted(ranks, key=lambda r: (r["rank"] is None, r["rank"]))}
