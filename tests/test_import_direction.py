@@ -1,0 +1,64 @@
+"""Import direction: trainer_shim (torch + zmq) -> protocol <- elasticd (no textual) <- tui (no torch).
+
+Read from the source with ast, so imports inside functions count too.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STDLIB = set(sys.stdlib_module_names)
+
+
+def imports(package: str) -> dict[str, set[str]]:
+    """Every module imported anywhere in a package's files, by file; each name as written."""
+    found: dict[str, set[str]] = {}
+    for path in (ROOT / package).rglob("*.py"):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module)
+        found[str(path.relative_to(ROOT))] = names
+    return found
+
+
+def top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_trainer_shim_imports_only_torch_zmq_and_the_protocol() -> None:
+    for path, names in imports("trainer_shim").items():
+        for name in names:
+            allowed = top(name) in STDLIB | {"torch", "zmq", "numpy", "trainer_shim", "__future__"} \
+                or name == "elasticd.protocol"
+            assert allowed, f"{path} imports {name}"
+
+
+def test_elasticd_never_imports_the_console_or_the_shim_and_torch_only_lazily() -> None:
+    for path, names in imports("elasticd").items():
+        assert not {top(n) for n in names} & {"textual", "tui", "trainer_shim", "plotext"}, path
+    module_level = {
+        str(path.relative_to(ROOT)): {a.name for node in ast.parse(path.read_text()).body
+                                      if isinstance(node, ast.Import) for a in node.names}
+        | {node.module for node in ast.parse(path.read_text()).body
+           if isinstance(node, ast.ImportFrom) and node.module}
+        for path in (ROOT / "elasticd").rglob("*.py")}
+    for path, names in module_level.items():
+        assert "torch" not in {top(n) for n in names}, f"{path} imports torch at module level"
+
+
+def test_tui_never_imports_torch_or_the_shim() -> None:
+    for path, names in imports("tui").items():
+        assert not {top(n) for n in names} & {"torch", "trainer_shim"}, f"{path}: {names}"
+
+
+def test_the_scan_sees_real_imports() -> None:
+    """Guards the checks above against passing on an empty scan."""
+    assert any(top(n) == "textual" for names in imports("tui").values() for n in names)
+    assert any(top(n) == "zmq" for names in imports("trainer_shim").values() for n in names)
+    assert any(n == "elasticd.protocol" for names in imports("trainer_shim").values() for n in names)
