@@ -41,6 +41,7 @@ class NodeAgent:
         self.rank_metrics: dict[int, dict[str, Any]] = {}  # filled by the worker channel (shim reports)
         self.drained_ranks: set[int] = set()
         self.steps_dirty = False  # a shim step arrived since the last `st` telemetry message
+        self.drained_reported = False
 
     def register_body(self) -> dict[str, Any]:
         return {"node_id": self.cfg.node_id, "instance": self.instance, "host": self.host,
@@ -66,7 +67,7 @@ class NodeAgent:
                 log.warning("[%s] %s: %s", self.cfg.node_id, self.state, self.reason)
                 return
             self.round_id, self.assignment = round_id, body
-            self.rank_metrics, self.drained_ranks = {}, set()
+            self.rank_metrics, self.drained_ranks, self.drained_reported = {}, set(), False
             if body["state"] != "running":
                 self.state = body["state"]
                 self.to_coord("round_progress", {"round": round_id, "stopped": stopped})
@@ -96,12 +97,20 @@ class NodeAgent:
             return
         self.event("worker_exited", round=group.round_id, rank=worker.rank, pid=worker.proc.pid,
                    exit_code=worker.exit_code)
-        if worker.exit_code != 0:
+        if worker.rank in self.drained_ranks:
+            self.check_drained()  # it saved and said so: how its teardown ends is no failure
+        elif worker.exit_code != 0:
             self.report_failure(worker, f"worker rank {worker.rank} on node {self.cfg.node_id} exited with "
                                 f"{describe_exit(worker.exit_code)} (log: {worker.log_path})")
         elif not group.running and all(w.exit_code == 0 for w in group.workers):
-            drained = {w.rank for w in group.workers} <= self.drained_ranks
-            self.to_coord("node_drained" if drained else "node_done", {"round": group.round_id})
+            self.to_coord("node_done", {"round": group.round_id})
+
+    def check_drained(self) -> None:
+        """Every local rank said `drained`, so its checkpoint is durable: no need to wait for the exits."""
+        group = self.group
+        if group is not None and not self.drained_reported and {w.rank for w in group.workers} <= self.drained_ranks:
+            self.drained_reported = True
+            self.to_coord("node_drained", {"round": group.round_id})
 
     async def kill_worker(self, rank: int) -> None:
         """A failure drill: SIGKILL one local worker, which the job then recovers from like any crash."""

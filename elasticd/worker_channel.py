@@ -83,6 +83,7 @@ class WorkerChannel:
         elif env.op == "drained":
             metrics["drained_step"] = body.get("step")
             self.node.drained_ranks.add(rank)
+            self.node.check_drained()
         elif env.op == "ack":
             metrics["last_ack"] = body.get("request_id")
 

@@ -1,6 +1,7 @@
-"""The local demo: a 2-node elastic job (nodes a and b on 127.0.0.1) and a live view of it.
+"""The local demo: a 2-node elastic job (nodes a and b on 127.0.0.1) and the console on it, in one terminal.
 
-Usage: python examples/demo.py [--steps N] [--workdir DIR]. Ctrl+C stops everything.
+Usage: python examples/demo.py [--steps N] [--workdir DIR] [--plain] [--events]. Quitting the console (q)
+stops the job. --events streams the event log instead of opening the console.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def start_node(node: str, port: int, workdir: Path, script: Path, steps: int) ->
 
 def script_args(script: Path, workdir: Path, steps: int) -> list[str]:
     if script.name == "train_shim.py":
-        return ["--steps", str(steps), "--ckpt-dir", str(workdir / "ckpt"), "--step-time", "0.2"]
+        return ["--steps", str(steps), "--ckpt-dir", str(workdir / "ckpt"), "--step-time", "0.2", "--log-every", "10"]
     return ["--steps", str(steps), "--snapshot", str(workdir / "snapshot.pt"), "--step-time", "0.2"]
 
 
@@ -53,6 +54,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=100000)
     parser.add_argument("--workdir", default="")
     parser.add_argument("--plain", action="store_true", help="run the plain torchrun script instead of the shim one")
+    parser.add_argument("--events", action="store_true", help="stream events instead of opening the console")
     args = parser.parse_args()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="elastic-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -61,10 +63,12 @@ def main() -> int:
     port = free_port()
     nodes = [start_node(n, port, workdir, script, args.steps) for n in ("a", "b")]
     print(f"demo: job 'demo', nodes a and b on 127.0.0.1:{port}, running {script.name}; files in {workdir}")
-    print("demo: steer it from another shell too, e.g. `elasticd status`, `elasticd drain b`, `elasticd scale 2`")
     try:
         wait_for_daemons("demo", 2)
-        view = [sys.executable, "-m", "elasticd.cli", "events", "--follow", "--job", "demo", "--timeout", "30"]
+        if args.events:
+            view = [sys.executable, "-m", "elasticd.cli", "events", "--follow", "--job", "demo", "--timeout", "30"]
+        else:
+            view = [sys.executable, "-m", "tui.cli", "connect", "--job", "demo"]
         return subprocess.call(view, env={**os.environ})
     except KeyboardInterrupt:
         return 0
