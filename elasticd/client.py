@@ -141,22 +141,17 @@ class Client:
         sub = _subscriber(self.ctx, pub, self.credentials)
         try:
             # Subscribe first, then take the snapshot's seq: nothing can fall between the two.
-            last = int(self.call("status")["seq"]) if since_seq is None else since_seq
+            seq = _Sequence(int(self.call("status")["seq"]) if since_seq is None else since_seq)
             while True:
                 if not sub.poll(int(idle_timeout_s * 1000)):
-                    yield Event("idle", "idle", "", last, time.time())
+                    yield Event("idle", "idle", "", seq.last, time.time())
                     continue
                 event = _parse(sub.recv_multipart())
                 if event is None:
                     continue
-                top = _gap_top(event, last)
-                if top is not None:
-                    missed = self.call("events", since_seq=last, limit=0)["events"]
-                    for item in _between(missed, last, top):
-                        last = item.seq
-                        yield item
-                if event.type != "ev" or event.seq > last:
-                    last = event.seq if event.type == "ev" else last
+                if seq.gap(event):
+                    yield from seq.fill(self.call("events", since_seq=seq.last, limit=0)["events"], event)
+                if seq.accept(event):
                     yield event
         finally:
             sub.close()
@@ -179,17 +174,35 @@ def _subscriber(ctx: zmq.Context, pub: str, credentials: Credentials | None,
     return sub
 
 
-def _gap_top(event: Event, last: int) -> int | None:
-    """Events with last < seq < top are missing before this message; None when nothing is missing.
+class _Sequence:
+    """Where a subscription stands in the job's event numbering, and what a new message says is missing."""
 
-    An event numbered n shows events up to n-1 must exist; a heartbeat carrying n shows events up to n.
-    """
-    top = event.seq if event.type == "ev" else event.seq + 1 if event.type == "hb" else 0
-    return top if top > last + 1 else None
+    def __init__(self, last: int) -> None:
+        self.last = last
 
+    def gap(self, event: Event) -> bool:
+        """An event numbered n shows events up to n-1 exist; a heartbeat carrying n shows events up to n."""
+        return self._top(event) > self.last + 1
 
-def _between(events: list[dict[str, Any]], last: int, top: int) -> list[Event]:
-    return [_from_dict(e) for e in events if last < int(e.get("seq", 0)) < top]
+    def _top(self, event: Event) -> int:
+        return event.seq if event.type == "ev" else event.seq + 1 if event.type == "hb" else 0
+
+    def fill(self, history: list[dict[str, Any]], event: Event) -> list[Event]:
+        """The fetched events that close the gap before `event`, in order."""
+        top = self._top(event)
+        missed = [_from_dict(e) for e in history if self.last < int(e.get("seq", 0)) < top]
+        if missed:
+            self.last = missed[-1].seq
+        return missed
+
+    def accept(self, event: Event) -> bool:
+        """Whether to hand `event` on: every heartbeat and step message, and each event once."""
+        if event.type != "ev":
+            return True
+        if event.seq <= self.last:
+            return False
+        self.last = event.seq
+        return True
 
 
 def _parse(frames: list[bytes]) -> Event | None:
@@ -259,22 +272,18 @@ class AsyncClient:
         sub = _subscriber(self.ctx, pub, self.credentials, topics)
         watch_gaps = any("ev.".startswith(t) or t.startswith("ev.") for t in topics)
         try:
-            last = int((await self.call("status"))["seq"]) if since_seq is None else since_seq
+            seq = _Sequence(int((await self.call("status"))["seq"]) if since_seq is None else since_seq)
             while True:
                 if idle_timeout_s is not None and not await sub.poll(int(idle_timeout_s * 1000)):
-                    yield Event("idle", "idle", "", last, time.time())
+                    yield Event("idle", "idle", "", seq.last, time.time())
                     continue
                 event = _parse(await sub.recv_multipart())
                 if event is None:
                     continue
-                top = _gap_top(event, last) if watch_gaps else None
-                if top is not None:
-                    missed = (await self.call("events", since_seq=last, limit=0))["events"]
-                    for item in _between(missed, last, top):
-                        last = item.seq
+                if watch_gaps and seq.gap(event):
+                    for item in seq.fill((await self.call("events", since_seq=seq.last, limit=0))["events"], event):
                         yield item
-                if event.type != "ev" or event.seq > last:
-                    last = event.seq if event.type == "ev" else last
+                if seq.accept(event):
                     yield event
         finally:
             sub.close()

@@ -66,3 +66,21 @@ def test_flag_parsing() -> None:
     for bad in ("0", "3:2", "a:b", ""):
         with pytest.raises(ConfigError):
             parse_nnodes(bad)
+
+
+def test_subscription_sequence_drops_duplicates_and_fills_gaps_from_events_and_heartbeats() -> None:
+    from elasticd.client import Event, _Sequence
+
+    def ev(n: int) -> Event:
+        return Event("ev", "k", "a", n, 0.0)
+
+    history = [{"seq": n, "kind": "k", "node": "a", "ts": 0.0} for n in range(1, 10)]
+    seq = _Sequence(3)
+    assert not seq.accept(ev(3))  # already in the snapshot
+    assert seq.accept(ev(4)) and seq.last == 4
+    assert seq.gap(ev(7))  # 5 and 6 went missing
+    assert [e.seq for e in seq.fill(history, ev(7))] == [5, 6]
+    assert seq.accept(ev(7)) and seq.last == 7
+    beat = Event("hb", "heartbeat", "a", 9, 0.0)  # a quiet tail: the heartbeat knows of events up to 9
+    assert seq.gap(beat) and [e.seq for e in seq.fill(history, beat)] == [8, 9]
+    assert seq.accept(beat) and not seq.gap(beat)
