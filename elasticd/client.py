@@ -12,6 +12,7 @@ import zmq
 import zmq.asyncio
 
 from elasticd.protocol import MAX_REPLY_BYTES, Envelope, ErrorCode, ProtocolError, decode, encode, new_id
+from elasticd.results import JobStatus, RankMetrics, SteerResult
 from elasticd.runtime import live_daemons
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -126,6 +127,16 @@ class Client:
                 return _unwrap(env)
         raise ClientError("timeout", f"no answer to {op!r} within {timeout_s or self.timeout_s:.1f}s",
                           ErrorCode.TIMEOUT)
+
+    def status(self) -> JobStatus:
+        return JobStatus.parse(self.call("status"))
+
+    def metrics(self) -> list[RankMetrics]:
+        return RankMetrics.parse_all(self.call("metrics"))
+
+    def steer(self, op: str, dry_run: bool = False, force: bool = False, **args: Any) -> SteerResult:
+        """scale (nodes=N), drain/cordon/uncordon (node=...), checkpoint, restart, kill-worker, stop."""
+        return SteerResult.parse(self.call(op, dry_run=dry_run, force=force, **args))
 
     def close(self) -> None:
         self.sock.close()
@@ -287,6 +298,15 @@ class AsyncClient:
                     yield event
         finally:
             sub.close()
+
+    async def status(self) -> JobStatus:
+        return JobStatus.parse(await self.call("status"))
+
+    async def metrics(self) -> list[RankMetrics]:
+        return RankMetrics.parse_all(await self.call("metrics"))
+
+    async def steer(self, op: str, dry_run: bool = False, force: bool = False, **args: Any) -> SteerResult:
+        return SteerResult.parse(await self.call(op, dry_run=dry_run, force=force, **args))
 
     def close(self) -> None:
         if self._reader is not None:

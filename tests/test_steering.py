@@ -112,3 +112,32 @@ def test_stop_ends_the_job_on_every_node(job: Job) -> None:
     assert job.daemons["b"].wait_exit(30) == 0
     none_left = cli(job, "status", check=False)
     assert none_left.returncode == 2 and "no running daemon found" in none_left.stderr
+
+
+def test_python_client_typed_sync_and_async(job: Job) -> None:
+    import asyncio
+
+    from elasticd.client import AsyncClient, Client
+
+    with Client(job.daemons["b"].control) as client:
+        status = client.status()
+        assert status.world_size == 4 and status.rank_map == {"a": [0, 1], "b": [2, 3]}
+        assert [n.node_id for n in status.nodes] == ["a", "b"] and status.nodes[1].role == "active"
+        plan = client.steer("drain", node="b", dry_run=True)
+        assert plan.dry_run and plan.summary == "world 4 → 2; ranks 2-3 leave"
+
+    async def follow() -> tuple[int, list[str]]:
+        client = AsyncClient(job.daemons["a"].control)
+        try:
+            status = await client.status()
+            kinds = []
+            async for event in client.events(job.daemons["a"].pub, idle_timeout_s=2.0):
+                kinds.append(event.type)
+                if event.type == "hb":
+                    break
+            return status.world_size, kinds
+        finally:
+            client.close()
+
+    world, kinds = asyncio.run(follow())
+    assert world == 4 and kinds[-1] == "hb"

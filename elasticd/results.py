@@ -1,0 +1,90 @@
+"""Typed replies for the Python client: what `status`, `metrics` and the steering verbs return."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def _build(cls: type[T], data: dict[str, Any]) -> T:
+    """Known fields by name; the whole reply stays in `raw` so newer fields are never lost."""
+    names = {f.name for f in fields(cls)} - {"raw"}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in data.items() if k in names}, raw=data)  # type: ignore[call-arg]
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    node_id: str
+    host: str
+    role: str
+    status: str
+    nproc: int = 0
+    last_seen_age_s: float = 0.0
+    restarts: dict[str, int] = field(default_factory=dict)
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    job_id: str
+    state: str
+    round: int
+    world_size: int
+    min_nodes: int
+    max_nodes: int
+    target: int
+    coordinator: str
+    restarts: dict[str, int]
+    max_restarts: int
+    seq: int
+    reason: str = ""
+    last_recovery: dict[str, float] = field(default_factory=dict)
+    nodes: list[NodeInfo] = field(default_factory=list)
+    rank_map: dict[str, list[int]] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def parse(cls, reply: dict[str, Any]) -> JobStatus:
+        data = {**reply, "nodes": [_build(NodeInfo, n) for n in reply.get("nodes", [])],
+                "rank_map": {e["node_id"]: e["ranks"] for e in reply.get("rank_map", [])}}
+        return _build(cls, data)
+
+
+@dataclass(frozen=True)
+class RankMetrics:
+    node: str
+    rank: int
+    round: int | None = None
+    step: int | None = None
+    loss: float | None = None
+    throughput: float | None = None
+    step_age_s: float | None = None
+    checkpoint_step: int | None = None
+    checkpoint_age_s: float | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def parse_all(cls, reply: dict[str, Any]) -> list[RankMetrics]:
+        return [_build(cls, r) for r in reply.get("ranks", [])]
+
+
+@dataclass(frozen=True)
+class SteerResult:
+    """A steering verb's answer: accepted (with an op id to follow in events), or a dry run's plan."""
+
+    accepted: bool = False
+    dry_run: bool = False
+    op_id: str = ""
+    plan: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def summary(self) -> str:
+        return str(self.plan.get("summary", ""))
+
+    @classmethod
+    def parse(cls, reply: dict[str, Any]) -> SteerResult:
+        return _build(cls, reply)
