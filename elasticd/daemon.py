@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -31,6 +32,7 @@ from elasticd.workers import base_env
 
 log = logging.getLogger("elasticd")
 EXIT_COORDINATOR_LOST = 3
+ZYGOTE_WARMUP_S = 60.0  # past this, register anyway: workers are then exec'd cold
 
 
 class Daemon:
@@ -48,6 +50,7 @@ class Daemon:
         self.started = time.time()
         self.last_coord = 0.0
         self.last_register = 0.0
+        self.first_register = 0.0  # 0 until the zygote is warm and the first `register` went out
         self.duplicate_since = 0.0
         self.done = asyncio.Event()
         self.exit_message = ""
@@ -113,6 +116,14 @@ class Daemon:
                      else self.member_mesh.serve(self.on_coordinator_message))  # type: ignore[union-attr]
         self.tasks = [asyncio.create_task(mesh_task), asyncio.create_task(self.tick_loop()),
                       asyncio.create_task(self.channel.serve()), *self.plane.tasks()]
+        self.spawn(self.register_when_warm())
+
+    async def register_when_warm(self) -> None:
+        """Join only once workers can start at once: the job keeps training while our zygote imports torch."""
+        if self.zygote is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.zygote.ready.wait(), ZYGOTE_WARMUP_S)
+        self.first_register = time.time()
         self.register()
 
     async def run(self) -> int:
@@ -214,7 +225,9 @@ class Daemon:
             self.plane.heartbeat()
         self.channel.check_hangs(now)
         if not self.registered:
-            if now - self.started > self.connect_timeout_s:
+            if not self.first_register:
+                return  # still warming up
+            if now - self.first_register > self.connect_timeout_s:
                 self.fail_start(f"rendezvous endpoint {self.cfg.rdzv_host}:{self.cfg.rdzv_port} did not answer "
                                 f"within {self.connect_timeout_s:.0f}s; is the first elasticd of job "
                                 f"'{self.cfg.job_id}' running on that host?")

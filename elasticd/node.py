@@ -42,6 +42,7 @@ class NodeAgent:
         self.drained_ranks: set[int] = set()
         self.steps_dirty = False  # a shim step arrived since the last `st` telemetry message
         self.drained_reported = False
+        self.latest_round = 0  # the newest round assigned, even while an older one is still being applied
 
     def register_body(self) -> dict[str, Any]:
         return {"node_id": self.cfg.node_id, "instance": self.instance, "host": self.host,
@@ -57,10 +58,12 @@ class NodeAgent:
 
     # ---- rounds -------------------------------------------------------------------------------
     async def apply_round(self, body: dict[str, Any]) -> None:
+        round_id = body.get("round")
+        if round_id is not None:
+            self.latest_round = max(self.latest_round, round_id)
         async with self._round_lock:
-            round_id = body.get("round")
-            if round_id is not None and round_id <= self.round_id:
-                return  # a stale or repeated assignment
+            if round_id is not None and (round_id <= self.round_id or round_id < self.latest_round):
+                return  # a stale or repeated assignment, or one a newer round already replaced
             stopped = await self.stop_workers()
             if round_id is None:
                 self.state, self.reason = body.get("state", "waiting"), body.get("reason", "")

@@ -47,6 +47,17 @@ class Worker:
 ExitHandler = Callable[[Worker], None]
 
 
+def signal_worker(pid: int, sig: int) -> None:
+    """The worker's whole process group (its data loaders too); the process alone if it has no group yet."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+    except PermissionError:
+        pass
+
+
 def base_env(cfg: JobConfig) -> dict[str, str]:
     """What every worker's environment starts from (the zygote imports torch under it too)."""
     env = dict(os.environ)
@@ -119,8 +130,7 @@ class WorkerGroup:
 
     def signal_all(self, sig: int) -> None:
         for worker in self.running:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(worker.proc.pid, sig)
+            signal_worker(worker.proc.pid, sig)
 
     async def stop(self, grace_s: float) -> None:
         """SIGTERM every process group, wait out the grace period, then SIGKILL what is left."""
@@ -138,7 +148,7 @@ class WorkerGroup:
     def kill_worker(self, rank: int, sig: int = signal.SIGKILL) -> bool:
         for worker in self.running:
             if worker.rank == rank:
-                os.killpg(worker.proc.pid, sig)
+                signal_worker(worker.proc.pid, sig)
                 return True
         return False
 

@@ -50,10 +50,16 @@ def serve(sock: socket.socket) -> dict[str, Any] | None:
         if not data:
             return None
         request = json.loads(data)
+        ready_r, ready_w = os.pipe()
         pid = os.fork()
         if pid == 0:
             sock.close()
+            os.close(ready_r)
+            become_worker_session(ready_w)
             return {**request, "out_fd": fds[0]}
+        os.close(ready_w)
+        os.read(ready_r, 1)  # the child leads its own session now: a killpg from the daemon reaches it
+        os.close(ready_r)
         for fd in fds:
             os.close(fd)
         send(sock, {"op": "spawned", "id": request["id"], "pid": pid})
@@ -74,12 +80,18 @@ def send(sock: socket.socket, message: dict[str, Any]) -> None:
     sock.send(json.dumps(message).encode())
 
 
-def run_worker(request: dict[str, Any]) -> int:
-    """In the forked child: become the worker the request describes, then run its script as __main__."""
+def become_worker_session(ready_fd: int) -> None:
+    """In the forked child, before the zygote answers `spawned`: own session, default signals, PDEATHSIG."""
     os.setsid()
     _die_with(signal.SIGKILL)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
+    os.write(ready_fd, b"1")
+    os.close(ready_fd)
+
+
+def run_worker(request: dict[str, Any]) -> int:
+    """In the forked child: become the worker the request describes, then run its script as __main__."""
     out = request["out_fd"]
     os.dup2(out, 1)
     os.dup2(out, 2)
