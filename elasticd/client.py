@@ -120,7 +120,7 @@ class Client:
             if not self.sock.poll(int(left * 1000) + 1):
                 break
             try:
-                env = decode(self.sock.recv(), MAX_REPLY_BYTES)
+                env = decode(self.sock.recv(), MAX_REPLY_BYTES, from_daemon=True)
             except ProtocolError:
                 continue
             if env.id == msg_id:
@@ -220,7 +220,7 @@ def _parse(frames: list[bytes]) -> Event | None:
     if len(frames) != 2:
         return None
     try:
-        env = decode(frames[1], MAX_REPLY_BYTES)
+        env = decode(frames[1], MAX_REPLY_BYTES, from_daemon=True)
     except ProtocolError:
         return None
     kind = str(env.body.get("kind", env.op)) if env.type == "ev" else env.op
@@ -266,7 +266,7 @@ class AsyncClient:
     async def _read(self) -> None:
         while True:
             try:
-                env = decode(await self.sock.recv(), MAX_REPLY_BYTES)
+                env = decode(await self.sock.recv(), MAX_REPLY_BYTES, from_daemon=True)
             except ProtocolError:
                 continue
             waiter = self._waiters.get(env.id)

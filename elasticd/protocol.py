@@ -124,8 +124,13 @@ def encode(env: Envelope) -> bytes:
     return json.dumps(_finite(env.to_dict()), separators=(",", ":"), allow_nan=False).encode()
 
 
-def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Envelope:
-    """Parse and validate one frame; raises ProtocolError with the reason a client can act on."""
+def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES, from_daemon: bool = False) -> Envelope:
+    """Parse and validate one frame; raises ProtocolError with the reason a client can act on.
+
+    `from_daemon`: a reply or telemetry a client asked for. It skips the nesting walk, which guards a
+    daemon against hostile requests and costs milliseconds on a large job's `status`; json's own
+    recursion limit still refuses a nesting bomb.
+    """
     if len(frame) > max_bytes:
         raise ProtocolError(ErrorCode.BAD_MESSAGE, f"frame of {len(frame)} bytes exceeds {max_bytes}")
     try:
@@ -134,7 +139,7 @@ def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES) -> Envelope:
         raise ProtocolError(ErrorCode.INVALID_JSON, f"not valid JSON: {exc}") from None
     except RecursionError:
         raise ProtocolError(ErrorCode.BAD_MESSAGE, f"JSON nested deeper than {MAX_DEPTH} levels") from None
-    if _depth(raw) > MAX_DEPTH:
+    if not from_daemon and _depth(raw) > MAX_DEPTH:
         raise ProtocolError(ErrorCode.BAD_MESSAGE, f"JSON nested deeper than {MAX_DEPTH} levels")
     if not isinstance(raw, dict):
         raise ProtocolError(ErrorCode.BAD_MESSAGE, "envelope must be a JSON object")

@@ -109,3 +109,27 @@ def _connect_when_authorized(control: str, credentials: Credentials) -> Client:
         except ClientError:
             client.close()
     raise AssertionError("the new key was never accepted")
+
+
+def test_the_console_connects_with_a_key_and_sees_nothing_without(secured) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from tui.cli import resolve
+    from tui.session import LiveConnector
+
+    job, store, server = secured
+    viewer = Credentials.load(str(store / "clients" / "watcher.key_secret"), server)
+    control = job.daemons["a"].control
+    jobs, _ = resolve([control], "", viewer)
+    assert jobs == {job.job_id: [control]}
+    locked_out, _ = resolve([control], "")
+    assert job.job_id not in locked_out  # no key: the daemon never answers, the console shows it as missing
+
+    async def status() -> int:
+        link = LiveConnector(viewer)(control)
+        try:
+            return int((await link.call("status"))["world_size"])
+        finally:
+            link.close()
+
+    assert asyncio.run(status()) == 2

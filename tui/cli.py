@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from elasticd.client import Client, ClientError, discover
+from elasticd.auth import KeyStoreError
+from elasticd.client import Client, ClientError, Credentials, discover
 
 DESCRIPTION = """\
 elastic-tui: the live console of elasticd jobs (k9s-style keys; `?` inside lists them all).
@@ -17,10 +19,22 @@ elastic-tui: the live console of elasticd jobs (k9s-style keys; `?` inside lists
                                           (switch with `]` or `:job ID`)
   --job JOB                               only this job
   --readonly                              watch only: every steering action is disabled
+  --key FILE [--server-key FILE]          your key for a job started with `elasticd start --keys`
 """
 
 
-def resolve(addresses: list[str], job_filter: str) -> tuple[dict[str, list[str]], dict[str, str]]:
+def credentials(key: str, server_key: str, job_filter: str) -> Credentials | None:
+    """A --key for a job started with --keys; its server key defaults to the local daemons' endpoint files."""
+    if not key:
+        return None
+    server = server_key or next((e.server_key for e in discover(job_filter) if e.server_key), "")
+    if not server:
+        raise KeyStoreError("--key needs the job's server key: pass --server-key (its node.key file)")
+    return Credentials.load(key, server)
+
+
+def resolve(addresses: list[str], job_filter: str,
+            creds: Credentials | None = None) -> tuple[dict[str, list[str]], dict[str, str]]:
     """job id -> control addresses, and control -> PUB address, from discovery or each daemon's hello."""
     jobs: dict[str, list[str]] = {}
     pubs: dict[str, str] = {}
@@ -32,7 +46,7 @@ def resolve(addresses: list[str], job_filter: str) -> tuple[dict[str, list[str]]
     for address in addresses:
         control = address if "://" in address else f"tcp://{address}"
         try:
-            with Client(control, timeout_s=2.0) as client:
+            with Client(control, timeout_s=2.0, credentials=creds) as client:
                 hello = client.call("hello")
             job_id, pubs[control] = str(hello.get("job_id", "?")), str(hello.get("pub", ""))
         except ClientError as err:
@@ -53,16 +67,26 @@ def main(argv: list[str] | None = None) -> int:
     connect.add_argument("addresses", nargs="*", metavar="ADDR", help="daemon control address(es), tcp://HOST:PORT")
     connect.add_argument("--readonly", action="store_true", help="disable every steering action")
     connect.add_argument("--job", default="", help="show only this job id")
+    connect.add_argument("--key", default=os.environ.get("ELASTICD_KEY", ""),
+                         help="your CURVE key (.key_secret) for a job started with --keys")
+    connect.add_argument("--server-key", default=os.environ.get("ELASTICD_SERVER_KEY", ""),
+                         help="the job's node key (node.key or z85); default: from local endpoint files")
     args = parser.parse_args(argv)
-    jobs, pubs = resolve(args.addresses, args.job)
+    try:
+        creds = credentials(args.key, args.server_key, args.job)
+    except KeyStoreError as err:
+        print(f"elastic-tui: {err}", file=sys.stderr)
+        return 2
+    jobs, pubs = resolve(args.addresses, args.job, creds)
     if not jobs:
         where = f"job '{args.job}' " if args.job else ""
         print(f"elastic-tui: no {where}daemon found on this host; start one with `elasticd start`, "
               "or pass a daemon address: elastic-tui connect tcp://HOST:PORT", file=sys.stderr)
         return 2
     from tui.app import ElasticApp
+    from tui.session import LiveConnector
 
-    ElasticApp(jobs, readonly=args.readonly, seed_pubs=pubs).run()
+    ElasticApp(jobs, readonly=args.readonly, connect=LiveConnector(creds), seed_pubs=pubs).run()
     return 0
 
 

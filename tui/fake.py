@@ -127,19 +127,20 @@ class FakeLink:
     def op_checkpoint(self, args: dict[str, Any]) -> dict[str, Any]:
         return self.steer(args, "every rank saves at step 243")
 
-    async def events(self, pub: str) -> AsyncIterator[Event]:
+    async def events(self, pub: str, since_seq: int | None = None, topics: tuple[str, ...] = ("",),
+                     idle_timeout_s: float | None = None) -> AsyncIterator[Event]:
+        """Like a daemon's PUB: each of a and b publishes `st.<node>` (every rank of the node), then beats."""
         node = pub.rsplit("/", 1)[-1]
-        if node == "a":
+        if node in ("a", "b") and any("st.".startswith(t) or t.startswith("st.") for t in topics):
             for step in range(0, 241, 4):
-                for rank in range(4):
-                    yield Event("st", "step", "a" if rank < 2 else "b", 0, NOW,
-                                {"rank": rank, "step": step, "loss": loss_at(rank, step), "throughput": 128.0})
+                ranks = [{"rank": r, "step": step, "loss": loss_at(r, step), "throughput": 128.0, "samples": 8,
+                          "step_time": 0.1, "last_step_at": NOW} for r in NODES[node][1]]
+                yield Event("st", "steps", node, 17, NOW, {"round": 2, "ranks": ranks})
         while node in ("a", "b"):
             yield Event("hb", "heartbeat", node, 17, NOW, {"state": "running", "round": 2})
             await asyncio.sleep(0.5)
         while True:  # c never beats but its socket stays up: the snapshot shows it stale (status says 5 s)
-            yield Event("idle", "idle", node, 17, NOW, {})
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(3600)
 
     def close(self) -> None:
         pass

@@ -1,4 +1,10 @@
-"""The I/O loops behind the console: poll a job's replies and follow every daemon's PUB, with backoff."""
+"""The I/O loops behind the console: poll a job's replies and follow every daemon's PUB, with backoff.
+
+Steps arrive pushed (`st.<node>`, protocol §6.3) and heartbeats too (`hb.<node>`), one subscription per daemon.
+Every PUB carries all job events, so only one daemon (the coordinator when known) is followed for `ev.`; the
+others are subscribed to `hb.` and `st.` alone. The replies (status, workers, metrics for checkpoint ages) are
+polled, the big ones slowly.
+"""
 
 from __future__ import annotations
 
@@ -11,20 +17,28 @@ from typing import Any
 import zmq
 
 from elasticd.client import ClientError, Event
-from tui.session import JobSession
+from tui.session import JobSession, TelemetryHub
 
 log = logging.getLogger("elastic-tui")
 POLL_INTERVAL_S = 1.0
+WORKERS_EVERY = 2  # polls: worker processes (cpu, rss) every other status
+METRICS_EVERY = 5  # polls: checkpoint ages and the rest `st` does not carry; steps themselves are pushed
 IDLE_TIMEOUT_S = 5.0  # heartbeats come every second: five silent seconds mean resubscribe
+ALL_TOPICS = ("",)
+TELEMETRY_TOPICS = ("hb.", "st.")
+EVENT_TOPICS = ("ev.", "hb.")  # the events source next to a hub: its beats carry the seq that reveals gaps
 BAD_DATA = (KeyError, TypeError, ValueError, AttributeError)
 IO_ERRORS = (ClientError, zmq.ZMQError, OSError, *BAD_DATA)
 Changed = Callable[[], None]
 
 
 async def poll_job(session: JobSession, changed: Changed, interval_s: float = POLL_INTERVAL_S) -> None:
-    """Status and metrics every interval, workers every other; history and ranks on start and new rounds."""
+    """Status every interval, workers and metrics less often; history and ranks on start and new rounds."""
     model, tick, history_loaded, ranks_round = session.model, 0, False, -1
-    followers: dict[str, asyncio.Task[None]] = {}
+    followers: dict[str, tuple[asyncio.Task[None], bool]] = {}
+    hub = session.telemetry() if session.telemetry is not None else None
+    hub_task = asyncio.create_task(follow_telemetry(session, hub, changed)) if hub is not None else None
+    since: dict[str, float] = {}  # node id -> when the hub began following it
     try:
         while True:
             try:
@@ -35,42 +49,117 @@ async def poll_job(session: JobSession, changed: Changed, interval_s: float = PO
                 if model.job.round != ranks_round:
                     model.apply_ranks(await session.call("ranks", history=20))
                     ranks_round = model.job.round
-                model.apply_metrics(await session.call("metrics"))
-                if tick % 2 == 0:
+                if tick % METRICS_EVERY == 0:
+                    model.apply_metrics(await session.call("metrics"))
+                if tick % WORKERS_EVERY == 0:
                     model.apply_workers(await session.call("workers"))
             except IO_ERRORS as err:
                 model.connection = f"reconnecting ({getattr(err, 'reason', err)})"
                 model.changed()
-            start_followers(session, followers, changed)
+            start_followers(session, followers, changed, history_loaded, hub)
+            if hub is not None and hub_task is not None and hub_task.done():  # like a follower: restarted
+                hub_task = asyncio.create_task(follow_telemetry(session, hub, changed))
+            for node_id in session.followed():
+                since.setdefault(node_id, model.clock())
+            if hub is not None:
+                mark_silent(session, since)
             changed()
             tick += 1
             await asyncio.sleep(interval_s)
     finally:
-        for task in followers.values():
+        for task, _ in followers.values():
             task.cancel()
+        if hub_task is not None and hub is not None:
+            hub_task.cancel()
+            hub.close()
         session.close()
 
 
-def start_followers(session: JobSession, followers: dict[str, asyncio.Task[None]], changed: Changed) -> None:
-    for node_id, (control, pub) in session.followed().items():
-        task = followers.get(pub)
-        if task is None or task.done():
-            followers[pub] = asyncio.create_task(follow_daemon(session, node_id, control, pub, changed))
+def events_source(session: JobSession, followed: dict[str, tuple[str, str]]) -> str:
+    """The pub to take job events from: the coordinator's, else a connected daemon's, else the first."""
+    model = session.model
+    coordinator = model.nodes.get(model.job.coordinator)
+    if coordinator is not None and coordinator.connected and coordinator.node_id in followed:
+        return followed[coordinator.node_id][1]
+    for node_id, (_, pub) in followed.items():
+        node = model.nodes.get(node_id)
+        if node is not None and node.connected:
+            return pub
+    return next(iter(followed.values()))[1] if followed else ""
 
 
-async def follow_daemon(session: JobSession, node_id: str, control: str, pub: str, changed: Changed) -> None:
-    """Heartbeats and events of one daemon; a silent or broken daemon is resubscribed with backoff."""
+def start_followers(session: JobSession, followers: dict[str, tuple[asyncio.Task[None], bool]], changed: Changed,
+                    history_loaded: bool = True, hub: TelemetryHub | None = None) -> None:
+    """One stream per daemon (all topics from the events source, `hb.` `st.` from the others); with a hub,
+    the hub takes every daemon's heartbeats and steps and only the events source gets a stream of its own."""
+    followed = session.followed()
+    source = events_source(session, followed)
+    if hub is not None:
+        hub.follow({pub for _, pub in followed.values()})
+    for node_id, (control, pub) in followed.items():
+        everything = pub == source
+        if hub is not None and not everything:
+            task = followers.pop(pub, (None, False))[0]
+            if task is not None:
+                task.cancel()
+            continue
+        task, had_events = followers.get(pub, (None, False))
+        if task is not None and not task.done() and had_events == everything:
+            continue
+        if task is not None:
+            task.cancel()
+        since = session.model.last_event_seq if history_loaded else None
+        topics = (EVENT_TOPICS if hub is not None else ALL_TOPICS) if everything else TELEMETRY_TOPICS
+        followers[pub] = (asyncio.create_task(follow_daemon(session, node_id, control, pub, changed, topics,
+                                                            since)), everything)
+    for pub in set(followers) - {pub for _, pub in followed.values()}:
+        followers.pop(pub)[0].cancel()
+
+
+async def follow_telemetry(session: JobSession, hub: TelemetryHub, changed: Changed) -> None:
+    """Heartbeats and steps of every daemon from the hub: each batch folded in whole, then one `changed`."""
+    while True:
+        try:
+            batch = await hub.drain(1.0)
+        except IO_ERRORS as err:
+            log.debug("telemetry: %r", err)
+            await asyncio.sleep(0.5)
+            continue
+        for event in batch:
+            ingest(session, event)
+        if batch:
+            changed()
+
+
+def mark_silent(session: JobSession, since: dict[str, float]) -> None:
+    """With a hub there is no per-daemon stream to time out: a daemon this console has not heard from for
+    IDLE_TIMEOUT_S (since it began following it) is marked disconnected until its next heartbeat."""
+    model = session.model
+    now = model.clock()
+    for node in model.nodes.values():
+        heard = node.heard_at if node.heard_at is not None else since.get(node.node_id)
+        if node.connected and heard is not None and now - heard > IDLE_TIMEOUT_S:
+            model.disconnected(node.node_id)
+
+
+async def follow_daemon(session: JobSession, node_id: str, control: str, pub: str, changed: Changed,
+                        topics: tuple[str, ...] = ALL_TOPICS, since_seq: int | None = None) -> None:
+    """Telemetry of one daemon (all of it, or some topics); a silent or broken one is resubscribed with backoff."""
     backoff = 0.5
+    events = any("ev.".startswith(t) or t.startswith("ev.") for t in topics)
     while True:
         link = session.connect(control)
-        stream = link.events(pub)
+        # Without `ev.` there is no gap to fetch, so no snapshot seq is needed (no status call per daemon).
+        since = (session.model.last_event_seq or since_seq) if events else 0
+        stream = link.events(pub, since_seq=since, topics=topics, idle_timeout_s=IDLE_TIMEOUT_S)
         try:
-            while True:
-                event = await asyncio.wait_for(stream.__anext__(), IDLE_TIMEOUT_S)
+            async for event in stream:
+                if event.type == "idle":  # IDLE_TIMEOUT_S without a message, heartbeats included
+                    raise asyncio.TimeoutError
                 backoff = 0.5
                 ingest(session, event)
                 changed()
-        except (asyncio.TimeoutError, StopAsyncIteration, *IO_ERRORS) as err:
+        except (asyncio.TimeoutError, *IO_ERRORS) as err:
             log.debug("daemon %s (%s): %r; resubscribing", node_id, pub, err)
         finally:
             with contextlib.suppress(Exception):
@@ -86,12 +175,13 @@ def ingest(session: JobSession, event: Event) -> None:
     """Fold one telemetry message into the model; malformed bodies are skipped, never raised."""
     model = session.model
     try:
-        if event.type == "hb":
+        if event.type == "st":
+            if event.kind == "steps":
+                model.apply_steps(event.node, event.body, event.ts)
+        elif event.type == "hb":
             model.apply_heartbeat(event.node, event.body)
         elif event.type == "ev":
             model.apply_event(as_event(event))
-        elif event.type == "st" and event.kind == "step":
-            model.apply_step(event.node, event.body)
     except BAD_DATA as err:
         log.debug("skipping a malformed %s message from %s: %r", event.type, event.node, err)
 

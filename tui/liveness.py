@@ -41,9 +41,10 @@ def format_bytes(count: float | None) -> str:
 
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
+SPARK_WIDTH = 12
 
 
-def sparkline(values: list[float], width: int = 12) -> str:
+def sparkline(values: list[float], width: int = SPARK_WIDTH) -> str:
     """A unicode sparkline of the last `width` values, scaled to their own range."""
     tail = [v for v in values if v is not None][-width:]
     if not tail:

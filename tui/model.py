@@ -13,6 +13,7 @@ from tui.liveness import liveness
 Clock = Callable[[], float]
 EVENT_HISTORY = 2000
 LOSS_HISTORY = 600
+PUSHED_FRESH_S = 5.0  # a rank reported by `st` this recently takes steps from `st` only, not from polled metrics
 
 
 @dataclass
@@ -29,6 +30,10 @@ class RankMetrics:
     checkpoint_bytes: int | None = None
     checkpoint_duration_s: float | None = None
     checkpoint_path: str | None = None
+    samples: int | None = None
+    step_time: float | None = None
+    last_step_at: float | None = None
+    pushed_at: float | None = None  # when an `st` message last reported this rank
     updated_at: float = 0.0
 
 
@@ -46,6 +51,7 @@ class NodeView:
     ranks: list[int] = field(default_factory=list)
     workers: list[dict[str, Any]] = field(default_factory=list)
     last_seen: float | None = None
+    heard_at: float | None = None  # the last heartbeat this console received itself (status is second-hand)
     daemon_state: str = ""
     connected: bool = True
     restarts: int = 0
@@ -86,14 +92,28 @@ class JobModel:
         self.connection = "connecting"
         self.version = 0
         self.step_seen_at: dict[tuple[str, int], float] = {}
+        self.ranks_by_node: dict[str, dict[int, RankMetrics]] = {}  # node id -> rank -> its metrics
+        self.node_order: dict[str, int] = {}  # node id -> position in `nodes` (nodes are never removed)
 
     def changed(self) -> None:
         self.version += 1
 
     def node(self, node_id: str) -> NodeView:
-        if node_id not in self.nodes:
-            self.nodes[node_id] = NodeView(node_id)
-        return self.nodes[node_id]
+        node = self.nodes.get(node_id)
+        if node is None:
+            node = self.nodes[node_id] = NodeView(node_id)
+            self.node_order[node_id] = len(self.node_order)
+        return node
+
+    def rank(self, rank: int, node: str) -> RankMetrics:
+        """The metrics of a rank, fresh when it moved to another node; kept indexed by node."""
+        metrics = self.rank_metrics.get(rank)
+        if metrics is None or metrics.node != node:
+            if metrics is not None:
+                self.ranks_by_node.get(metrics.node, {}).pop(rank, None)
+            metrics = self.rank_metrics[rank] = RankMetrics(rank, node)
+            self.ranks_by_node.setdefault(node, {})[rank] = metrics
+        return metrics
 
     # ---- replies ---------------------------------------------------------------------------------
     def apply_status(self, reply: dict[str, Any]) -> None:
@@ -125,9 +145,9 @@ class JobModel:
         for item in reply.get("ranks", []):
             if item.get("rank") is None:
                 continue
-            self.update_rank(int(item["rank"]), str(item.get("node", "")), item.get("step"), item.get("loss"),
-                             item.get("throughput"))
-            metrics = self.rank_metrics[int(item["rank"])]
+            metrics = self.rank(int(item["rank"]), str(item.get("node", "")))
+            if metrics.pushed_at is None or now - metrics.pushed_at > PUSHED_FRESH_S:  # `st` is newer: keep it
+                self.update_rank(metrics.rank, metrics.node, item.get("step"), item.get("loss"), item.get("throughput"))
             if item.get("checkpoint_step") is not None:
                 metrics.checkpoint_step = int(item["checkpoint_step"])
                 metrics.checkpoint_path = item.get("checkpoint_path")
@@ -149,22 +169,23 @@ class JobModel:
             self.apply_event(event)
 
     # ---- telemetry -------------------------------------------------------------------------------
-    def update_rank(self, rank: int, node: str, step: Any, loss: Any, throughput: Any) -> None:
-        metrics = self.rank_metrics.get(rank)
-        if metrics is None or metrics.node != node:
-            metrics = self.rank_metrics[rank] = RankMetrics(rank, node)
+    def update_rank(self, rank: int, node: str, step: Any, loss: Any, throughput: Any) -> RankMetrics:
+        metrics = self.rank(rank, node)
+        now = self.clock()
         if step is not None and step != metrics.step:
             metrics.step = int(step)
-            self.step_seen_at[(node, rank)] = self.clock()
+            self.step_seen_at[(node, rank)] = now
             if loss is not None:
                 self.node(node).loss_history.append((int(step), float(loss)))
         metrics.loss = float(loss) if loss is not None else metrics.loss
         metrics.throughput = float(throughput) if throughput is not None else metrics.throughput
-        metrics.updated_at = self.clock()
+        metrics.updated_at = now
+        return metrics
 
     def apply_heartbeat(self, node_id: str, body: dict[str, Any]) -> None:
         node = self.node(node_id)
-        node.last_seen, node.connected = self.clock(), True
+        node.last_seen = node.heard_at = self.clock()
+        node.connected = True
         node.daemon_state = str(body.get("state", node.daemon_state))
         self.changed()
 
@@ -194,19 +215,28 @@ class JobModel:
 
     def apply_checkpoint(self, event: dict[str, Any]) -> None:
         rank = int(event["rank"])
-        metrics = self.rank_metrics.get(rank) or RankMetrics(rank, str(event.get("node", "")))
-        self.rank_metrics[rank] = metrics
+        metrics = self.rank_metrics.get(rank) or self.rank(rank, str(event.get("node", "")))
         metrics.checkpoint_step = event.get("step", metrics.checkpoint_step)
         metrics.checkpoint_at = float(event.get("ts") or self.clock())
         metrics.checkpoint_bytes = event.get("bytes")
         metrics.checkpoint_duration_s = event.get("duration_s")
         metrics.checkpoint_path = event.get("path") or metrics.checkpoint_path
 
-    def apply_step(self, node_id: str, body: dict[str, Any]) -> None:
-        """Per-step telemetry (`st` messages), where a daemon publishes it."""
-        if body.get("rank") is not None:
-            self.update_rank(int(body["rank"]), node_id, body.get("step"), body.get("loss"), body.get("throughput"))
-            self.changed()
+    def apply_steps(self, node_id: str, body: dict[str, Any], sent: float | None = None) -> None:
+        """Step telemetry (`st.<node>`, op `steps`, protocol §6.3): every shim rank of one daemon.
+
+        `sent` is the envelope's ts (when the daemon published it); the model does not need it.
+        """
+        for item in body.get("ranks") or ():
+            if item.get("rank") is None:
+                continue
+            metrics = self.update_rank(int(item["rank"]), node_id, item.get("step"), item.get("loss"),
+                                       item.get("throughput"))
+            metrics.samples = item.get("samples", metrics.samples)
+            metrics.step_time = item.get("step_time", metrics.step_time)
+            metrics.last_step_at = item.get("last_step_at", metrics.last_step_at)
+            metrics.pushed_at = metrics.updated_at
+        self.changed()
 
     def disconnected(self, node_id: str) -> None:
         if node_id in self.nodes:
@@ -221,7 +251,8 @@ class JobModel:
         return liveness(self.heartbeat_age(node), node.connected, node.status)
 
     def node_ranks(self, node_id: str) -> list[RankMetrics]:
-        return sorted((m for m in self.rank_metrics.values() if m.node == node_id), key=lambda m: m.rank)
+        found = self.ranks_by_node.get(node_id)
+        return [found[r] for r in sorted(found)] if found else []
 
     def recoveries(self) -> list[dict[str, Any]]:
         """Recovery timelines, newest last: the latest `round_complete`/`first_step` of each round."""

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from rich.text import Text
 
-from tui.liveness import format_age, format_bytes, sparkline
+from tui.liveness import SPARK_WIDTH, format_age, format_bytes, sparkline
 from tui.model import JobModel, NodeView
 
 Row = tuple[str, list[Text | str]]
@@ -25,8 +26,8 @@ PHASES = ("detect", "rendezvous", "stopped", "spawned", "first_step")
 
 
 def node_colour(model: JobModel, node_id: str) -> str:
-    ids = list(model.nodes)
-    return NODE_COLOURS[ids.index(node_id) % len(NODE_COLOURS)] if node_id in ids else "white"
+    index = model.node_order.get(node_id)
+    return NODE_COLOURS[index % len(NODE_COLOURS)] if index is not None else "white"
 
 
 def span_text(ranks: list[int]) -> str:
@@ -71,7 +72,7 @@ def node_row(model: JobModel, node: NodeView, marked: bool) -> list[Text | str]:
         span_text(node.ranks),
         str(max(steps)) if steps else "-",
         f"{sum(losses) / len(losses):.4f}" if losses else "-",
-        Text(sparkline([loss for _, loss in node.loss_history]), style="cyan"),
+        Text(sparkline(recent_losses(node)), style="cyan"),
         f"{throughput:.1f}" if throughput else "-",
         Text(format_age(ckpt_age), style="bold red" if ckpt_age and ckpt_age > CKPT_STALE_S else ""),
         Text(f"{live} {format_age(model.heartbeat_age(node))}", style=LIVENESS_STYLE.get(live, "")),
@@ -81,6 +82,12 @@ def node_row(model: JobModel, node: NodeView, marked: bool) -> list[Text | str]:
     ]
 
 
+def recent_losses(node: NodeView, count: int = SPARK_WIDTH) -> list[float]:
+    """The last `count` losses of a node, without copying its whole history."""
+    history = node.loss_history
+    return [history[i][1] for i in range(max(0, len(history) - count), len(history))]
+
+
 def node_rows(model: JobModel, marks: set[str], pattern: str = "") -> list[Row]:
     rows = []
     for node in model.nodes.values():
@@ -88,6 +95,18 @@ def node_rows(model: JobModel, marks: set[str], pattern: str = "") -> list[Row]:
         if matches(pattern, *cells):
             rows.append((node.node_id, cells))
     return rows
+
+
+def node_keys(model: JobModel) -> list[str]:
+    """The nodes view's row keys when no filter is set: its cells can then be computed for visible rows only."""
+    return list(model.nodes)
+
+
+def node_cells(model: JobModel, marks: set[str]) -> Callable[[str], list[Text | str]]:
+    def cells(node_id: str) -> list[Text | str]:
+        return node_row(model, model.node(node_id), node_id in marks)
+
+    return cells
 
 
 def checkpoint_rows(model: JobModel, pattern: str = "") -> list[Row]:

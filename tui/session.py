@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-from elasticd.client import AsyncClient, ClientError, Event
+import zmq
+import zmq.asyncio
+
+from elasticd.client import AsyncClient, ClientError, Credentials, Event
+from elasticd.protocol import MAX_REPLY_BYTES, ProtocolError, decode
 from tui.model import Clock, JobModel
 
 CALL_TIMEOUT_S = 2.0
@@ -17,23 +22,96 @@ class DaemonLink(Protocol):
     """What the console needs of one daemon; `elasticd.client.AsyncClient` is the live one."""
 
     async def call(self, op: str, timeout_s: float | None = None, **args: Any) -> dict[str, Any]: ...
-    def events(self, pub: str) -> AsyncIterator[Event]: ...
+    def events(self, pub: str, since_seq: int | None = None, topics: tuple[str, ...] = ("",),
+               idle_timeout_s: float | None = None) -> AsyncIterator[Event]: ...
     def close(self) -> None: ...
 
 
 Connector = Callable[[str], DaemonLink]
 
 
-def live_link(control: str) -> DaemonLink:
-    return AsyncClient(control, timeout_s=CALL_TIMEOUT_S)
+class LiveConnector:
+    """Connects to real daemons, with CURVE credentials when the job was started with --keys."""
+
+    def __init__(self, credentials: Credentials | None = None) -> None:
+        self.credentials = credentials
+
+    def __call__(self, control: str) -> DaemonLink:
+        return AsyncClient(control, timeout_s=CALL_TIMEOUT_S, credentials=self.credentials)
+
+    def telemetry(self) -> ZmqTelemetry:
+        return ZmqTelemetry(credentials=self.credentials)
+
+
+live_link = LiveConnector()
+
+
+class TelemetryHub(Protocol):
+    """Heartbeats and steps of many daemons through one subscription, read in batches."""
+
+    def follow(self, pubs: set[str]) -> None: ...
+    async def drain(self, timeout_s: float) -> list[Event]: ...
+    def close(self) -> None: ...
+
+
+class ZmqTelemetry:
+    """One SUB socket connected to every daemon's PUB (`hb.` and `st.` only): one wakeup per batch of messages.
+
+    ZeroMQ reconnects by itself to a PUB that went away and came back; silence shows as heartbeat age.
+    """
+
+    def __init__(self, topics: tuple[str, ...] = ("hb.", "st."), batch: int = 4096,
+                 credentials: Credentials | None = None) -> None:
+        self.sock = zmq.asyncio.Context.instance().socket(zmq.SUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        if credentials is not None:
+            credentials.apply(self.sock)
+        for topic in topics:
+            self.sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        self.sync = zmq.Socket.shadow(self.sock.underlying)  # non-blocking reads without a future each
+        self.pubs: set[str] = set()
+        self.batch = batch
+
+    def follow(self, pubs: set[str]) -> None:
+        for pub in pubs - self.pubs:
+            self.sock.connect(pub)
+        for pub in self.pubs - pubs:
+            with contextlib.suppress(zmq.ZMQError):
+                self.sock.disconnect(pub)
+        self.pubs = set(pubs)
+
+    async def drain(self, timeout_s: float) -> list[Event]:
+        """Every message ready now (waiting up to `timeout_s` for the first); malformed frames are dropped."""
+        if not await self.sock.poll(int(timeout_s * 1000)):
+            return []
+        found: list[Event] = []
+        while len(found) < self.batch:
+            try:
+                frames = self.sync.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if len(frames) != 2:
+                continue
+            try:
+                env = decode(frames[1], MAX_REPLY_BYTES, from_daemon=True)
+            except ProtocolError:
+                continue
+            found.append(Event(env.type, env.op, env.node, env.seq, env.ts, env.body))
+        return found
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 class JobSession:
     """A job seen through any of its daemons: the first that answers serves the whole job."""
 
     def __init__(self, job_id: str, seeds: list[str], connect: Connector = live_link,
-                 clock: Clock = time.time, seed_pubs: dict[str, str] | None = None) -> None:
+                 clock: Clock = time.time, seed_pubs: dict[str, str] | None = None,
+                 telemetry: Callable[[], TelemetryHub] | None = None) -> None:
         self.job_id = job_id
+        # Live daemons: one shared subscription for heartbeats and steps; other links: one stream per daemon.
+        self.telemetry = telemetry if telemetry is not None else getattr(connect, "telemetry", None)
         self.seeds = list(seeds)
         self.seed_pubs = dict(seed_pubs or {})
         self.connect = connect

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tui.model import JobModel
-from tui.rows import NODE_COLUMNS, NODE_WIDTHS, node_rows
+from tui.rows import NODE_COLUMNS, NODE_WIDTHS, node_cells, node_keys, node_rows
 from tui.views.table import SyncedTable
 
 
@@ -14,4 +14,7 @@ class NodesView(SyncedTable):
         super().__init__(NODE_COLUMNS, NODE_WIDTHS, id="nodes")
 
     def show(self, model: JobModel, marks: set[str], pattern: str) -> None:
-        self.sync(node_rows(model, marks, pattern))
+        if pattern:  # the filter looks at every cell of every node
+            self.sync(node_rows(model, marks, pattern))
+        else:  # hundreds of nodes: only the rows on screen are computed and drawn
+            self.sync_lazy(node_keys(model), node_cells(model, marks))

@@ -47,3 +47,11 @@ class JobHeader(Static):
     DEFAULT_CSS = """
     JobHeader { height: auto; background: $primary-background; padding: 0 1; }
     """
+
+    shown: Text | None = None
+
+    def show(self, text: Text) -> None:
+        """Update only when the text changed: an update re-lays out the screen (the header's height is auto)."""
+        if text != self.shown:
+            self.shown = text
+            self.update(text)
