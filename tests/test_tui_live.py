@@ -108,3 +108,22 @@ async def test_drain_with_confirm_shrinks_the_world(job: Job) -> None:
         await until(pilot, lambda: any("accepted" in n.message for n in app._notifications))
         assert any(e.get("kind") == "drain_complete" for e in app.model.events)
     assert job.status()["world_size"] == 1
+
+
+async def test_a_sigkilled_daemon_shows_missing_and_the_screen_keeps_responding(tmp_path: Path) -> None:
+    doomed = Job(tmp_path, nnodes="1:2", nproc=1)
+    try:
+        doomed.start("a", TICKER)
+        b = doomed.start("b", TICKER)
+        doomed.wait_event("round_started", lambda e: e["world_size"] == 2)
+        app = ElasticApp({doomed.job_id: [doomed.daemons["a"].control]})
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: connected(app))
+            b.kill_with_workers()
+            await until(pilot, lambda: app.model.node_liveness(app.model.nodes["b"]) in ("missing", "lost"),
+                        what="b missing")
+            await pilot.press("colon", *"events", "enter")  # the screen still answers keys
+            await until(pilot, lambda: app.view == "events")
+            assert app.model.node_liveness(app.model.nodes["a"]) == "live"
+    finally:
+        doomed.close()

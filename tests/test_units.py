@@ -84,3 +84,12 @@ def test_subscription_sequence_drops_duplicates_and_fills_gaps_from_events_and_h
     beat = Event("hb", "heartbeat", "a", 9, 0.0)  # a quiet tail: the heartbeat knows of events up to 9
     assert seq.gap(beat) and [e.seq for e in seq.fill(history, beat)] == [8, 9]
     assert seq.accept(beat) and not seq.gap(beat)
+
+
+def test_console_liveness_thresholds_follow_the_heartbeat_rule() -> None:
+    from tui.liveness import liveness
+
+    assert [liveness(age) for age in (0.0, 1.4, 1.5, 2.9, 3.0, 60.0)] == \
+        ["live", "live", "stale", "stale", "missing", "missing"]
+    assert liveness(0.1, connected=False) == "missing" and liveness(None) == "missing"
+    assert liveness(0.1, status="lost") == "lost"

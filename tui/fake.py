@@ -12,7 +12,7 @@ from elasticd.client import ClientError, Event
 NOW = 1_700_000_000.0
 NODES = {"a": ("node-a.example", [0, 1], "active"), "b": ("node-b.example", [2, 3], "active"),
          "c": ("node-c.example", [], "standby")}
-LAST_SEEN_AGE = {"a": 0.2, "b": 0.4, "c": 5.0}
+LAST_SEEN_AGE = {"a": 0.2, "b": 0.4, "c": 2.0}  # c: one late heartbeat, stale
 
 
 def fixed_clock() -> float:

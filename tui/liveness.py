@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-STALE_AFTER_S = 3.0
-MISSING_AFTER_S = 10.0
+# Daemons beat every second (docs/protocol.md §6.4): one late beat is stale, three missed are missing,
+# the same rule by which the coordinator declares a node lost.
+STALE_AFTER_S = 1.5
+MISSING_AFTER_S = 3.0
 
 
 def liveness(age_s: float | None, connected: bool = True, status: str = "alive") -> str:
-    """`live` under 3 s since a beat, `stale` under 10 s, else `missing`; left/lost nodes say so."""
+    """`live` under 1.5 s since a beat, `stale` under 3 s, else `missing`; left/lost nodes say so."""
     if status in ("left", "lost"):
         return status
     if age_s is None or not connected or age_s >= MISSING_AFTER_S:
