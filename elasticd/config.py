@@ -30,6 +30,7 @@ class JobConfig:
     log_dir: str = "elastic-logs"
     join_timeout_s: float = 600.0
     hang_timeout_s: float = 60.0
+    exit_timeout_s: float = 300.0  # torchrun's exit barrier: peers of a worker that finished get this long
     heartbeat_s: float = 1.0
     heartbeat_misses: int = 3
     local_addr: str = ""

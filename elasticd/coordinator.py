@@ -12,6 +12,7 @@ from elasticd.membership import CAUSES, MembershipStore, NodeRecord, Round, buil
 
 Send = Callable[[str, str, dict[str, Any]], None]  # (node_id, op, body)
 SETTLE_S = 0.1  # batch simultaneous joins/losses into one round; no fixed last-call wait
+FIRST_ROUND_WAIT_S = 15.0  # the first round waits at most this long for nodes that announced themselves
 
 
 class Coordinator:
@@ -39,6 +40,7 @@ class Coordinator:
         # Set by elasticd.steer: before a round that restarts healthy shim workers, stop them at one step.
         self.reform_first: Callable[[Coordinator, str, str, float], bool] = lambda *_: False
         self.reformed = False  # the workers already stopped gracefully for the pending round
+        self.announced: dict[str, float] = {}  # node id -> when it said it is warming up to join
         self.used_ports: set[int] = set()
         self._join_seq = 0
         self.ended_at = 0.0
@@ -74,6 +76,7 @@ class Coordinator:
         if self.state in ("succeeded", "failed", "stopped"):
             return {"ok": False, "reason": f"job '{self.cfg.job_id}' has ended ({self.state})"}
         self._join_seq += 1
+        self.announced.pop(node_id, None)
         active = sum(1 for n in self.alive() if n.role == "active" and n.node_id != node_id)
         role = old.role if old and old.role == "cordoned" else ("active" if active < self.target else "standby")
         node = NodeRecord(node_id, body["host"], int(body["nproc"]), instance, self._join_seq, role=role,
@@ -84,6 +87,16 @@ class Coordinator:
         if role == "active":
             self.schedule("membership", f"node {node_id} joined", now)
         return {"ok": True, "role": role, "job": self.status(now)}
+
+    def announce(self, node_id: str, now: float) -> None:
+        """A daemon started and is warming up (its zygote imports torch); it registers when ready."""
+        if node_id not in self.nodes or self.nodes[node_id].status != "alive":
+            self.announced[node_id] = now
+
+    def awaiting_announced(self, members: int, now: float) -> bool:
+        """Hold the first round for nodes that announced themselves: they are warming up, not absent."""
+        coming = [n for n, at in self.announced.items() if now - at < FIRST_ROUND_WAIT_S and n not in self.nodes]
+        return self.round is None and bool(coming) and members + len(coming) <= self.cfg.max_nodes
 
     def heartbeat(self, node_id: str, body: dict[str, Any], now: float) -> bool:
         node = self.nodes.get(node_id)
@@ -128,6 +141,8 @@ class Coordinator:
             cause, detail, detected = self.pending
             if self.transition is not None and cause in ("membership", "operator"):
                 return  # a graceful stop is in flight; its end starts the round
+            if self.awaiting_announced(sum(1 for n in self.alive() if n.role == "active"), now):
+                return
             self.pending = None
             if not self.reform_first(self, cause, detail, detected):
                 self.start_round(cause, detail, detected, now)
@@ -171,8 +186,8 @@ class Coordinator:
             for node_id in previous.node_ids():  # these nodes' workers are restarted by this round
                 if node_id in self.nodes and self.nodes[node_id].status == "alive":
                     self.nodes[node_id].restarts[cause] += 1
-        entries, world = build_rank_map(sticky_order([], members) if previous is None
-                                        else [m.node_id for m in members], self.nodes)
+        first = sorted(members, key=lambda n: (n.node_id != self.cfg.node_id, n.joined_seq))  # ours is rank 0
+        entries, world = build_rank_map([m.node_id for m in (first if previous is None else members)], self.nodes)
         master = self.nodes[entries[0].node_id]
         port = next((p for p in master.ports if p not in self.used_ports), 0)
         self.used_ports.add(port)
@@ -273,7 +288,7 @@ class Coordinator:
         self.done_nodes.add(node_id)
         self.emit("node_done", node_id, round=rnd.round_id)
         if set(rnd.node_ids()) <= self.done_nodes and self.pending is None and self.transition is None:
-            self.end("succeeded", f"all {rnd.world_size} workers exited 0", now)
+            self.end("succeeded", f"every worker of the final round finished (world {rnd.world_size})", now)
 
     def end(self, state: str, reason: str, now: float) -> None:
         if self.state in ("succeeded", "failed", "stopped"):

@@ -121,6 +121,7 @@ class Daemon:
     async def register_when_warm(self) -> None:
         """Join only once workers can start at once: the job keeps training while our zygote imports torch."""
         if self.zygote is not None:
+            self.to_coord("announce", {})  # the first round waits for us rather than forming without us
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.zygote.ready.wait(), ZYGOTE_WARMUP_S)
         self.first_register = time.time()

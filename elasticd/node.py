@@ -43,6 +43,8 @@ class NodeAgent:
         self.steps_dirty = False  # a shim step arrived since the last `st` telemetry message
         self.drained_reported = False
         self.latest_round = 0  # the newest round assigned, even while an older one is still being applied
+        self._exit_watch: asyncio.TimerHandle | None = None  # armed when a worker finished before its peers
+        self._tasks: set[asyncio.Future[Any]] = set()
 
     def register_body(self) -> dict[str, Any]:
         return {"node_id": self.cfg.node_id, "instance": self.instance, "host": self.host,
@@ -71,6 +73,9 @@ class NodeAgent:
                 return
             self.round_id, self.assignment = round_id, body
             self.rank_metrics, self.drained_ranks, self.drained_reported = {}, set(), False
+            if self._exit_watch is not None:
+                self._exit_watch.cancel()
+                self._exit_watch = None
             if body["state"] != "running":
                 self.state = body["state"]
                 self.to_coord("round_progress", {"round": round_id, "stopped": stopped})
@@ -107,6 +112,24 @@ class NodeAgent:
                                 f"{describe_exit(worker.exit_code)} (log: {worker.log_path})")
         elif not group.running and all(w.exit_code == 0 for w in group.workers):
             self.to_coord("node_done", {"round": group.round_id})
+        elif self._exit_watch is None:
+            self._exit_watch = asyncio.get_running_loop().call_later(
+                self.cfg.exit_timeout_s, lambda: self._background(self.stop_stragglers(group)))
+
+    async def stop_stragglers(self, group: WorkerGroup) -> None:
+        """Peers of a finished worker that never exit (a teardown deadlock) are stopped; the node is done."""
+        if self.group is not group or not group.running:
+            return
+        self.event("worker_exit_timeout", round=group.round_id, ranks=[w.rank for w in group.running],
+                   timeout_s=self.cfg.exit_timeout_s)
+        for worker in group.running:
+            worker.stopping = True  # their work is over: how they die is no failure
+        await group.stop(self.cfg.grace_s)
+        self.to_coord("node_done", {"round": group.round_id})
+
+    def _background(self, coro: Any) -> None:
+        self._tasks.add(task := asyncio.ensure_future(coro))
+        task.add_done_callback(self._tasks.discard)
 
     def check_drained(self) -> None:
         """Every local rank said `drained`, so its checkpoint is durable: no need to wait for the exits."""

@@ -29,6 +29,8 @@ def handle_peer(d: Daemon, sender: str, env: Envelope) -> None:
             if welcome["ok"] and node and c.round and c.pending is None and node.role != "active":
                 d.send_to_node(sender, "round", {"round": None, "state": node.role,
                                                  "reason": f"node is {node.role}; the job is at its target size"})
+        elif env.op == "announce":
+            c.announce(sender, now)
         elif env.op == "hb":
             d.send_to_node(sender, "hb" if c.heartbeat(sender, body, now) else "unknown", {})
         elif env.op == "leave":

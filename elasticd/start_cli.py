@@ -40,6 +40,8 @@ def add_start_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     flag("log-dir", default="elastic-logs", help="worker logs, one file per worker per round")
     flag("join-timeout", type=float, default=600.0, help="seconds to wait below min nodes before failing")
     flag("hang-timeout", type=float, default=60.0, help="seconds without a shim step report before a hang restart")
+    flag("exit-timeout", type=float, default=300.0, help="once a worker finished (exit 0), seconds its peers get "
+         "to exit before they are stopped (a hung teardown must not keep the job alive)")
     flag("connect-timeout", type=float, default=60.0, help="seconds to reach the coordinator before giving up")
     flag("control", default="", help="control ROUTER address (tcp://... or ipc://...; default: a free loopback port)")
     flag("pub", default="", help="telemetry PUB address (default: a free loopback port)")
@@ -80,7 +82,7 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
         job_id = ns.rdzv_id or "default"
     if not ns.module and not Path(ns.script).is_file():
         raise ConfigError(f"training script {ns.script!r} does not exist")
-    for name in ("grace_period", "join_timeout", "hang_timeout", "connect_timeout", "heartbeat"):
+    for name in ("grace_period", "join_timeout", "hang_timeout", "exit_timeout", "connect_timeout", "heartbeat"):
         if getattr(ns, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive")
     if ns.max_restarts < 0:
@@ -90,7 +92,8 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
         min_nodes=low, max_nodes=high, nproc_per_node=int(nproc), rdzv_host=host, rdzv_port=port,
         job_id=check_node_id(job_id), node_id=check_node_id(ns.node_id or default_node_id()), entry=entry,
         max_restarts=ns.max_restarts, grace_s=ns.grace_period, log_dir=os.path.abspath(ns.log_dir),
-        join_timeout_s=ns.join_timeout, hang_timeout_s=ns.hang_timeout, heartbeat_s=ns.heartbeat,
+        join_timeout_s=ns.join_timeout, hang_timeout_s=ns.hang_timeout, exit_timeout_s=ns.exit_timeout,
+        heartbeat_s=ns.heartbeat,
         local_addr=ns.local_addr, control_bind=ns.control, pub_bind=ns.pub, zygote=not ns.no_zygote,
         preload=ns.preload, keys_dir=ns.keys, insecure=ns.insecure,
     )

@@ -63,7 +63,10 @@ def base_env(cfg: JobConfig) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(cfg.omp_threads))
     env.update(cfg.env)
-    env["PYTHONUNBUFFERED"] = "1"
+    # The job id is in the zygote's environment too: /proc/PID/environ of a forked worker is the zygote's,
+    # and this is how ps-style tools (and our orphan checks) tell the job's processes apart.
+    env.update(PYTHONUNBUFFERED="1", TORCHELASTIC_RUN_ID=cfg.job_id, ELASTICD_JOB_ID=cfg.job_id,
+               ELASTICD_NODE_ID=cfg.node_id)
     return env
 
 

@@ -103,6 +103,7 @@ def run_worker(request: dict[str, Any]) -> int:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     os.environ.clear()
     os.environ.update(request["env"])
+    _name_process(f"elastic-r{os.environ.get('RANK', '?')}")
     os.chdir(request["cwd"])
     _match_thread_settings()
     entry = request["entry"]
@@ -124,6 +125,12 @@ def run_worker(request: dict[str, Any]) -> int:
         traceback.print_exc()
         return 1
     return 0
+
+
+def _name_process(name: str) -> None:
+    """`ps` and psutil show a forked worker as `elastic-rN` instead of as the zygote."""
+    _PR_SET_NAME = 15
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 def _match_thread_settings() -> None:

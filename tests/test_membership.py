@@ -121,9 +121,11 @@ def test_workers_die_with_a_sigkilled_daemon(tmp_path: Path, spawn: str) -> None
     try:
         a = job.start("a", TICKER)
         started = job.wait_event("workers_started")
+        assert set(started["pids"]) <= set(job_processes(job.job_id))  # the orphan check below can see them
         a.proc.send_signal(signal.SIGKILL)  # the daemon alone; PDEATHSIG takes its workers down
         a.wait_exit(10)
         assert wait_gone(started["pids"]) == []
+        assert wait_gone(job_processes(job.job_id)) == []  # the zygote too
     finally:
         job.close()
 
@@ -139,5 +141,17 @@ def test_duplicate_node_id_is_refused_with_a_clear_error(tmp_path: Path) -> None
         assert twin.wait_exit(30) == 2
         assert "node id 'b' is already in job" in twin.output()
         assert job.status()["world_size"] == 2
+    finally:
+        job.close()
+
+
+def test_a_worker_that_never_exits_after_its_peers_finished_is_stopped_and_the_job_ends(tmp_path: Path) -> None:
+    job = Job(tmp_path, nnodes="1", nproc=2, extra=["--exit-timeout", "2"])
+    try:
+        a = job.start("a", TICKER, "--ticks", "3", "--interval", "0.01", "--forever-rank", "1")
+        assert a.wait_exit(60) == 0
+        assert "worker_exit_timeout round=1 timeout_s=2.0" in a.output()
+        assert "succeeded: every worker of the final round finished" in a.output()
+        assert wait_gone(job_processes(job.job_id)) == []
     finally:
         job.close()

@@ -7,7 +7,7 @@ import re
 import signal
 from pathlib import Path
 
-from harness import PLAIN, Job, wait_gone
+from harness import PLAIN, Job, job_processes, wait_gone
 
 
 def world_sizes(log_text: str) -> list[int]:
@@ -79,5 +79,6 @@ def test_plain_script_survives_crash_join_leave_rejoin_and_node_loss(tmp_path: P
         a.wait_line(r"job '.*' succeeded")
         assert len(every_worker) == 2 + 2 + 4 + 2 + 4 + 2
         assert wait_gone(every_worker) == []
+        assert wait_gone(job_processes(job.job_id)) == []  # nothing of the job is left: no worker, no zygote
     finally:
         job.close()

@@ -16,13 +16,15 @@ parser.add_argument("--ticks", type=int, default=100000)
 parser.add_argument("--interval", type=float, default=0.05)
 parser.add_argument("--exit-code", type=int, default=0, help="exit with this code after --ticks")
 parser.add_argument("--ignore-sigterm", action="store_true")
+parser.add_argument("--forever-rank", type=int, default=-1, help="this rank never exits (a hung teardown)")
 args = parser.parse_args()
 if args.ignore_sigterm:
     import signal
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 print("env=" + json.dumps({k: os.environ.get(k) for k in CONTRACT}), flush=True)
-for tick in range(args.ticks):
+forever = os.environ.get("RANK") == str(args.forever_rank)
+for tick in range(10**9 if forever else args.ticks):
     print(f"tick={tick} rank={os.environ.get('RANK')} world={os.environ.get('WORLD_SIZE')}", flush=True)
     time.sleep(args.interval)
 sys.exit(args.exit_code)
