@@ -36,17 +36,26 @@ class CoordinatorMesh:
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted member reclaims its identity
         self.sock.bind(endpoint)
         self.node_id = node_id
-        self.identities: dict[str, bytes] = {}
+        self.identities: dict[str, bytes] = {}  # node id -> the identity of its *welcomed* daemon
+        self.registering: bytes = b""  # the identity of the `register` being handled right now
+
+    def welcome(self, node_id: str, body: dict[str, Any]) -> None:
+        """Answer the `register` being handled; only a welcome makes its daemon the node's route."""
+        if body.get("ok"):
+            self.identities[node_id] = self.registering
+        self._send_to(self.registering, "welcome", body, "req", "")
 
     def send(self, node_id: str, op: str, body: dict[str, Any], kind: str = "req", msg_id: str = "") -> None:
         ident = self.identities.get(node_id)
-        if ident is None:
-            return
+        if ident is not None:
+            self._send_to(ident, op, body, kind, msg_id)
+
+    def _send_to(self, ident: bytes, op: str, body: dict[str, Any], kind: str, msg_id: str) -> None:
         frame = encode(Envelope(kind, op, body, id=msg_id, node=self.node_id, ts=time.time()))
         try:
             self.sock.send_multipart([ident, frame], flags=zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # a member's queue is full or gone: liveness will sort it out
-            log.debug("mesh send to %s dropped: %s", node_id, exc)
+            log.debug("mesh send of %s to %r dropped: %s", op, ident, exc)
 
     async def serve(self, handler: Handler) -> None:
         while True:
@@ -64,8 +73,13 @@ class CoordinatorMesh:
             if env.node != sender:
                 continue  # a node speaks only for itself
             if env.op == "register":
-                self.identities[sender] = ident
-            handler(sender, env)
+                self.registering = ident
+            elif env.op != "announce" and self.identities.get(sender) != ident:
+                continue  # not the welcomed daemon of that node: a refused duplicate, or a stale instance
+            try:
+                handler(sender, env)
+            except Exception as exc:  # one frame must never end the loop every member depends on
+                log.warning("mesh: %r from %s failed: %r", env.op, sender, exc)
 
     def close(self) -> None:
         self.sock.close()
@@ -100,7 +114,10 @@ class MemberMesh:
             except ProtocolError as exc:
                 log.warning("mesh: dropped a bad frame from the coordinator: %s", exc.reason)
                 continue
-            handler(env.node, env)
+            try:
+                handler(env.node, env)
+            except Exception as exc:
+                log.warning("mesh: %r from the coordinator failed: %r", env.op, exc)
             await asyncio.sleep(0)
 
     def close(self) -> None:

@@ -24,7 +24,10 @@ def handle_peer(d: Daemon, sender: str, env: Envelope) -> None:
             d.plane.on_forwarded(sender, env)
         elif env.op == "register":
             welcome = c.register({**body, "node_id": sender}, now)
-            d.send_to_node(sender, "welcome", welcome)
+            if sender == d.cfg.node_id:
+                d.send_to_node(sender, "welcome", welcome)
+            elif d.coord_mesh is not None:
+                d.coord_mesh.welcome(sender, welcome)
             node = c.nodes.get(sender)
             if welcome["ok"] and node and c.round and c.pending is None and node.role != "active":
                 d.send_to_node(sender, "round", {"round": None, "state": node.role,
@@ -53,13 +56,15 @@ def handle_peer(d: Daemon, sender: str, env: Envelope) -> None:
             c.adopt({**body, "node": sender})
         else:
             log.warning("mesh: unknown op %r from %s dropped", env.op, sender)
-    except (KeyError, TypeError, ValueError) as exc:
+    except Exception as exc:  # one frame, however odd, must never end the coordinator's mesh loop
         log.warning("mesh: malformed %r from %s dropped: %r", env.op, sender, exc)
 
 
 def handle_coordinator_message(d: Daemon, env: Envelope) -> None:
     """Node side: the coordinator assigns a round, ends the job, probes, or relays an event."""
     body = env.body
+    if not d.registered and env.op not in ("welcome", "job_end"):
+        return  # a daemon not yet welcomed acts on nothing: it may be a refused duplicate of a live node
     if env.type == "rep" and env.op.startswith("ctl."):
         d.plane.on_forwarded_reply(env)
     elif env.op == "welcome":

@@ -108,6 +108,24 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number this protocol accepts")
+
+
+def _finite_float(text: str) -> float:
+    """1e400 parses as infinity, which int() and float() arithmetic downstream cannot take: refuse it here."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:20]} is out of range")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > 19 or abs(value := int(text)) >= 2**63:
+        raise ValueError(f"integer {text[:20]} is out of range")
+    return value
+
+
 def _depth(value: Any) -> int:
     """Nesting depth, without recursion (a hostile frame must not reach the recursion limit)."""
     deepest, stack = 0, [(value, 1)]
@@ -134,7 +152,8 @@ def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES, from_daemon: bool = F
     if len(frame) > max_bytes:
         raise ProtocolError(ErrorCode.BAD_MESSAGE, f"frame of {len(frame)} bytes exceeds {max_bytes}")
     try:
-        raw = json.loads(frame)
+        raw = json.loads(frame) if from_daemon else json.loads(
+            frame, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(ErrorCode.INVALID_JSON, f"not valid JSON: {exc}") from None
     except RecursionError:

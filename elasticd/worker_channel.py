@@ -13,7 +13,7 @@ import zmq
 import zmq.asyncio
 
 from elasticd.config import JobConfig, StartError
-from elasticd.protocol import Envelope, ProtocolError, decode, encode, new_id
+from elasticd.protocol import Envelope, decode, encode, new_id
 from elasticd.runtime import runtime_dir
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class WorkerChannel:
             try:
                 env = decode(frames[1])
                 self.on_message(frames[0], env)
-            except (ProtocolError, KeyError, TypeError, ValueError) as exc:
+            except Exception as exc:  # one bad frame must never end the loop that watches every worker
                 self.dropped_frames += 1
                 log.debug("worker channel: dropped a bad frame: %r", exc)
             await asyncio.sleep(0)

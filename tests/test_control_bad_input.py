@@ -231,7 +231,7 @@ def expected_code(data: bytes) -> str:
         return "invalid_json"
     if not isinstance(raw, dict):
         return "bad_message"
-    if raw.get("v") != PROTOCOL_VERSION:
+    if type(raw.get("v")) is not int or raw.get("v") != PROTOCOL_VERSION:  # true and 1.0 are not 1
         return "version"
     return "bad_message"
 
@@ -444,7 +444,7 @@ def envelope_outcome(raw: Any) -> str:
     """The reply the protocol promises for one JSON value on the control socket: 'ok' or an error code."""
     if not isinstance(raw, dict):
         return "bad_message"
-    if raw.get("v") != PROTOCOL_VERSION:
+    if type(raw.get("v")) is not int or raw.get("v") != PROTOCOL_VERSION:  # true and 1.0 are not 1
         return "version"
     op, body, seq, ts = raw.get("op"), raw.get("body", {}), raw.get("seq", 0), raw.get("ts", 0.0)
     if raw.get("type") not in MESSAGE_TYPES or not isinstance(op, str) or not op or not isinstance(body, dict):

@@ -27,7 +27,7 @@ IDLE_TIMEOUT_S = 5.0  # heartbeats come every second: five silent seconds mean r
 ALL_TOPICS = ("",)
 TELEMETRY_TOPICS = ("hb.", "st.")
 EVENT_TOPICS = ("ev.", "hb.")  # the events source next to a hub: its beats carry the seq that reveals gaps
-BAD_DATA = (KeyError, TypeError, ValueError, AttributeError)
+BAD_DATA = (KeyError, TypeError, ValueError, AttributeError, ArithmeticError)  # 1e400 is infinity
 IO_ERRORS = (ClientError, zmq.ZMQError, OSError, *BAD_DATA)
 Changed = Callable[[], None]
 

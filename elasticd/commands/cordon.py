@@ -32,6 +32,10 @@ def uncordon(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     record = c.nodes.get(node)
     if record is None:
         raise steer.refuse(f"no node '{node}' in job '{c.cfg.job_id}'", ErrorCode.NOT_FOUND)
+    trans = c.transition
+    if trans is not None and node in trans.leaving:
+        raise steer.refuse(f"a {trans.kind} of {node} is in progress (op {trans.op_id}); uncordon it once "
+                           f"its {trans.kind}_complete event arrives")
     if record.role != "cordoned":
         raise steer.refuse(f"node '{node}' is not cordoned (role {record.role})", ErrorCode.BAD_ARGUMENT)
     dry = bool(arg(args, "dry_run", bool, False))
