@@ -182,7 +182,14 @@ class Soak:
         node = self.rng.choice(MEMBERS)
         ops = [("checkpoint", {}), ("cordon", {"node": node}), ("uncordon", {"node": node}), ("restart", {}),
                ("checkpoint", {}), ("uncordon", {"node": node})]
-        return {"ops": [(op, self.call(op, **kw)) for op, kw in ops]}
+        assert self.events is not None
+        mark = self.events.seq
+        results = [(op, self.call(op, **kw)) for op, kw in ops]
+        # An uncordon while the cordon is in flight is refused; an operator would retry once it completed.
+        # Without that the job shrinks to one node for the rest of the run and later faults hit non-members.
+        self.events.wait("cordon_complete", since=mark, timeout=40)
+        results.append(("uncordon", self.call("uncordon", node=node)))
+        return {"ops": results}
 
     def flapping_node(self) -> dict[str, Any]:
         node = self.rng.choice(MEMBERS)
