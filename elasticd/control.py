@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,8 @@ class ControlPlane:
 
     @staticmethod
     def _bind(sock: zmq.Socket, addr: str) -> str:
+        if addr.startswith("ipc://"):
+            check_private_folder(addr)
         try:
             if not addr:
                 port = sock.bind_to_random_port("tcp://127.0.0.1")
@@ -219,6 +222,18 @@ class ControlPlane:
     def close(self) -> None:
         self.router.close()
         self.pub.close()
+
+
+def check_private_folder(addr: str) -> None:
+    """An ipc:// socket is as private as its folder: anyone who can enter it can steer the job."""
+    folder = os.path.dirname(os.path.abspath(addr[len("ipc://"):])) or "."
+    try:
+        mode = os.stat(folder).st_mode & 0o777
+    except OSError as exc:
+        raise StartError(f"cannot use {addr}: {exc.strerror} ({folder})") from None
+    if mode & 0o077:
+        raise StartError(f"{addr}: its folder {folder} is open to other users (mode {mode:04o}); "
+                         "put ipc:// endpoints in a 0700 folder")
 
 
 def _safe_id(frame: bytes) -> str:

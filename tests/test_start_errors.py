@@ -74,3 +74,17 @@ def test_a_network_bind_without_keys_is_refused_unless_insecure(tmp_path: Path) 
                   "--ticks", "1", "--interval", "0.01")
     assert risky.returncode == 0, risky.stderr
     assert "WARNING: --insecure: anyone who can reach tcp://0.0.0.0:0 can steer or kill this job" in risky.stderr
+
+
+def test_an_ipc_endpoint_in_a_folder_others_can_enter_is_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    refused = start(tmp_path, "--standalone", "--control", f"ipc://{shared}/ctl", str(TICKER))
+    assert refused.returncode == 2 and "open to other users (mode 0755)" in refused.stderr
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    private.chmod(0o700)
+    ok = start(tmp_path, "--standalone", "--control", f"ipc://{private}/ctl", str(TICKER), "--ticks", "1",
+               "--interval", "0.01")
+    assert ok.returncode == 0, ok.stderr
