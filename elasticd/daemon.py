@@ -19,11 +19,13 @@ import zmq.asyncio
 from elasticd import __version__, steer, step_agreement
 from elasticd.auth import Gatekeeper, KeyStore, KeyStoreError, NodeKeys
 from elasticd.config import JobConfig, StartError
+from elasticd.control import ControlPlane
 from elasticd.coordinator import Coordinator
 from elasticd.events import EventLog
 from elasticd.membership import MemoryStore
 from elasticd.mesh import CoordinatorMesh, MemberMesh
 from elasticd.node import NodeAgent
+from elasticd.peer_ops import handle_coordinator_message, handle_peer, leave_job
 from elasticd.protocol import Envelope
 from elasticd.runtime import advertised_addr, is_local_host, remove_endpoints, write_endpoints
 from elasticd.spawner import Spawner, Zygote
@@ -56,7 +58,7 @@ class Daemon:
         self.exit_message = ""
         self.tasks: list[asyncio.Task[Any]] = []
         self.endpoints: dict[str, str] = {}
-        self.plane: Any = None  # the operator control plane (elasticd.control), bound in start()
+        self.plane: ControlPlane | None = None  # the operator sockets, bound in start()
         self.channel = WorkerChannel(self.ctx, cfg, self.node)
         self.zygote: Zygote | None = None
         self.keys: NodeKeys | None = None
@@ -81,8 +83,6 @@ class Daemon:
             self.member_mesh = MemberMesh(self.ctx, endpoint, self.cfg.node_id, self.node.instance, self.keys)
 
     async def start(self) -> None:
-        from elasticd.control import ControlPlane
-
         if self.cfg.keys_dir:
             store = KeyStore(Path(self.cfg.keys_dir))
             try:
@@ -173,14 +173,10 @@ class Daemon:
         self.to_coord("register", self.node.register_body())
 
     def on_peer(self, sender: str, env: Envelope) -> None:
-        from elasticd.peer_ops import handle_peer
-
         assert self.coordinator is not None
         handle_peer(self, sender, env)
 
     def on_coordinator_message(self, sender: str, env: Envelope) -> None:
-        from elasticd.peer_ops import handle_coordinator_message
-
         self.last_coord = time.time()
         handle_coordinator_message(self, env)
 
@@ -248,8 +244,6 @@ class Daemon:
         self.done.set()
 
     def on_signal(self, sig: int) -> None:
-        from elasticd.peer_ops import leave_job
-
         log.info("[%s] received %s", self.cfg.node_id, signal.Signals(sig).name)
         leave_job(self, f"node {self.cfg.node_id}'s elasticd received {signal.Signals(sig).name}")
 
