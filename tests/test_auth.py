@@ -133,3 +133,27 @@ def test_the_console_connects_with_a_key_and_sees_nothing_without(secured) -> No
             link.close()
 
     assert asyncio.run(status()) == 2
+
+
+def test_bad_key_commands_and_files_get_one_clear_line(tmp_path: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "elasticd.cli", *args], capture_output=True, text=True,
+                              timeout=30, env={"ELASTICD_RUNTIME_DIR": str(tmp_path / "run"), "PATH": "/usr/bin:/bin"})
+
+    store = str(tmp_path / "keys")
+    cases = [
+        (("keys", "--dir", store, "create", "bad name!"), "key name 'bad name!'"),
+        (("keys", "--dir", store, "revoke", "nobody"), "no authorized key named 'nobody'"),
+        (("keys", "--dir", store, "authorize", str(tmp_path / "missing.key"), "--name", "x"),
+         "cannot read a public key"),
+        (("status", "--connect", "tcp://127.0.0.1:9", "--key", str(tmp_path / "missing"), "--server-key",
+          "x" * 40), "cannot read key file"),
+        (("start", "--standalone", "--keys", str(tmp_path / "empty"), str(TICKER)), "no node key in"),
+    ]
+    for args, message in cases:
+        result = run(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
+    assert run("keys", "--dir", store, "init").returncode == 0
+    again = run("keys", "--dir", store, "init")
+    assert again.returncode == 2 and "already holds a node key" in again.stderr
