@@ -30,8 +30,10 @@ def test_drain_and_checkpoint_requests_two_ranks(tmp_path) -> None:
     with socket.socket() as probe:  # a free port for the rendezvous store
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    # ELASTICD_REPORT_INTERVAL=0: a frame per report, since the test checks each rank reported every step.
     base = dict(os.environ, ELASTICD_WORKER_ADDR=addr, ELASTICD_NODE_ID="n0", ELASTICD_ROUND="1",
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                ELASTICD_REPORT_INTERVAL="0")
     cmd = [sys.executable, SCRIPT, "--steps", "100000", "--ckpt-dir", str(tmp_path), "--ckpt-every", "0",
            "--step-time", "0.02", "--batch", "16"]
     # The workers as torchrun would start them, without the agent: one torch import fewer on 2 cores.
