@@ -6,6 +6,8 @@ import re
 import socket
 from dataclasses import dataclass, field
 
+STOP_SLACK_S = 5.0  # beyond the grace period, how long a new round waits for a node to stop its old workers
+
 
 class ConfigError(ValueError):
     """A flag value that cannot work; the message is shown to the user as is."""

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from elasticd.config import JobConfig
+from elasticd.config import STOP_SLACK_S, JobConfig
 from elasticd.events import EventLog, emit_log
 from elasticd.membership import CAUSES, MembershipStore, NodeRecord, Round, build_rank_map, sticky_order
 
@@ -41,6 +41,9 @@ class Coordinator:
         self.reform_first: Callable[[Coordinator, str, str, float], bool] = lambda *_: False
         self.reformed = False  # the workers already stopped gracefully for the pending round
         self.announced: dict[str, float] = {}  # node id -> when it said it is warming up to join
+        # Nodes whose workers of the previous round still run: the new round's workers start when this
+        # empties (every old rank gone), so no global rank is ever alive in two worlds at once.
+        self.stop_barrier: set[str] = set()
         self.used_ports: set[int] = set()
         self._join_seq = 0
         self.ended_at = 0.0
@@ -117,6 +120,8 @@ class Coordinator:
         if self.round and node_id in self.round.node_ids():
             self.suspect = None
             self.schedule("membership", detail, now)
+        if node_id in self.stop_barrier:
+            self.release_barrier(node_id)  # a lost daemon's workers died with it (PDEATHSIG)
 
     def check_liveness(self, now: float) -> None:
         for node in self.alive():
@@ -146,6 +151,8 @@ class Coordinator:
             self.pending = None
             if not self.reform_first(self, cause, detail, detected):
                 self.start_round(cause, detail, detected, now)
+        if self.stop_barrier and self.round and now - self.round.started_at > self.cfg.grace_s + STOP_SLACK_S:
+            self.release_barrier(None, forced=True)
         if self.state == "waiting" and now - self.waiting_since > self.cfg.join_timeout_s:
             self.end("failed", f"join timeout: {self.reason} for {self.cfg.join_timeout_s:.0f}s", now)
 
@@ -196,11 +203,28 @@ class Coordinator:
                     timeline={"detect": detected, "rendezvous": now})
         self.round, self.state, self.reason = rnd, "running", ""
         self.done_nodes = set()
+        self.stop_barrier = {n for n in (previous.node_ids() if previous else [])
+                             if n in self.nodes and self.nodes[n].status == "alive"}
         self.store.put_round(rnd)
         self.emit("round_started", round=round_id, world_size=world, cause=rnd.cause, detail=detail,
                   rank_map={e.node_id: e.ranks for e in entries})
         for node in self.alive():
             self.send(node.node_id, "round", self.assignment(node.node_id))
+        self.release_barrier(None)
+
+    def release_barrier(self, stopped: str | None, forced: bool = False) -> None:
+        """A node's old workers are gone; once every one is, the members may start the new round's."""
+        rnd = self.round
+        if stopped is not None:
+            self.stop_barrier.discard(stopped)
+        if rnd is None or (self.stop_barrier and not forced) or rnd.timeline.get("go"):
+            return
+        if forced:
+            self.emit("stop_barrier_timeout", round=rnd.round_id, nodes=sorted(self.stop_barrier))
+            self.stop_barrier = set()
+        rnd.timeline["go"] = time.time()
+        for node_id in rnd.node_ids():
+            self.send(node_id, "go", {"round": rnd.round_id})
 
     def abandon_transition(self) -> None:
         """A round that starts anyway (a failure, a lost node) ends a graceful stop where it stands."""
@@ -225,7 +249,11 @@ class Coordinator:
 
     def round_progress(self, node_id: str, body: dict[str, Any]) -> None:
         rnd = self.round
-        if rnd is None or body.get("round") != rnd.round_id or rnd.entry(node_id) is None:
+        if rnd is None or body.get("round") != rnd.round_id:
+            return
+        if "stopped" in body:
+            self.release_barrier(node_id)
+        if rnd.entry(node_id) is None:
             return
         for phase in ("stopped", "spawned"):
             if phase in body:
@@ -247,7 +275,7 @@ class Coordinator:
     def timeline(rnd: Round) -> dict[str, float]:
         """Seconds from detection to each phase, in phase order."""
         start = rnd.timeline["detect"]
-        phases = ("detect", "rendezvous", "stopped", "spawned", "first_step")
+        phases = ("detect", "rendezvous", "stopped", "go", "spawned", "first_step")
         return {p: round(rnd.timeline[p] - start, 3) for p in phases if p in rnd.timeline}
 
     def worker_failed(self, node_id: str, body: dict[str, Any], now: float) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
@@ -10,7 +11,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from elasticd.config import JobConfig
+from elasticd.config import STOP_SLACK_S, JobConfig
 from elasticd.runtime import free_ports
 from elasticd.spawner import Spawner
 from elasticd.workers import Worker, WorkerGroup
@@ -45,6 +46,7 @@ class NodeAgent:
         self.latest_round = 0  # the newest round assigned, even while an older one is still being applied
         self._exit_watch: asyncio.TimerHandle | None = None  # armed when a worker finished before its peers
         self._tasks: set[asyncio.Future[Any]] = set()
+        self._go: dict[int, asyncio.Event] = {}  # round -> set when the coordinator says its workers may start
 
     def register_body(self) -> dict[str, Any]:
         return {"node_id": self.cfg.node_id, "instance": self.instance, "host": self.host,
@@ -63,6 +65,9 @@ class NodeAgent:
         round_id = body.get("round")
         if round_id is not None:
             self.latest_round = max(self.latest_round, round_id)
+            for waiting, event in self._go.items():
+                if waiting < round_id:
+                    event.set()  # wake an older round's wait: it is superseded
         async with self._round_lock:
             if round_id is not None and (round_id <= self.round_id or round_id < self.latest_round):
                 return  # a stale or repeated assignment, or one a newer round already replaced
@@ -81,6 +86,9 @@ class NodeAgent:
                 self.to_coord("round_progress", {"round": round_id, "stopped": stopped})
                 return
             self.state = "running"
+            self.to_coord("round_progress", {"round": round_id, "stopped": stopped})
+            if not await self.wait_for_go(round_id):
+                return  # a newer round replaced this one while its old workers were being stopped
             self.group = WorkerGroup(self.cfg, round_id, body, self.worker_env, self.on_worker_exit, self.spawner)
             try:
                 await self.group.spawn()
@@ -89,7 +97,18 @@ class NodeAgent:
                 return
             self.event("workers_started", round=round_id, ranks=body["ranks"], world_size=body["world_size"],
                        pids=[w.proc.pid for w in self.group.workers])
-            self.to_coord("round_progress", {"round": round_id, "stopped": stopped, "spawned": time.time()})
+            self.to_coord("round_progress", {"round": round_id, "spawned": time.time()})
+
+    async def wait_for_go(self, round_id: int) -> bool:
+        """Start this round's workers only once every node's old ones are gone (the coordinator says go)."""
+        event = self._go.setdefault(round_id, asyncio.Event())
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(event.wait(), self.cfg.grace_s + 2 * STOP_SLACK_S)
+        self._go.pop(round_id, None)
+        return self.latest_round <= round_id
+
+    def go(self, round_id: int) -> None:
+        self._go.setdefault(round_id, asyncio.Event()).set()
 
     async def stop_workers(self) -> float:
         group, self.group = self.group, None

@@ -74,6 +74,8 @@ def handle_coordinator_message(d: Daemon, env: Envelope) -> None:
     elif env.op == "job_end":
         state = str(body.get("state", "failed"))
         d.spawn(d.finish(state, str(body.get("reason", ""))))
+    elif env.op == "go":
+        d.node.go(int(body["round"]))
     elif env.op == "probe":
         d.to_coord("pong", {"round": body.get("round")})
     elif env.op == "unknown" and d.registered:
