@@ -81,12 +81,11 @@ class NodeAgent:
             if self._exit_watch is not None:
                 self._exit_watch.cancel()
                 self._exit_watch = None
+            self.to_coord("round_progress", {"round": round_id, "stopped": stopped})  # may release the barrier
             if body["state"] != "running":
                 self.state = body["state"]
-                self.to_coord("round_progress", {"round": round_id, "stopped": stopped})
                 return
             self.state = "running"
-            self.to_coord("round_progress", {"round": round_id, "stopped": stopped})
             if not await self.wait_for_go(round_id):
                 return  # a newer round replaced this one while its old workers were being stopped
             self.group = WorkerGroup(self.cfg, round_id, body, self.worker_env, self.on_worker_exit, self.spawner)
