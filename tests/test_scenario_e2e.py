@@ -70,7 +70,12 @@ def test_plain_script_survives_crash_join_leave_rejoin_and_node_loss(tmp_path: P
         every_worker = job.worker_pids(0)
         # Only the crash consumed --max-restarts; four membership changes did not.
         restarts = job.status()["restarts"]
-        assert restarts == {"failure": 1, "membership": 4, "operator": 0, "hang": 0}
+        with job.client() as client:
+            history = [(r["round_id"], r["cause"], r["detail"]) for r in client.call("ranks", history=50)["history"]]
+        # Only the crash is charged. Each of the four membership changes made a round; a loaded 2-core CI box
+        # can add one (a starved daemon missing beats and rejoining), which is again no failure.
+        assert (restarts["failure"], restarts["operator"], restarts["hang"]) == (1, 0, 0), history
+        assert restarts["membership"] >= 4, history
 
         # The job reaches its last step; every daemon exits 0 and no worker is left.
         assert a.wait_exit(180) == 0, a.output()[-3000:]
