@@ -157,7 +157,7 @@ class Client:
                 if not sub.poll(int(idle_timeout_s * 1000)):
                     yield Event("idle", "idle", "", seq.last, time.time())
                     continue
-                event = _parse(sub.recv_multipart())
+                event = parse_telemetry(sub.recv_multipart())
                 if event is None:
                     continue
                 if seq.gap(event):
@@ -216,7 +216,8 @@ class _Sequence:
         return True
 
 
-def _parse(frames: list[bytes]) -> Event | None:
+def parse_telemetry(frames: list[bytes]) -> Event | None:
+    """One PUB message ([topic, envelope]) as an Event; None for anything malformed."""
     if len(frames) != 2:
         return None
     try:
@@ -288,7 +289,7 @@ class AsyncClient:
                 if idle_timeout_s is not None and not await sub.poll(int(idle_timeout_s * 1000)):
                     yield Event("idle", "idle", "", seq.last, time.time())
                     continue
-                event = _parse(await sub.recv_multipart())
+                event = parse_telemetry(await sub.recv_multipart())
                 if event is None:
                     continue
                 if watch_gaps and seq.gap(event):

@@ -10,8 +10,7 @@ from typing import Any, Protocol
 import zmq
 import zmq.asyncio
 
-from elasticd.client import AsyncClient, ClientError, Credentials, Event
-from elasticd.protocol import MAX_REPLY_BYTES, ProtocolError, decode
+from elasticd.client import AsyncClient, ClientError, Credentials, Event, parse_telemetry
 from tui.model import Clock, JobModel
 
 CALL_TIMEOUT_S = 2.0
@@ -90,13 +89,9 @@ class ZmqTelemetry:
                 frames = self.sync.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            if len(frames) != 2:
-                continue
-            try:
-                env = decode(frames[1], MAX_REPLY_BYTES, from_daemon=True)
-            except ProtocolError:
-                continue
-            found.append(Event(env.type, env.op, env.node, env.seq, env.ts, env.body))
+            event = parse_telemetry(frames)
+            if event is not None:
+                found.append(event)
         return found
 
     def close(self) -> None:
