@@ -7,15 +7,19 @@ import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import zmq
 import zmq.asyncio
 
 from elasticd import __version__
-from elasticd.auth import serve_curve
+from elasticd.auth import Gatekeeper, NodeKeys, serve_curve
 from elasticd.commands import REGISTRY
-from elasticd.config import StartError
+from elasticd.config import JobConfig, StartError
+from elasticd.coordinator import Coordinator
+from elasticd.events import EventLog
+from elasticd.names import CTL_PREFIX, EventKind
+from elasticd.node import NodeAgent
 from elasticd.protocol import (
     PROTOCOL_VERSION,
     Envelope,
@@ -28,17 +32,32 @@ from elasticd.protocol import (
     reply,
 )
 
-if TYPE_CHECKING:
-    from elasticd.daemon import Daemon
-
 log = logging.getLogger("elasticd")
 FORWARD_TIMEOUT_S = 5.0
 STEP_TELEMETRY_S = 0.25
 CAPABILITIES = ["snapshot-seq", "dry-run", "force", "forward", *sorted(REGISTRY)]
 
 
+class ControlHost(Protocol):
+    """What the operator sockets need of their daemon, and nothing more."""
+
+    cfg: JobConfig
+    ctx: zmq.asyncio.Context
+    keys: NodeKeys | None
+    gate: Gatekeeper | None
+    events: EventLog
+    node: NodeAgent
+    endpoints: dict[str, str]
+
+    @property
+    def coordinator(self) -> Coordinator | None: ...
+    def node_event(self, kind: EventKind, **fields: Any) -> None: ...
+    def forward(self, op: str, body: dict[str, Any], msg_id: str) -> bool: ...
+    def answer_forward(self, node_id: str, op: str, body: dict[str, Any], msg_id: str) -> None: ...
+
+
 class ControlPlane:
-    def __init__(self, d: Daemon) -> None:
+    def __init__(self, d: ControlHost) -> None:
         self.d = d
         self.router = d.ctx.socket(zmq.ROUTER)
         self.pub = d.ctx.socket(zmq.PUB)
@@ -144,16 +163,15 @@ class ControlPlane:
             raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {env.op!r}; known: hello, {', '.join(REGISTRY)}")
         who = self.authorize(env, command.steer, user)
         if command.steer:
-            self.d.node_event("command_received", op=env.op, by=who,
+            self.d.node_event(EventKind.command_received, op=env.op, by=who,
                               args={k: v for k, v in env.body.items() if k != "client"})
         if self.d.coordinator is not None:
             self.send(ident, reply(env, self.d.cfg.node_id, self.execute(env)))
             return
-        if not self.d.registered or self.d.member_mesh is None:
-            raise ProtocolError(ErrorCode.NOT_RUNNING, "this daemon is not connected to its coordinator yet")
         fwd = new_id()
+        if not self.d.forward(env.op, env.body, fwd):
+            raise ProtocolError(ErrorCode.NOT_RUNNING, "this daemon is not connected to its coordinator yet")
         self.pending[fwd] = (ident, env, time.time() + FORWARD_TIMEOUT_S)
-        self.d.member_mesh.send(f"ctl.{env.op}", env.body, kind="req", msg_id=fwd)
 
     def authorize(self, env: Envelope, steer: bool, user: str) -> str:
         """Who is asking; a viewer's steer verb, or a key revoked since it connected, is refused and logged."""
@@ -162,10 +180,10 @@ class ControlPlane:
             return claimed  # no keys: loopback only (start refuses otherwise), every local user may steer
         key = self.d.gate.role_of(user)
         if key is None:
-            self.d.node_event("unauthorized", op=env.op, by=claimed, reason="key not authorized (revoked?)")
+            self.d.node_event(EventKind.unauthorized, op=env.op, by=claimed, reason="key not authorized (revoked?)")
             raise ProtocolError(ErrorCode.UNAUTHORIZED, "this key is not authorized (revoked?)")
         if steer and key.role != "operator":
-            self.d.node_event("unauthorized", op=env.op, by=key.name, reason=f"role {key.role} cannot steer")
+            self.d.node_event(EventKind.unauthorized, op=env.op, by=key.name, reason=f"role {key.role} cannot steer")
             raise ProtocolError(ErrorCode.UNAUTHORIZED, f"key '{key.name}' has role {key.role}: it may read, not steer")
         return f"{key.name} ({key.role})"
 
@@ -178,7 +196,7 @@ class ControlPlane:
             return command.run(c, env.body)
         except ProtocolError as err:
             if err.errno == ErrorCode.REFUSED:
-                c.emit("interlock_refused", op=env.op, reason=err.reason)
+                c.emit(EventKind.interlock_refused, op=env.op, reason=err.reason)
             return err.as_body()
         except Exception as exc:  # a verb's bug must not take the daemon down
             log.exception("verb %s failed", env.op)
@@ -193,11 +211,10 @@ class ControlPlane:
     # ---- forwarding between a member and the coordinator ------------------------------------------
     def on_forwarded(self, sender: str, env: Envelope) -> None:
         """Coordinator side: run a member's forwarded request and send the answer back."""
-        op = env.op.removeprefix("ctl.")
+        op = env.op.removeprefix(CTL_PREFIX)
         body = (self.execute(Envelope("req", op, env.body, id=env.id)) if op in REGISTRY
                 else ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {op!r}").as_body())
-        assert self.d.coord_mesh is not None
-        self.d.coord_mesh.send(sender, env.op, body, kind="rep", msg_id=env.id)
+        self.d.answer_forward(sender, env.op, body, env.id)
 
     def on_forwarded_reply(self, env: Envelope) -> None:
         entry = self.pending.pop(env.id, None)

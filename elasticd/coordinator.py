@@ -1,18 +1,52 @@
-"""The membership authority: decides every round (members, sticky ranks, master), counts restarts by cause."""
+"""The membership authority: decides every round (members, sticky ranks, master), counts restarts by cause.
+
+A plain object with `send` and `store` injected, driven by `receive` (one mesh message) and `tick` (time):
+the same code runs inside the daemon that holds the coordinator role and in-process in tests.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from elasticd.config import STOP_SLACK_S, JobConfig
 from elasticd.events import EventLog, emit_log
-from elasticd.membership import CAUSES, MembershipStore, NodeRecord, Round, build_rank_map, sticky_order
+from elasticd.membership import MembershipStore, NodeRecord, Round, build_rank_map, sticky_order
+from elasticd.names import ENDED, RESTART_CAUSES, Cause, EventKind, JobState, MeshOp, NodeStatus, Role
+from elasticd.protocol import Envelope, new_id
+from elasticd.step_agreement import WORKER_OPS, StepAgreement, StepQuery, StepRequest
+from elasticd.transitions import DRAIN_TIMEOUT_S, After, Transition, TransitionKind
 
-Send = Callable[[str, str, dict[str, Any]], None]  # (node_id, op, body)
+log = logging.getLogger("elasticd")
+Send = Callable[[str, MeshOp, dict[str, Any]], None]  # (node_id, op, body)
+Handler = Callable[[str, dict[str, Any], float], None]  # (sender, body, now)
 SETTLE_S = 0.1  # batch simultaneous joins/losses into one round; no fixed last-call wait
 FIRST_ROUND_WAIT_S = 15.0  # the first round waits at most this long for nodes that announced themselves
+
+
+@dataclass
+class PendingRound:
+    """A round to start once the settle window passes; the first cause queued is the root cause."""
+
+    cause: Cause
+    detail: str
+    detected_at: float
+    due: float
+
+
+@dataclass
+class Suspect:
+    """A reported worker failure, charged only once every other member answers a probe.
+
+    When a node dies, its peers' workers fail too; that is a membership change, not a charged failure.
+    """
+
+    node_id: str
+    report: dict[str, Any]
+    awaiting: set[str] = field(default_factory=set)
 
 
 class Coordinator:
@@ -23,22 +57,17 @@ class Coordinator:
         self.send = send
         self.events = events
         self.on_event = on_event
-        self.state = "waiting"  # waiting | running | succeeded | failed | stopped
+        self.state = JobState.waiting
         self.reason = f"waiting for {cfg.min_nodes} node(s) to register"
         self.target = cfg.max_nodes
-        self.restarts = dict.fromkeys(CAUSES, 0)
+        self.restarts: dict[Cause, int] = dict.fromkeys(RESTART_CAUSES, 0)
         self.round: Round | None = None
-        self.pending: tuple[str, str, float] | None = None  # (cause, detail, detected_at)
-        self.pending_due = 0.0
+        self.pending: PendingRound | None = None
         self.waiting_since = time.time()
         self.done_nodes: set[str] = set()
-        # A reported worker failure waits here until every other member answers a probe: when a node
-        # died, its peers' workers fail too, and that is a membership change, not a charged failure.
-        self.suspect: dict[str, Any] | None = None
-        self.transition: Any = None  # an elasticd.steer.Transition in flight (drain, scale down, stop)
-        self.queries: dict[str, Any] = {}  # elasticd.step_agreement.StepQuery by op id
-        # Set by elasticd.steer: before a round that restarts healthy shim workers, stop them at one step.
-        self.reform_first: Callable[[Coordinator, str, str, float], bool] = lambda *_: False
+        self.suspect: Suspect | None = None
+        self.transition: Transition | None = None
+        self.agreement = StepAgreement(send)
         self.reformed = False  # the workers already stopped gracefully for the pending round
         self.announced: dict[str, float] = {}  # node id -> when it said it is warming up to join
         # Nodes whose workers of the previous round still run: the new round's workers start when this
@@ -47,20 +76,51 @@ class Coordinator:
         self.used_ports: set[int] = set()
         self._join_seq = 0
         self.ended_at = 0.0
+        self.handlers: dict[str, Handler] = {
+            MeshOp.register: self.on_register,
+            MeshOp.announce: lambda sender, _body, now: self.announce(sender, now),
+            MeshOp.hb: self.on_heartbeat,
+            MeshOp.leave: lambda sender, body, now: self.remove(
+                sender, NodeStatus.left, str(body.get("reason", f"node {sender} left")), now),
+            MeshOp.worker_failed: self.worker_failed,
+            MeshOp.node_done: self.node_done,
+            MeshOp.node_drained: lambda sender, _body, now: self.node_drained(sender, now),
+            MeshOp.round_progress: lambda sender, body, _now: self.round_progress(sender, body),
+            MeshOp.first_step: lambda sender, body, _now: self.first_step(sender, int(body["round"]),
+                                                                          float(body["at"])),
+            MeshOp.step_report: self.on_step_report,
+            MeshOp.pong: lambda sender, _body, now: self.pong(sender, now),
+            MeshOp.event: lambda sender, body, _now: self.adopt({**body, "node": sender}),
+        }
+
+    # ---- messages -----------------------------------------------------------------------------
+    def receive(self, sender: str, env: Envelope, now: float) -> None:
+        """One message from a member (or this daemon's own node), dispatched by op."""
+        handler = self.handlers.get(env.op)
+        if handler is None:
+            log.warning("mesh: unknown op %r from %s dropped", env.op, sender)
+            return
+        try:
+            handler(sender, env.body, now)
+        except Exception as exc:  # one frame, however odd, must never end the coordinator's mesh loop
+            log.warning("mesh: malformed %r from %s dropped: %r", env.op, sender, exc)
 
     # ---- events -------------------------------------------------------------------------------
-    def emit(self, kind: str, node: str = "", ts: float = 0.0, **fields: Any) -> dict[str, Any]:
-        event = self.events.append(kind, node or self.cfg.node_id, ts, **fields)
-        emit_log(event)
-        self.on_event(event)
-        return event
+    def emit(self, kind: EventKind, node: str = "", ts: float = 0.0, **fields: Any) -> dict[str, Any]:
+        return self._record(kind, node or self.cfg.node_id, ts, **fields)
 
     def adopt(self, event: dict[str, Any]) -> None:
         """A member's event enters the job log with the job's sequence number."""
         fields = {k: v for k, v in event.items() if k not in ("seq", "ts", "kind", "node")}
         ts = event.get("ts")
-        self.emit(str(event.get("kind", "unknown")), str(event.get("node", "?")),
-                  float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool) else 0.0, **fields)
+        self._record(str(event.get("kind") or EventKind.unknown), str(event.get("node", "?")),
+                     float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool) else 0.0, **fields)
+
+    def _record(self, kind: str, node: str, ts: float, **fields: Any) -> dict[str, Any]:
+        event = self.events.append(kind, node, ts, **fields)
+        emit_log(event)
+        self.on_event(event)
+        return event
 
     # ---- membership ----------------------------------------------------------------------------
     @property
@@ -68,32 +128,41 @@ class Coordinator:
         return self.store.nodes()
 
     def alive(self) -> list[NodeRecord]:
-        return [n for n in self.nodes.values() if n.status == "alive"]
+        return [n for n in self.nodes.values() if n.status == NodeStatus.alive]
+
+    def on_register(self, sender: str, body: dict[str, Any], now: float) -> None:
+        welcome = self.register({**body, "node_id": sender}, now)
+        self.send(sender, MeshOp.welcome, welcome)
+        node = self.nodes.get(sender)
+        if welcome["ok"] and node and self.round and self.pending is None and node.role != Role.active:
+            self.send(sender, MeshOp.round, {"round": None, "state": node.role,
+                                             "reason": f"node is {node.role}; the job is at its target size"})
 
     def register(self, body: dict[str, Any], now: float) -> dict[str, Any]:
         node_id, instance = body["node_id"], body["instance"]
         old = self.nodes.get(node_id)
-        if old and old.status == "alive" and old.instance != instance:
+        if old and old.status == NodeStatus.alive and old.instance != instance:
             return {"ok": False, "reason": f"node id '{node_id}' is already in job '{self.cfg.job_id}' "
                     f"(host {old.host}); give each node a unique --node-id"}
-        if self.state in ("succeeded", "failed", "stopped"):
+        if self.state in ENDED:
             return {"ok": False, "reason": f"job '{self.cfg.job_id}' has ended ({self.state})"}
         self._join_seq += 1
         self.announced.pop(node_id, None)
-        active = sum(1 for n in self.alive() if n.role == "active" and n.node_id != node_id)
-        role = old.role if old and old.role == "cordoned" else ("active" if active < self.target else "standby")
+        active = sum(1 for n in self.alive() if n.role == Role.active and n.node_id != node_id)
+        role = (Role.cordoned if old and old.role == Role.cordoned
+                else Role.active if active < self.target else Role.standby)
         node = NodeRecord(node_id, body["host"], int(body["nproc"]), instance, self._join_seq, role=role,
                           last_seen=now, ports=list(body.get("ports", [])), control=body.get("control", ""),
                           pub=body.get("pub", ""))
         self.store.put_node(node)
-        self.emit("node_joined", node_id, host=node.host, nproc=node.nproc, role=role)
-        if role == "active":
-            self.schedule("membership", f"node {node_id} joined", now)
+        self.emit(EventKind.node_joined, node_id, host=node.host, nproc=node.nproc, role=role)
+        if role == Role.active:
+            self.schedule(Cause.membership, f"node {node_id} joined", now)
         return {"ok": True, "role": role, "job": self.status(now)}
 
     def announce(self, node_id: str, now: float) -> None:
         """A daemon started and is warming up (its zygote imports torch); it registers when ready."""
-        if node_id not in self.nodes or self.nodes[node_id].status != "alive":
+        if node_id not in self.nodes or self.nodes[node_id].status != NodeStatus.alive:
             self.announced[node_id] = now
 
     def awaiting_announced(self, members: int, now: float) -> bool:
@@ -101,9 +170,12 @@ class Coordinator:
         coming = [n for n, at in self.announced.items() if now - at < FIRST_ROUND_WAIT_S and n not in self.nodes]
         return self.round is None and bool(coming) and members + len(coming) <= self.cfg.max_nodes
 
+    def on_heartbeat(self, sender: str, body: dict[str, Any], now: float) -> None:
+        self.send(sender, MeshOp.hb if self.heartbeat(sender, body, now) else MeshOp.unknown, {})
+
     def heartbeat(self, node_id: str, body: dict[str, Any], now: float) -> bool:
         node = self.nodes.get(node_id)
-        if node is None or node.status != "alive" or node.instance != body.get("instance"):
+        if node is None or node.status != NodeStatus.alive or node.instance != body.get("instance"):
             return False  # unknown to us (lost, or a coordinator restart): the node must register again
         node.last_seen = now
         node.ports = list(body.get("ports", node.ports))
@@ -111,87 +183,98 @@ class Coordinator:
         node.metrics = body.get("metrics", node.metrics)
         return True
 
-    def remove(self, node_id: str, status: str, detail: str, now: float) -> None:
+    def remove(self, node_id: str, status: NodeStatus, detail: str, now: float) -> None:
         node = self.nodes.get(node_id)
-        if node is None or node.status != "alive":
+        if node is None or node.status != NodeStatus.alive:
             return
         node.status = status
-        self.emit("node_lost" if status == "lost" else "node_left", node_id, reason=detail)
+        self.emit(EventKind.node_lost if status == NodeStatus.lost else EventKind.node_left, node_id, reason=detail)
         if self.round and node_id in self.round.node_ids():
             self.suspect = None
-            self.schedule("membership", detail, now)
+            self.schedule(Cause.membership, detail, now)
         if node_id in self.stop_barrier:
             self.release_barrier(node_id)  # a lost daemon's workers died with it (PDEATHSIG)
 
     def check_liveness(self, now: float) -> None:
         for node in self.alive():
             if node.node_id != self.cfg.node_id and now - node.last_seen > self.cfg.lost_after_s:
-                self.remove(node.node_id, "lost", f"node {node.node_id} missed "
+                self.remove(node.node_id, NodeStatus.lost, f"node {node.node_id} missed "
                             f"{self.cfg.heartbeat_misses} heartbeats", now)
 
-    # ---- rounds -------------------------------------------------------------------------------
-    def schedule(self, cause: str, detail: str, detected_at: float) -> None:
-        """Queue a new round; the first cause queued is the root cause and keeps its detection time."""
-        if self.state in ("succeeded", "failed", "stopped"):
-            return
-        if self.pending is None:
-            self.pending = (cause, detail, detected_at)
-        self.pending_due = time.time() + SETTLE_S
-
+    # ---- time ---------------------------------------------------------------------------------
     def tick(self, now: float) -> None:
-        if self.state in ("succeeded", "failed", "stopped"):
+        """Everything time decides: lost nodes, a settled round, a finished transition, expired queries."""
+        if self.state in ENDED:
             return
         self.check_liveness(now)
-        if self.pending and now >= self.pending_due:
-            cause, detail, detected = self.pending
-            if self.transition is not None and cause in ("membership", "operator"):
-                return  # a graceful stop is in flight; its end starts the round
-            if self.awaiting_announced(sum(1 for n in self.alive() if n.role == "active"), now):
-                return
-            self.pending = None
-            if not self.reform_first(self, cause, detail, detected):
-                self.start_round(cause, detail, detected, now)
+        self.start_pending_round(now)
         if self.stop_barrier and self.round and now - self.round.started_at > self.cfg.grace_s + STOP_SLACK_S:
             self.release_barrier(None, forced=True)
-        if self.state == "waiting" and now - self.waiting_since > self.cfg.join_timeout_s:
-            self.end("failed", f"join timeout: {self.reason} for {self.cfg.join_timeout_s:.0f}s", now)
+        if self.state == JobState.waiting and now - self.waiting_since > self.cfg.join_timeout_s:
+            self.end(JobState.failed, f"join timeout: {self.reason} for {self.cfg.join_timeout_s:.0f}s", now)
+        self.finish_transition_if_ready(now)
+        for query in self.agreement.expired(now):
+            self.resolve_step(query)
+
+    # ---- rounds -------------------------------------------------------------------------------
+    def schedule(self, cause: Cause, detail: str, detected_at: float, due: float | None = None) -> None:
+        """Queue a new round after the settle window (or at `due`); the first cause queued keeps its time."""
+        if self.state in ENDED:
+            return
+        if self.pending is None:
+            self.pending = PendingRound(cause, detail, detected_at, 0.0)
+        self.pending.due = time.time() + SETTLE_S if due is None else due
+
+    def start_pending_round(self, now: float) -> None:
+        pending = self.pending
+        if pending is None or now < pending.due:
+            return
+        if self.transition is not None and pending.cause in (Cause.membership, Cause.operator):
+            return  # a graceful stop is in flight; its end starts the round
+        if self.awaiting_announced(sum(1 for n in self.alive() if n.role == Role.active), now):
+            return
+        self.pending = None
+        if not self.reform_first(pending):
+            self.start_round(pending.cause, pending.detail, pending.detected_at, now)
 
     def candidates(self) -> list[NodeRecord]:
         """Active nodes up to the target, promoting standbys when the job is below it."""
         alive = sorted(self.alive(), key=lambda n: n.joined_seq)
-        order = sticky_order(self.round.node_ids() if self.round else [], [n for n in alive if n.role == "active"])
+        order = sticky_order(self.round.node_ids() if self.round else [],
+                             [n for n in alive if n.role == Role.active])
         cap = min(self.target, self.cfg.max_nodes)
         for node in alive:
             if len(order) >= cap:
                 break
-            if node.role == "standby":
-                node.role = "active"
+            if node.role == Role.standby:
+                node.role = Role.active
                 order.append(node.node_id)
-                self.emit("node_role", node.node_id, role="active")
+                self.emit(EventKind.node_role, node.node_id, role=Role.active)
         for node_id in order[cap:]:
-            self.nodes[node_id].role = "standby"
-            self.emit("node_role", node_id, role="standby")
+            self.nodes[node_id].role = Role.standby
+            self.emit(EventKind.node_role, node_id, role=Role.standby)
         return [self.nodes[n] for n in order[:cap]]
 
-    def start_round(self, cause: str, detail: str, detected: float, now: float) -> None:
+    def start_round(self, cause: Cause, detail: str, detected: float, now: float) -> None:
         self.abandon_transition()
         self.reformed = False
         members = self.candidates()
         previous = self.round
         if len(members) < self.cfg.min_nodes:
-            if self.state != "waiting":
+            if self.state != JobState.waiting:
                 self.waiting_since = now
-            self.state = "waiting"
+            self.state = JobState.waiting
             self.reason = (f"waiting for {self.cfg.min_nodes - len(members)} more node(s): "
                            f"{len(members)} active, --nnodes min is {self.cfg.min_nodes}")
-            self.emit("waiting", reason=self.reason, join_timeout_s=self.cfg.join_timeout_s)
+            self.emit(EventKind.waiting, reason=self.reason, join_timeout_s=self.cfg.join_timeout_s)
             for node in self.alive():
-                self.send(node.node_id, "round", {"round": None, "state": "waiting", "reason": self.reason})
+                self.send(node.node_id, MeshOp.round, {"round": None, "state": JobState.waiting,
+                                                       "reason": self.reason})
             return
-        if previous is not None and self.state == "running":
+        if previous is not None and self.state == JobState.running:
             self.restarts[cause] += 1
             for node_id in previous.node_ids():  # these nodes' workers are restarted by this round
-                if node_id in self.nodes and self.nodes[node_id].status == "alive":
+                if node_id in self.nodes and self.nodes[node_id].status == NodeStatus.alive:
                     self.nodes[node_id].restarts[cause] += 1
         first = sorted(members, key=lambda n: (n.node_id != self.cfg.node_id, n.joined_seq))  # ours is rank 0
         entries, world = build_rank_map([m.node_id for m in (first if previous is None else members)], self.nodes)
@@ -199,17 +282,17 @@ class Coordinator:
         port = next((p for p in master.ports if p not in self.used_ports), 0)
         self.used_ports.add(port)
         round_id = (previous.round_id + 1) if previous else 1
-        rnd = Round(round_id, entries, world, master.host, port, cause if previous else "start", detail, now,
+        rnd = Round(round_id, entries, world, master.host, port, cause if previous else Cause.start, detail, now,
                     timeline={"detect": detected, "rendezvous": now})
-        self.round, self.state, self.reason = rnd, "running", ""
+        self.round, self.state, self.reason = rnd, JobState.running, ""
         self.done_nodes = set()
         self.stop_barrier = {n for n in (previous.node_ids() if previous else [])
-                             if n in self.nodes and self.nodes[n].status == "alive"}
+                             if n in self.nodes and self.nodes[n].status == NodeStatus.alive}
         self.store.put_round(rnd)
-        self.emit("round_started", round=round_id, world_size=world, cause=rnd.cause, detail=detail,
+        self.emit(EventKind.round_started, round=round_id, world_size=world, cause=rnd.cause, detail=detail,
                   rank_map={e.node_id: e.ranks for e in entries})
         for node in self.alive():
-            self.send(node.node_id, "round", self.assignment(node.node_id))
+            self.send(node.node_id, MeshOp.round, self.assignment(node.node_id))
         self.release_barrier(None)
 
     def release_barrier(self, stopped: str | None, forced: bool = False) -> None:
@@ -220,19 +303,11 @@ class Coordinator:
         if rnd is None or (self.stop_barrier and not forced) or rnd.timeline.get("go"):
             return
         if forced:
-            self.emit("stop_barrier_timeout", round=rnd.round_id, nodes=sorted(self.stop_barrier))
+            self.emit(EventKind.stop_barrier_timeout, round=rnd.round_id, nodes=sorted(self.stop_barrier))
             self.stop_barrier = set()
         rnd.timeline["go"] = time.time()
         for node_id in rnd.node_ids():
-            self.send(node_id, "go", {"round": rnd.round_id})
-
-    def abandon_transition(self) -> None:
-        """A round that starts anyway (a failure, a lost node) ends a graceful stop where it stands."""
-        trans, self.transition = self.transition, None
-        if trans is not None:
-            for node_id in trans.leaving:
-                self.nodes[node_id].role = trans.final_role
-            self.emit(f"{trans.kind}_abandoned", op_id=trans.op_id, reason="a new round started first")
+            self.send(node_id, MeshOp.go, {"round": rnd.round_id})
 
     def assignment(self, node_id: str) -> dict[str, Any]:
         rnd = self.round
@@ -240,11 +315,11 @@ class Coordinator:
         entry = rnd.entry(node_id)
         node = self.nodes[node_id]
         return {
-            "round": rnd.round_id, "state": "running" if entry else node.role,
+            "round": rnd.round_id, "state": JobState.running if entry else node.role,
             "group_rank": entry.group_rank if entry else None,
             "group_world_size": len(rnd.members), "ranks": entry.ranks if entry else [],
             "world_size": rnd.world_size, "master_addr": rnd.master_addr, "master_port": rnd.master_port,
-            "restart_count": self.restarts["failure"], "max_restarts": self.cfg.max_restarts,
+            "restart_count": self.restarts[Cause.failure], "max_restarts": self.cfg.max_restarts,
         }
 
     def round_progress(self, node_id: str, body: dict[str, Any]) -> None:
@@ -263,13 +338,13 @@ class Coordinator:
             stopped = [rnd.timeline.get(f"stopped:{n}", rnd.timeline["rendezvous"]) for n in rnd.node_ids()]
             rnd.timeline["stopped"] = max(stopped)
             rnd.timeline["spawned"] = max(s for s in spawned if s)
-            self.emit("round_complete", round=rnd.round_id, cause=rnd.cause, timeline=self.timeline(rnd))
+            self.emit(EventKind.round_complete, round=rnd.round_id, cause=rnd.cause, timeline=self.timeline(rnd))
 
     def first_step(self, node_id: str, round_id: int, at: float) -> None:
         rnd = self.round
         if rnd and round_id == rnd.round_id and "first_step" not in rnd.timeline:
             rnd.timeline["first_step"] = at
-            self.emit("first_step", node_id, round=round_id, cause=rnd.cause, timeline=self.timeline(rnd))
+            self.emit(EventKind.first_step, node_id, round=round_id, cause=rnd.cause, timeline=self.timeline(rnd))
 
     @staticmethod
     def timeline(rnd: Round) -> dict[str, float]:
@@ -278,55 +353,142 @@ class Coordinator:
         phases = ("detect", "rendezvous", "stopped", "go", "spawned", "first_step")
         return {p: round(rnd.timeline[p] - start, 3) for p in phases if p in rnd.timeline}
 
+    # ---- failures -----------------------------------------------------------------------------
     def worker_failed(self, node_id: str, body: dict[str, Any], now: float) -> None:
         rnd = self.round
-        stale = rnd is None or body.get("round") != rnd.round_id or self.state != "running"
-        if stale or self.pending is not None or self.suspect is not None:
+        if rnd is None or body.get("round") != rnd.round_id or self.state != JobState.running:
+            return
+        if self.pending is not None or self.suspect is not None:
             return  # this round is already being replaced; its later failures are echoes
         others = {n for n in rnd.node_ids() if n not in (node_id, self.cfg.node_id)}
-        self.suspect = {"node": node_id, "body": body, "awaiting": others}
+        self.suspect = Suspect(node_id, body, set(others))
         for other in sorted(others):  # a copy: answers may shrink the awaited set
-            self.send(other, "probe", {"round": rnd.round_id})
+            self.send(other, MeshOp.probe, {"round": rnd.round_id})
         self.confirm_failure(now)
 
     def pong(self, node_id: str, now: float) -> None:
         if self.suspect is not None:
-            self.suspect["awaiting"].discard(node_id)
+            self.suspect.awaiting.discard(node_id)
             self.confirm_failure(now)
 
     def confirm_failure(self, now: float) -> None:
         """Every other member answered: the failure is the worker's own, and it is charged."""
-        if self.suspect is None or self.suspect["awaiting"]:
+        suspect = self.suspect
+        if suspect is None or suspect.awaiting:
             return
-        node_id, body = self.suspect["node"], self.suspect["body"]
         self.suspect = None
-        cause = "hang" if body.get("hang") else "failure"
-        detail = str(body.get("reason", f"worker failed on node {node_id}"))
-        if cause == "failure" and self.restarts["failure"] >= self.cfg.max_restarts:
-            self.end("failed", f"{detail}; --max-restarts {self.cfg.max_restarts} exhausted "
-                     f"({self.restarts['failure']} failure restart(s) used)", now)
+        cause = Cause.hang if suspect.report.get("hang") else Cause.failure
+        detail = str(suspect.report.get("reason", f"worker failed on node {suspect.node_id}"))
+        if cause == Cause.failure and self.restarts[Cause.failure] >= self.cfg.max_restarts:
+            self.end(JobState.failed, f"{detail}; --max-restarts {self.cfg.max_restarts} exhausted "
+                     f"({self.restarts[Cause.failure]} failure restart(s) used)", now)
             return
-        self.schedule(cause, detail, float(body.get("detected", now)))
-        self.pending_due = now  # a failed round is dead: no reason to wait for company
+        self.schedule(cause, detail, float(suspect.report.get("detected", now)), due=now)  # a failed round is dead
 
     def node_done(self, node_id: str, body: dict[str, Any], now: float) -> None:
         rnd = self.round
         if rnd is None or body.get("round") != rnd.round_id:
             return
         self.done_nodes.add(node_id)
-        self.emit("node_done", node_id, round=rnd.round_id)
+        self.emit(EventKind.node_done, node_id, round=rnd.round_id)
         if set(rnd.node_ids()) <= self.done_nodes and self.pending is None and self.transition is None:
-            self.end("succeeded", f"every worker of the final round finished (world {rnd.world_size})", now)
+            self.end(JobState.succeeded, f"every worker of the final round finished (world {rnd.world_size})", now)
 
-    def end(self, state: str, reason: str, now: float) -> None:
-        if self.state in ("succeeded", "failed", "stopped"):
+    def end(self, state: JobState, reason: str, now: float) -> None:
+        if self.state in ENDED:
             return
         self.state, self.reason, self.ended_at = state, reason, now
         self.pending = self.transition = None
-        self.emit("job_end", state=state, reason=reason)
+        self.emit(EventKind.job_end, state=state, reason=reason)
         for node in self.alive():
-            self.send(node.node_id, "job_end", {"state": state, "reason": reason})
+            self.send(node.node_id, MeshOp.job_end, {"state": state, "reason": reason})
 
+    # ---- graceful transitions and step agreement ----------------------------------------------------
+    def begin_transition(self, kind: TransitionKind, leaving: list[str], final_role: Role, then: After,
+                         detail: str, cause: Cause = Cause.membership, detected: float = 0.0) -> str:
+        """Shim workers stop at one agreed step, plain ones get SIGTERM; returns the op id."""
+        assert self.round is not None
+        op_id, now = new_id(), time.time()
+        for node_id in leaving:
+            self.nodes[node_id].role = Role.draining
+            self.emit(EventKind.node_role, node_id, role=Role.draining)
+        # Every member is awaited until the step agreement says otherwise: with no shim worker anywhere
+        # (at_step null) there is nothing to wait for, and the round's SIGTERM stops the plain workers.
+        trans = Transition(op_id, kind, leaving, final_role, then, set(self.round.node_ids()),
+                           now + DRAIN_TIMEOUT_S, detected or now, cause, detail)
+        self.transition = trans
+        self.emit(trans.events.started, op_id=op_id, nodes=leaving, detail=detail)
+        self.ask_step(op_id, StepRequest.drain)  # `step_agreed` carries the step every rank stops at
+        return op_id
+
+    def node_drained(self, node_id: str, now: float) -> None:
+        trans = self.transition
+        if trans is not None and node_id in trans.awaiting:
+            trans.awaiting.discard(node_id)
+            self.emit(trans.events.progress, node_id, op_id=trans.op_id, remaining=sorted(trans.awaiting))
+            self.finish_transition_if_ready(now)
+
+    def finish_transition_if_ready(self, now: float) -> None:
+        trans = self.transition
+        if trans is None or (trans.awaiting and now < trans.deadline):
+            return
+        self.transition = None
+        for node_id in trans.leaving:
+            self.nodes[node_id].role = trans.final_role
+            self.emit(EventKind.node_role, node_id, role=trans.final_role)
+        self.emit(trans.events.complete, op_id=trans.op_id, nodes=trans.leaving, timed_out=bool(trans.awaiting),
+                  duration_s=round(now - trans.started, 3))
+        if trans.then == After.end:
+            self.end(JobState.stopped, f"stopped by operator ({trans.op_id})", now)
+        else:
+            self.schedule(trans.cause, trans.detail, trans.started, due=now)
+            self.reformed = True
+
+    def abandon_transition(self) -> None:
+        """A round that starts anyway (a failure, a lost node) ends a graceful stop where it stands."""
+        trans, self.transition = self.transition, None
+        if trans is not None:
+            for node_id in trans.leaving:
+                self.nodes[node_id].role = trans.final_role
+            self.emit(trans.events.abandoned, op_id=trans.op_id, reason="a new round started first")
+
+    def reform_first(self, pending: PendingRound) -> bool:
+        """Before a round that restarts healthy shim workers (a join, scale up, restart), stop them at one step.
+
+        Returns True when it started that graceful stop; the round follows when every rank has saved and stopped.
+        A round after a failure or a lost node cannot wait: its workers are failing already.
+        """
+        if self.reformed or pending.cause not in (Cause.membership, Cause.operator):
+            return False
+        if self.state != JobState.running or self.round is None:
+            return False
+        if any(self.nodes[n].status != NodeStatus.alive for n in self.round.node_ids()):
+            return False
+        self.begin_transition(TransitionKind.reform, [], Role.active, After.round, pending.detail, pending.cause,
+                              pending.detected_at)
+        return True
+
+    def ask_step(self, op_id: str, request: StepRequest) -> None:
+        assert self.round is not None
+        self.agreement.ask(op_id, request, self.round.node_ids(), time.time())
+
+    def on_step_report(self, sender: str, body: dict[str, Any], _now: float) -> None:
+        query = self.agreement.answer(sender, body)
+        if query is not None:
+            self.resolve_step(query)
+
+    def resolve_step(self, query: StepQuery) -> None:
+        if self.round is None or self.state != JobState.running:
+            return
+        at_step = query.at_step()
+        self.emit(EventKind.step_agreed, op_id=query.op_id, op=query.request, at_step=at_step)
+        trans = self.transition
+        if at_step is None and trans is not None and trans.op_id == query.op_id:
+            trans.awaiting.clear()  # no shim worker reports steps: nobody will say `drained`
+        for node_id in self.round.node_ids():
+            self.send(node_id, WORKER_OPS[query.request], {"request_id": query.op_id, "at_step": at_step})
+
+    # ---- reading ------------------------------------------------------------------------------
     def status(self, now: float) -> dict[str, Any]:
         rnd = self.round
         return {

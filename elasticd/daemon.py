@@ -10,22 +10,24 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
-from elasticd import __version__, steer, step_agreement
+from elasticd import __version__
 from elasticd.auth import Gatekeeper, KeyStore, KeyStoreError, NodeKeys
 from elasticd.config import JobConfig, StartError
 from elasticd.control import ControlPlane
 from elasticd.coordinator import Coordinator
 from elasticd.events import EventLog
+from elasticd.member import Member
 from elasticd.membership import MemoryStore
 from elasticd.mesh import CoordinatorMesh, MemberMesh
+from elasticd.names import CTL_PREFIX, EventKind, JobState, MeshOp, NodeState
 from elasticd.node import NodeAgent
-from elasticd.peer_ops import handle_coordinator_message, handle_peer, leave_job
 from elasticd.protocol import Envelope
 from elasticd.runtime import advertised_addr, is_local_host, remove_endpoints, write_endpoints
 from elasticd.spawner import Spawner, Zygote
@@ -33,11 +35,12 @@ from elasticd.worker_channel import WorkerChannel
 from elasticd.workers import base_env
 
 log = logging.getLogger("elasticd")
-EXIT_COORDINATOR_LOST = 3
 ZYGOTE_WARMUP_S = 60.0  # past this, register anyway: workers are then exec'd cold
 
 
 class Daemon:
+    """The composition root: builds the parts, owns the loop and the signals, hands each part what it needs."""
+
     def __init__(self, cfg: JobConfig, connect_timeout_s: float = 60.0) -> None:
         self.cfg = cfg
         self.ctx = zmq.asyncio.Context()
@@ -48,18 +51,15 @@ class Daemon:
         self.coord_mesh: CoordinatorMesh | None = None
         self.member_mesh: MemberMesh | None = None
         self.node = NodeAgent(cfg, self.host, self.to_coord, self.node_event, {})
-        self.registered = False
         self.started = time.time()
-        self.last_coord = 0.0
-        self.last_register = 0.0
-        self.first_register = 0.0  # 0 until the zygote is warm and the first `register` went out
-        self.duplicate_since = 0.0
         self.done = asyncio.Event()
         self.exit_message = ""
         self.tasks: list[asyncio.Task[Any]] = []
         self.endpoints: dict[str, str] = {}
         self.plane: ControlPlane | None = None  # the operator sockets, bound in start()
         self.channel = WorkerChannel(self.ctx, cfg, self.node)
+        self.member = Member(cfg, self.node, self.channel, self.to_coord, self, self.events, self.publish_event,
+                             self.on_forwarded_reply, connect_timeout_s, is_coordinator=False)
         self.zygote: Zygote | None = None
         self.keys: NodeKeys | None = None
         self.gate: Gatekeeper | None = None
@@ -78,7 +78,7 @@ class Daemon:
         if self.coord_mesh is not None:
             self.coordinator = Coordinator(self.cfg, MemoryStore(), self.send_to_node, self.events,
                                            self.on_job_event)
-            self.coordinator.reform_first = steer.reform_first
+            self.member.is_coordinator = True
         else:
             self.member_mesh = MemberMesh(self.ctx, endpoint, self.cfg.node_id, self.node.instance, self.keys)
 
@@ -112,8 +112,11 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.add_signal_handler(sig, self.on_signal, sig)
-        mesh_task = (self.coord_mesh.serve(self.on_peer) if self.coord_mesh
-                     else self.member_mesh.serve(self.on_coordinator_message))  # type: ignore[union-attr]
+        if self.coord_mesh is not None:
+            mesh_task = self.coord_mesh.serve(self.on_peer)
+        else:
+            assert self.member_mesh is not None
+            mesh_task = self.member_mesh.serve(lambda _sender, env: self.member.receive(env))
         self.tasks = [asyncio.create_task(mesh_task), asyncio.create_task(self.tick_loop()),
                       asyncio.create_task(self.channel.serve()), *self.plane.tasks()]
         self.spawn(self.register_when_warm())
@@ -121,11 +124,10 @@ class Daemon:
     async def register_when_warm(self) -> None:
         """Join only once workers can start at once: the job keeps training while our zygote imports torch."""
         if self.zygote is not None:
-            self.to_coord("announce", {})  # the first round waits for us rather than forming without us
+            self.to_coord(MeshOp.announce, {})  # the first round waits for us rather than forming without us
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.zygote.ready.wait(), ZYGOTE_WARMUP_S)
-        self.first_register = time.time()
-        self.register()
+        self.member.start_registering()
 
     async def run(self) -> int:
         try:
@@ -155,34 +157,45 @@ class Daemon:
         self.ctx.term()
         remove_endpoints(self.cfg.job_id, self.cfg.node_id, os.getpid())
 
-    # ---- messages to and from the coordinator --------------------------------------------------
-    def to_coord(self, op: str, body: dict[str, Any]) -> None:
+    # ---- messages between this node, the coordinator and the members -------------------------------
+    def to_coord(self, op: MeshOp, body: dict[str, Any]) -> None:
         if self.coordinator is not None:
             self.on_peer(self.cfg.node_id, Envelope("req", op, body, node=self.cfg.node_id, ts=time.time()))
         elif self.member_mesh is not None:
             self.member_mesh.send(op, body)
 
-    def send_to_node(self, node_id: str, op: str, body: dict[str, Any]) -> None:
+    def send_to_node(self, node_id: str, op: MeshOp, body: dict[str, Any]) -> None:
         if node_id == self.cfg.node_id:
-            self.on_coordinator_message(node_id, Envelope("req", op, body, node=node_id, ts=time.time()))
+            self.member.receive(Envelope("req", op, body, node=node_id, ts=time.time()))
         elif self.coord_mesh is not None:
             self.coord_mesh.send(node_id, op, body)
 
-    def register(self) -> None:
-        self.last_register = time.time()
-        self.to_coord("register", self.node.register_body())
-
     def on_peer(self, sender: str, env: Envelope) -> None:
-        assert self.coordinator is not None
-        handle_peer(self, sender, env)
+        """Coordinator side: a forwarded operator request goes to the control plane, the rest to the coordinator."""
+        if env.type in ("req", "rep") and env.op.startswith(CTL_PREFIX):
+            if self.plane is not None:
+                self.plane.on_forwarded(sender, env)
+        elif self.coordinator is not None:
+            self.coordinator.receive(sender, env, time.time())
 
-    def on_coordinator_message(self, sender: str, env: Envelope) -> None:
-        self.last_coord = time.time()
-        handle_coordinator_message(self, env)
+    def forward(self, op: str, body: dict[str, Any], msg_id: str) -> bool:
+        """Member side: pass an operator request to the coordinator; False while not connected to it."""
+        if not self.member.registered or self.member_mesh is None:
+            return False
+        self.member_mesh.send(CTL_PREFIX + op, body, kind="req", msg_id=msg_id)
+        return True
+
+    def answer_forward(self, node_id: str, op: str, body: dict[str, Any], msg_id: str) -> None:
+        if self.coord_mesh is not None:
+            self.coord_mesh.send(node_id, op, body, kind="rep", msg_id=msg_id)
+
+    def on_forwarded_reply(self, env: Envelope) -> None:
+        if self.plane is not None:
+            self.plane.on_forwarded_reply(env)
 
     # ---- events -------------------------------------------------------------------------------
-    def node_event(self, kind: str, **fields: Any) -> None:
-        self.to_coord("event", {"kind": kind, "node": self.cfg.node_id, "ts": time.time(), **fields})
+    def node_event(self, kind: EventKind, **fields: Any) -> None:
+        self.to_coord(MeshOp.event, {"kind": kind, "node": self.cfg.node_id, "ts": time.time(), **fields})
 
     def on_job_event(self, event: dict[str, Any]) -> None:
         """The coordinator numbered an event: publish it here and fan it out to every member."""
@@ -190,7 +203,7 @@ class Daemon:
         if self.coordinator is not None and self.coord_mesh is not None:
             for node in self.coordinator.alive():
                 if node.node_id != self.cfg.node_id:
-                    self.coord_mesh.send(node.node_id, "event", event, kind="ev")
+                    self.coord_mesh.send(node.node_id, MeshOp.event, event, kind="ev")
 
     def publish_event(self, event: dict[str, Any]) -> None:
         if self.plane is not None:
@@ -204,8 +217,6 @@ class Daemon:
             try:
                 if self.coordinator is not None:
                     self.coordinator.tick(now)
-                    steer.finish_if_ready(self.coordinator, now)
-                    step_agreement.expire(self.coordinator, now)
                 if self.plane is not None:
                     self.plane.publish_steps(now)
                 if now >= next_beat:
@@ -221,22 +232,7 @@ class Daemon:
         if self.plane is not None:
             self.plane.heartbeat()
         self.channel.check_hangs(now)
-        if not self.registered:
-            if not self.first_register:
-                return  # still warming up
-            if now - self.first_register > self.connect_timeout_s:
-                self.fail_start(f"rendezvous endpoint {self.cfg.rdzv_host}:{self.cfg.rdzv_port} did not answer "
-                                f"within {self.connect_timeout_s:.0f}s; is the first elasticd of job "
-                                f"'{self.cfg.job_id}' running on that host?")
-            elif now - self.last_register >= 1.0:
-                self.register()
-            return
-        self.to_coord("hb", self.node.heartbeat_body())
-        if self.coordinator is None and now - self.last_coord > self.cfg.lost_after_s:
-            self.exit_message = (f"coordinator of job '{self.cfg.job_id}' at {self.cfg.rdzv_host}:"
-                                 f"{self.cfg.rdzv_port} stopped answering for {self.cfg.lost_after_s:.0f}s; "
-                                 "the job cannot go on without it (no coordinator HA yet): workers stopped")
-            self.spawn(self.finish("lost", self.exit_message, EXIT_COORDINATOR_LOST))
+        self.member.beat(now)
 
     def fail_start(self, message: str) -> None:
         self.exit_message = message
@@ -245,11 +241,20 @@ class Daemon:
 
     def on_signal(self, sig: int) -> None:
         log.info("[%s] received %s", self.cfg.node_id, signal.Signals(sig).name)
-        leave_job(self, f"node {self.cfg.node_id}'s elasticd received {signal.Signals(sig).name}")
+        self.leave(f"node {self.cfg.node_id}'s elasticd received {signal.Signals(sig).name}")
 
-    async def finish(self, state: str, reason: str, code: int | None = None) -> None:
-        if self.node.state == "ending":
+    def leave(self, reason: str) -> None:
+        """SIGTERM/SIGINT/HUP: a member leaves; the coordinator's node ends the job."""
+        if self.coordinator is not None:
+            self.coordinator.end(JobState.stopped, f"{reason}; it is the coordinator, so the job ends "
+                                 "(no coordinator HA yet)", time.time())
+        else:
+            self.member.leave(reason)
+
+    async def finish(self, state: str, reason: str, code: int | None = None, message: str = "") -> None:
+        if self.node.state == NodeState.ending:
             return
+        self.exit_message = self.exit_message or message
         await self.node.end(state, reason)
         if code is not None:
             self.node.exit_code = code
@@ -259,7 +264,7 @@ class Daemon:
             await asyncio.sleep(0.3)  # let job_end reach the members before the ROUTER closes
         self.done.set()
 
-    def spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.create_task(coro)
         self.tasks.append(task)
         task.add_done_callback(lambda t: t.cancelled() or t.exception() is None

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-ROLES = ("active", "standby", "draining", "cordoned")
-CAUSES = ("failure", "membership", "operator", "hang")
+from elasticd.names import RESTART_CAUSES, Cause, NodeStatus, Role
 
 
 @dataclass
@@ -16,15 +15,15 @@ class NodeRecord:
     nproc: int
     instance: str  # a fresh id per daemon start: tells a restarted daemon from a duplicate node id
     joined_seq: int
-    role: str = "active"
-    status: str = "alive"  # alive | lost | left
+    role: Role = Role.active
+    status: NodeStatus = NodeStatus.alive
     last_seen: float = 0.0
     ports: list[int] = field(default_factory=list)
     control: str = ""
     pub: str = ""
     workers: list[dict[str, Any]] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
-    restarts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))  # its workers, by cause
+    restarts: dict[Cause, int] = field(default_factory=lambda: dict.fromkeys(RESTART_CAUSES, 0))  # its workers
 
     def public(self, now: float) -> dict[str, Any]:
         data = asdict(self)
@@ -48,7 +47,7 @@ class Round:
     world_size: int
     master_addr: str
     master_port: int
-    cause: str
+    cause: Cause
     detail: str
     started_at: float
     timeline: dict[str, float] = field(default_factory=dict)

@@ -12,6 +12,7 @@ import zmq
 import zmq.asyncio
 
 from elasticd.auth import NodeKeys, connect_curve, serve_curve
+from elasticd.names import MeshOp
 from elasticd.protocol import MAX_REPLY_BYTES, Envelope, ProtocolError, decode, encode
 
 log = logging.getLogger("elasticd")
@@ -39,13 +40,12 @@ class CoordinatorMesh:
         self.identities: dict[str, bytes] = {}  # node id -> the identity of its *welcomed* daemon
         self.registering: bytes = b""  # the identity of the `register` being handled right now
 
-    def welcome(self, node_id: str, body: dict[str, Any]) -> None:
-        """Answer the `register` being handled; only a welcome makes its daemon the node's route."""
-        if body.get("ok"):
-            self.identities[node_id] = self.registering
-        self._send_to(self.registering, "welcome", body, "req", "")
-
     def send(self, node_id: str, op: str, body: dict[str, Any], kind: str = "req", msg_id: str = "") -> None:
+        if op == MeshOp.welcome:  # answers the `register` being handled; only a welcome makes its daemon the route
+            if body.get("ok"):
+                self.identities[node_id] = self.registering
+            self._send_to(self.registering, op, body, kind, msg_id)
+            return
         ident = self.identities.get(node_id)
         if ident is not None:
             self._send_to(ident, op, body, kind, msg_id)
@@ -72,9 +72,9 @@ class CoordinatorMesh:
             sender = ident.decode(errors="replace").split("|", 1)[0]
             if env.node != sender:
                 continue  # a node speaks only for itself
-            if env.op == "register":
+            if env.op == MeshOp.register:
                 self.registering = ident
-            elif env.op != "announce" and self.identities.get(sender) != ident:
+            elif env.op != MeshOp.announce and self.identities.get(sender) != ident:
                 continue  # not the welcomed daemon of that node: a refused duplicate, or a stale instance
             try:
                 handler(sender, env)

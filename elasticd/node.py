@@ -12,13 +12,14 @@ from collections.abc import Callable
 from typing import Any
 
 from elasticd.config import STOP_SLACK_S, JobConfig
+from elasticd.names import EventKind, JobState, MeshOp, NodeState
 from elasticd.runtime import free_ports
 from elasticd.spawner import Spawner
 from elasticd.workers import Worker, WorkerGroup
 
 log = logging.getLogger("elasticd")
-ToCoordinator = Callable[[str, dict[str, Any]], None]
-NodeEvent = Callable[..., None]  # (kind, **fields): a node-side event for the job log
+ToCoordinator = Callable[[MeshOp, dict[str, Any]], None]
+NodeEvent = Callable[..., None]  # (EventKind, **fields): a node-side event for the job log
 
 
 class NodeAgent:
@@ -31,7 +32,7 @@ class NodeAgent:
         self.event = event
         self.worker_env = worker_env
         self.instance = uuid.uuid4().hex[:12]
-        self.state = "registering"  # registering | running | standby | waiting | cordoned | ending
+        self.state: str = NodeState.registering
         self.reason = ""
         self.round_id = 0
         self.assignment: dict[str, Any] = {}
@@ -73,7 +74,7 @@ class NodeAgent:
                 return  # a stale or repeated assignment, or one a newer round already replaced
             stopped = await self.stop_workers()
             if round_id is None:
-                self.state, self.reason = body.get("state", "waiting"), body.get("reason", "")
+                self.state, self.reason = str(body.get("state", NodeState.waiting)), str(body.get("reason", ""))
                 log.warning("[%s] %s: %s", self.cfg.node_id, self.state, self.reason)
                 return
             self.round_id, self.assignment = round_id, body
@@ -81,11 +82,11 @@ class NodeAgent:
             if self._exit_watch is not None:
                 self._exit_watch.cancel()
                 self._exit_watch = None
-            self.to_coord("round_progress", {"round": round_id, "stopped": stopped})  # may release the barrier
-            if body["state"] != "running":
+            self.to_coord(MeshOp.round_progress, {"round": round_id, "stopped": stopped})  # may release the barrier
+            if body["state"] != NodeState.running:
                 self.state = body["state"]
                 return
-            self.state = "running"
+            self.state = NodeState.running
             if not await self.wait_for_go(round_id):
                 return  # a newer round replaced this one while its old workers were being stopped
             self.group = WorkerGroup(self.cfg, round_id, body, self.worker_env, self.on_worker_exit, self.spawner)
@@ -94,9 +95,9 @@ class NodeAgent:
             except OSError as exc:
                 self.report_failure(None, f"could not start workers on node {self.cfg.node_id}: {exc}")
                 return
-            self.event("workers_started", round=round_id, ranks=body["ranks"], world_size=body["world_size"],
+            self.event(EventKind.workers_started, round=round_id, ranks=body["ranks"], world_size=body["world_size"],
                        pids=[w.proc.pid for w in self.group.workers])
-            self.to_coord("round_progress", {"round": round_id, "spawned": time.time()})
+            self.to_coord(MeshOp.round_progress, {"round": round_id, "spawned": time.time()})
 
     async def wait_for_go(self, round_id: int) -> bool:
         """Start this round's workers only once every node's old ones are gone (the coordinator says go)."""
@@ -113,7 +114,7 @@ class NodeAgent:
         group, self.group = self.group, None
         if group and group.running:
             await group.stop(self.cfg.grace_s)
-            self.event("workers_stopped", round=group.round_id,
+            self.event(EventKind.workers_stopped, round=group.round_id,
                        exit_codes={w.rank: w.exit_code for w in group.workers})
         return time.time()
 
@@ -121,7 +122,7 @@ class NodeAgent:
         group = self.group
         if worker.stopping or group is None or worker not in group.workers:
             return
-        self.event("worker_exited", round=group.round_id, rank=worker.rank, pid=worker.proc.pid,
+        self.event(EventKind.worker_exited, round=group.round_id, rank=worker.rank, pid=worker.proc.pid,
                    exit_code=worker.exit_code)
         if worker.rank in self.drained_ranks:
             self.check_drained()  # it saved and said so: how its teardown ends is no failure
@@ -129,7 +130,7 @@ class NodeAgent:
             self.report_failure(worker, f"worker rank {worker.rank} on node {self.cfg.node_id} exited with "
                                 f"{describe_exit(worker.exit_code)} (log: {worker.log_path})")
         elif not group.running and all(w.exit_code == 0 for w in group.workers):
-            self.to_coord("node_done", {"round": group.round_id})
+            self.to_coord(MeshOp.node_done, {"round": group.round_id})
         elif self._exit_watch is None:
             self._exit_watch = asyncio.get_running_loop().call_later(
                 self.cfg.exit_timeout_s, lambda: self._background(self.stop_stragglers(group)))
@@ -138,12 +139,12 @@ class NodeAgent:
         """Peers of a finished worker that never exit (a teardown deadlock) are stopped; the node is done."""
         if self.group is not group or not group.running:
             return
-        self.event("worker_exit_timeout", round=group.round_id, ranks=[w.rank for w in group.running],
+        self.event(EventKind.worker_exit_timeout, round=group.round_id, ranks=[w.rank for w in group.running],
                    timeout_s=self.cfg.exit_timeout_s)
         for worker in group.running:
             worker.stopping = True  # their work is over: how they die is no failure
         await group.stop(self.cfg.grace_s)
-        self.to_coord("node_done", {"round": group.round_id})
+        self.to_coord(MeshOp.node_done, {"round": group.round_id})
 
     def _background(self, coro: Any) -> None:
         self._tasks.add(task := asyncio.ensure_future(coro))
@@ -154,21 +155,21 @@ class NodeAgent:
         group = self.group
         if group is not None and not self.drained_reported and {w.rank for w in group.workers} <= self.drained_ranks:
             self.drained_reported = True
-            self.to_coord("node_drained", {"round": group.round_id})
+            self.to_coord(MeshOp.node_drained, {"round": group.round_id})
 
     async def kill_worker(self, rank: int) -> None:
         """A failure drill: SIGKILL one local worker, which the job then recovers from like any crash."""
         if self.group is not None and self.group.kill_worker(rank):
-            self.event("worker_killed", rank=rank, reason="operator drill")
+            self.event(EventKind.worker_killed, rank=rank, reason="operator drill")
 
     def report_failure(self, worker: Worker | None, reason: str, hang: bool = False) -> None:
-        self.to_coord("worker_failed", {"round": self.round_id, "reason": reason, "detected": time.time(),
+        self.to_coord(MeshOp.worker_failed, {"round": self.round_id, "reason": reason, "detected": time.time(),
                                         "rank": worker.rank if worker else None, "hang": hang})
 
     async def end(self, state: str, reason: str) -> None:
-        self.state, self.reason = "ending", reason
+        self.state, self.reason = NodeState.ending, reason
         await self.stop_workers()
-        self.exit_code = 0 if state in ("succeeded", "stopped") else 1
+        self.exit_code = 0 if state in (JobState.succeeded, JobState.stopped) else 1
 
 
 def describe_exit(code: int | None) -> str:

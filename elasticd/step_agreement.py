@@ -10,70 +10,79 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticd.coordinator import Coordinator
+from elasticd.names import MeshOp, StrEnum
 
 DELIVERY_BUDGET_S = 0.15  # the shim's 50 ms report coalescing plus request delivery, with room to spare
 QUERY_TIMEOUT_S = 1.0
+Send = Callable[[str, MeshOp, dict[str, Any]], None]  # (node_id, op, body)
+
+
+class StepRequest(StrEnum):
+    """What the workers do at the agreed step; each travels to the nodes as its own mesh op."""
+
+    drain = "drain"
+    checkpoint = "checkpoint"
+
+
+WORKER_OPS: dict[StepRequest, MeshOp] = {StepRequest.drain: MeshOp.drain_workers,
+                                         StepRequest.checkpoint: MeshOp.checkpoint_workers}
 
 
 @dataclass
 class StepQuery:
     op_id: str
-    op: str  # the worker request that follows: "drain" or "checkpoint"
+    request: StepRequest
     awaiting: set[str]
     deadline: float
     steps: list[int] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
 
-
-def ask(c: Coordinator, op_id: str, op: str) -> None:
-    assert c.round is not None
-    members = c.round.node_ids()
-    c.queries[op_id] = StepQuery(op_id, op, set(members), time.time() + QUERY_TIMEOUT_S)
-    for node_id in members:  # the coordinator's own node answers at once, inside this loop
-        c.send(node_id, "step_query", {"op_id": op_id})
+    def at_step(self) -> int | None:
+        """The step every rank acts at, or None when no rank reports through the shim."""
+        return max(self.steps) + margin(self.step_times) if self.steps else None
 
 
-def answer(c: Coordinator, node_id: str, body: dict[str, Any], now: float) -> None:
-    query = c.queries.get(str(body.get("op_id")))
-    if query is None or node_id not in query.awaiting:
-        return
-    query.awaiting.discard(node_id)
-    step, step_time = body.get("step"), body.get("step_time")
-    if isinstance(step, int) and not isinstance(step, bool):
-        query.steps.append(step)
-    if isinstance(step_time, int | float) and not isinstance(step_time, bool) and step_time > 0:
-        query.step_times.append(float(step_time))
-    if not query.awaiting:
-        resolve(c, query)
+class StepAgreement:
+    """Open step queries by op id; the coordinator resolves each once it is answered or expires."""
 
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.queries: dict[str, StepQuery] = {}
 
-def expire(c: Coordinator, now: float) -> None:
-    for query in [q for q in c.queries.values() if now >= q.deadline]:
-        resolve(c, query)  # a node that did not answer in time is about to be declared lost anyway
+    def ask(self, op_id: str, request: StepRequest, members: list[str], now: float) -> None:
+        self.queries[op_id] = StepQuery(op_id, request, set(members), now + QUERY_TIMEOUT_S)
+        for node_id in members:  # the coordinator's own node answers at once, inside this loop
+            self.send(node_id, MeshOp.step_query, {"op_id": op_id})
+
+    def answer(self, node_id: str, body: dict[str, Any]) -> StepQuery | None:
+        """A node's `step_report`; returns the query once every node has answered it."""
+        query = self.queries.get(str(body.get("op_id")))
+        if query is None or node_id not in query.awaiting:
+            return None
+        query.awaiting.discard(node_id)
+        step, step_time = body.get("step"), body.get("step_time")
+        if isinstance(step, int) and not isinstance(step, bool):
+            query.steps.append(step)
+        if isinstance(step_time, int | float) and not isinstance(step_time, bool) and step_time > 0:
+            query.step_times.append(float(step_time))
+        return self.queries.pop(query.op_id) if not query.awaiting else None
+
+    def expired(self, now: float) -> list[StepQuery]:
+        """Queries past their deadline: a node that did not answer in time is about to be declared lost anyway."""
+        late = [q for q in self.queries.values() if now >= q.deadline]
+        for query in late:
+            del self.queries[query.op_id]
+        return late
 
 
 def margin(step_times: list[float]) -> int:
     if not step_times:
         return 2
     return 1 + min(10_000, math.ceil(DELIVERY_BUDGET_S / max(statistics.median(step_times), 1e-4)))
-
-
-def resolve(c: Coordinator, query: StepQuery) -> None:
-    c.queries.pop(query.op_id, None)
-    if c.round is None or c.state != "running":
-        return
-    at_step = max(query.steps) + margin(query.step_times) if query.steps else None
-    c.emit("step_agreed", op_id=query.op_id, op=query.op, at_step=at_step)
-    trans = c.transition
-    if at_step is None and trans is not None and trans.op_id == query.op_id:
-        trans.awaiting.clear()  # no shim worker reports steps: nobody will say `drained`
-    for node_id in c.round.node_ids():
-        c.send(node_id, f"{query.op}_workers", {"request_id": query.op_id, "at_step": at_step})
 
 
 def local_answer(rank_metrics: dict[int, dict[str, Any]], round_id: int) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import zmq
 import zmq.asyncio
 
 from elasticd.config import JobConfig, StartError
+from elasticd.names import EventKind, MeshOp, NodeState
 from elasticd.protocol import Envelope, decode, encode, new_id
 from elasticd.runtime import runtime_dir
 
@@ -75,11 +76,11 @@ class WorkerChannel:
         elif env.op == "checkpoint":
             metrics["last_checkpoint"] = {k: body.get(k) for k in ("step", "path", "bytes", "duration_s")}
             metrics["last_checkpoint"]["at"] = now
-            self.node.event("checkpoint_saved", rank=rank, step=body.get("step"), path=body.get("path"),
+            self.node.event(EventKind.checkpoint_saved, rank=rank, step=body.get("step"), path=body.get("path"),
                             bytes=body.get("bytes"), duration_s=body.get("duration_s"),
                             request_id=body.get("request_id"))
         elif env.op == "checkpoint_skipped":
-            self.node.event("checkpoint_skipped", rank=rank, path=body.get("path"), reason=body.get("reason"))
+            self.node.event(EventKind.checkpoint_skipped, rank=rank, path=body.get("path"), reason=body.get("reason"))
         elif env.op == "drained":
             metrics["drained_step"] = body.get("step")
             self.node.drained_ranks.add(rank)
@@ -99,7 +100,7 @@ class WorkerChannel:
             metrics["throughput"] = round(samples / elapsed, 2)
         self.node.steps_dirty = True
         if first:
-            self.node.to_coord("first_step", {"round": self.node.round_id, "at": now})
+            self.node.to_coord(MeshOp.first_step, {"round": self.node.round_id, "at": now})
 
     def request(self, op: str, body: dict[str, Any]) -> int:
         """Send checkpoint/drain to this round's shim workers; returns how many were asked."""
@@ -121,11 +122,11 @@ class WorkerChannel:
         for rank, metrics in list(self.node.rank_metrics.items()):
             key = (rank, int(metrics.get("round", 0)))
             silent = now - metrics.get("last_step_at", now)
-            if (metrics.get("round") == self.node.round_id and self.node.state == "running"
+            if (metrics.get("round") == self.node.round_id and self.node.state == NodeState.running
                     and silent > self.cfg.hang_timeout_s and key not in self.hung_reported
                     and rank not in self.node.drained_ranks):
                 self.hung_reported.add(key)
-                self.node.event("worker_hung", rank=rank, silent_s=round(silent, 1))
+                self.node.event(EventKind.worker_hung, rank=rank, silent_s=round(silent, 1))
                 self.node.report_failure(None, f"worker rank {rank} on node {self.cfg.node_id} made no step "
                                          f"for {silent:.1f}s (hang timeout {self.cfg.hang_timeout_s:.0f}s)",
                                          hang=True)

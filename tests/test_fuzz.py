@@ -33,13 +33,13 @@ from harness import Job
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from elasticd import peer_ops
 from elasticd.client import AsyncClient, Client
 from elasticd.commands import REGISTRY
 from elasticd.config import JobConfig
 from elasticd.coordinator import Coordinator
 from elasticd.events import EventLog
 from elasticd.membership import MemoryStore
+from elasticd.names import MeshOp
 from elasticd.protocol import Envelope, ProtocolError, arg, decode, encode
 from tui.feeds import ingest
 from tui.session import JobSession
@@ -227,20 +227,14 @@ def test_verbs_in_sequence_keep_the_coordinator_consistent(calls: list[tuple[str
 
 
 # ---- pure: the coordinator's mesh dispatcher, as fed by a stranger or a member --------------------------------
-PEER_OPS = ["register", "hb", "leave", "worker_failed", "node_done", "node_drained", "round_progress",
-            "first_step", "step_report", "pong", "event", "ctl.status", "ctl.drain", "nosuch"]
-
-
-def fake_daemon(c: Coordinator) -> SimpleNamespace:
-    return SimpleNamespace(coordinator=c, plane=SimpleNamespace(on_forwarded=lambda s, e: None),
-                           send_to_node=lambda n, op, b: None)
+PEER_OPS = [*MeshOp, "ctl.status", "ctl.drain", "nosuch"]
 
 
 def check_peer(sender: str, op: str, body: dict[str, Any]) -> None:
-    COUNTS["peer_ops.handle_peer"] += 1
+    COUNTS["Coordinator.receive"] += 1
     c, _ = coordinator()
     before = {n.node_id: (n.status, n.instance) for n in c.nodes.values() if n.node_id != sender}
-    peer_ops.handle_peer(fake_daemon(c), sender, Envelope("req", op, body, node=sender))  # type: ignore[arg-type]
+    c.receive(sender, Envelope("req", op, body, node=sender), time.time())
     healthy(c)
     after = {n.node_id: (n.status, n.instance) for n in c.nodes.values() if n.node_id != sender}
     assert after == before, "a message from one node changed another node's record"
@@ -584,9 +578,13 @@ def test_decode_refuses_non_finite_and_huge_numbers(number: bytes) -> None:
                                      ("first_step", {"round": 1, "at": 10**400})])
 def test_peer_dispatcher_survives_non_finite_numbers(op: str, body: dict[str, Any]) -> None:
     """The decoder refuses these now; the dispatcher must survive them anyway (defence in depth)."""
-    c, _ = coordinator()
+    c, sent = coordinator()
     body = {k: (math.inf if v == 1e400 else v) for k, v in body.items()}
-    peer_ops.handle_peer(fake_daemon(c), "zz", Envelope("req", op, body, node="zz"))  # type: ignore[arg-type]
+    before = (c.events.seq, len(sent), {n.node_id: n.status for n in c.nodes.values()})
+    c.receive("zz", Envelope("req", op, body, node="zz"), time.time())
+    healthy(c)
+    assert (c.events.seq, len(sent), {n.node_id: n.status for n in c.nodes.values()}) == before, \
+        "a frame with a non-finite number changed the job"
 
 
 def test_console_ingest_skips_non_finite_numbers() -> None:

@@ -2,10 +2,12 @@
 
 from typing import Any
 
-from elasticd import steer, step_agreement
+from elasticd import steer
 from elasticd.commands import Command
 from elasticd.coordinator import Coordinator
+from elasticd.names import EventKind
 from elasticd.protocol import ErrorCode, arg, new_id
+from elasticd.step_agreement import StepRequest
 
 
 def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
@@ -18,8 +20,8 @@ def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     if arg(args, "dry_run", bool, False):
         return {"ok": True, "dry_run": True, "plan": plan}
     op_id = new_id()
-    c.emit("checkpoint_requested", op_id=op_id)
-    step_agreement.ask(c, op_id, "checkpoint")  # `step_agreed` carries the step; `checkpoint_saved` follows
+    c.emit(EventKind.checkpoint_requested, op_id=op_id)
+    c.ask_step(op_id, StepRequest.checkpoint)  # `step_agreed` carries the step; `checkpoint_saved` follows
     return {"ok": True, "accepted": True, "op_id": op_id, "plan": plan}
 
 

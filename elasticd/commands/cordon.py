@@ -6,6 +6,7 @@ from typing import Any
 from elasticd import steer
 from elasticd.commands import Command
 from elasticd.coordinator import Coordinator
+from elasticd.names import Cause, EventKind, JobState, NodeStatus, Role
 from elasticd.protocol import ErrorCode, arg
 
 
@@ -13,12 +14,12 @@ def cordon(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     node = arg(args, "node", str)
     if node not in c.nodes:
         raise steer.refuse(f"no node '{node}' in job '{c.cfg.job_id}'", ErrorCode.NOT_FOUND)
-    in_round = c.round is not None and node in c.round.node_ids() and c.state == "running"
+    in_round = c.round is not None and node in c.round.node_ids() and c.state == JobState.running
     dry = bool(arg(args, "dry_run", bool, False))
     if not in_round:
         if not dry:
-            c.nodes[node].role = "cordoned"
-            c.emit("node_role", node, role="cordoned")
+            c.nodes[node].role = Role.cordoned
+            c.emit(EventKind.node_role, node, role=Role.cordoned)
         return {"ok": True, "dry_run": dry, "plan": {"summary": f"node {node} cordoned; the world is unchanged"}}
     steer.check_leave(c, [node], bool(arg(args, "force", bool, False)))
     plan = steer.plan(c, [n for n in c.round.node_ids() if n != node])
@@ -35,16 +36,16 @@ def uncordon(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     trans = c.transition
     if trans is not None and node in trans.leaving:
         raise steer.refuse(f"a {trans.kind} of {node} is in progress (op {trans.op_id}); uncordon it once "
-                           f"its {trans.kind}_complete event arrives")
-    if record.role != "cordoned":
+                           f"its {trans.events.complete} event arrives")
+    if record.role != Role.cordoned:
         raise steer.refuse(f"node '{node}' is not cordoned (role {record.role})", ErrorCode.BAD_ARGUMENT)
     dry = bool(arg(args, "dry_run", bool, False))
     if not dry:
-        record.role = "standby"
-        c.emit("node_role", node, role="standby")
-        active = sum(1 for n in c.alive() if n.role == "active")
-        if record.status == "alive" and active < c.target:
-            c.schedule("membership", f"uncordon of {node}", time.time())
+        record.role = Role.standby
+        c.emit(EventKind.node_role, node, role=Role.standby)
+        active = sum(1 for n in c.alive() if n.role == Role.active)
+        if record.status == NodeStatus.alive and active < c.target:
+            c.schedule(Cause.membership, f"uncordon of {node}", time.time())
     return {"ok": True, "dry_run": dry, "plan": {"summary": f"node {node} may join the next rounds (as standby)"}}
 
 

@@ -5,6 +5,7 @@ from typing import Any
 from elasticd import steer
 from elasticd.commands import Command
 from elasticd.coordinator import Coordinator
+from elasticd.names import MeshOp
 from elasticd.protocol import ErrorCode, arg
 
 
@@ -22,7 +23,7 @@ def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     plan = {"summary": f"rank {rank} on {node} is killed; the job restarts (failure {used + 1} of {limit} allowed)"}
     if arg(args, "dry_run", bool, False):
         return {"ok": True, "dry_run": True, "plan": plan}
-    c.send(node, "kill_worker", {"rank": rank})
+    c.send(node, MeshOp.kill_worker, {"rank": rank})
     return {"ok": True, "accepted": True, "plan": plan}
 
 

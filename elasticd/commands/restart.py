@@ -6,6 +6,7 @@ from typing import Any
 from elasticd import steer
 from elasticd.commands import Command
 from elasticd.coordinator import Coordinator
+from elasticd.names import Cause
 from elasticd.protocol import arg
 
 
@@ -14,8 +15,8 @@ def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     plan = {"summary": f"every worker restarts; world stays {c.round.world_size}"}
     if arg(args, "dry_run", bool, False):
         return {"ok": True, "dry_run": True, "plan": plan}
-    c.schedule("operator", "operator restart", time.time())
-    c.pending_due = time.time()
+    now = time.time()
+    c.schedule(Cause.operator, "operator restart", now, due=now)
     return {"ok": True, "accepted": True, "plan": plan}
 
 

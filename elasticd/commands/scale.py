@@ -6,6 +6,7 @@ from typing import Any
 from elasticd import steer
 from elasticd.commands import Command
 from elasticd.coordinator import Coordinator
+from elasticd.names import Cause, EventKind, Role
 from elasticd.protocol import ErrorCode, arg
 
 
@@ -28,7 +29,7 @@ def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
         c.target = target
         return {**steer.begin(c, "scale", leaving, "standby", "round", f"scale to {target}"), "plan": plan}
     joining = [n.node_id for n in sorted(c.alive(), key=lambda n: n.joined_seq)
-               if n.role == "standby"][: target - len(members)]
+               if n.role == Role.standby][: target - len(members)]
     plan = steer.plan(c, members + joining)
     if len(members) + len(joining) < target:
         plan["summary"] += f"; only {len(joining)} standby node(s) available, the rest join when they register"
@@ -36,8 +37,8 @@ def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
         return {"ok": True, "dry_run": True, "plan": plan}
     c.target = target
     if joining:
-        c.schedule("membership", f"scale to {target}", time.time())
-    c.emit("scale_set", target=target, joining=joining)
+        c.schedule(Cause.membership, f"scale to {target}", time.time())
+    c.emit(EventKind.scale_set, target=target, joining=joining)
     return {"ok": True, "accepted": True, "plan": plan}
 
 

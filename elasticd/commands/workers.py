@@ -4,12 +4,13 @@ from typing import Any
 
 from elasticd.commands import Command
 from elasticd.coordinator import Coordinator
+from elasticd.names import NodeStatus
 from elasticd.protocol import arg
 
 
 def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     only = arg(args, "node", str, "")
-    nodes = {n.node_id: n.workers for n in c.nodes.values() if n.status == "alive" and only in ("", n.node_id)}
+    nodes = {n.node_id: n.workers for n in c.nodes.values() if n.status == NodeStatus.alive and only in ("", n.node_id)}
     return {"ok": True, "nodes": nodes}
 
 

@@ -1,0 +1,150 @@
+"""A node's side of the mesh: registering, the welcome, heartbeats, leaving, acting on the coordinator's word."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
+
+from elasticd.config import JobConfig
+from elasticd.events import EventLog
+from elasticd.names import MeshOp, NodeState
+from elasticd.node import NodeAgent, ToCoordinator
+from elasticd.protocol import Envelope
+from elasticd.step_agreement import StepRequest, local_answer
+from elasticd.worker_channel import WorkerChannel
+
+log = logging.getLogger("elasticd")
+EXIT_COORDINATOR_LOST = 3
+
+
+class Lifecycle(Protocol):
+    """What a member needs of the daemon that runs it."""
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+    async def finish(self, state: str, reason: str, code: int | None = None, message: str = "") -> None: ...
+    def fail_start(self, message: str) -> None: ...
+
+
+class Member:
+    """Registers this node with the coordinator, keeps it alive there, and runs what the coordinator says."""
+
+    def __init__(self, cfg: JobConfig, node: NodeAgent, channel: WorkerChannel, to_coord: ToCoordinator,
+                 life: Lifecycle, events: EventLog, publish: Callable[[dict[str, Any]], None],
+                 on_forwarded_reply: Callable[[Envelope], None], connect_timeout_s: float,
+                 is_coordinator: bool) -> None:
+        self.cfg = cfg
+        self.node = node
+        self.channel = channel
+        self.to_coord = to_coord
+        self.life = life
+        self.events = events
+        self.publish = publish
+        self.on_forwarded_reply = on_forwarded_reply
+        self.connect_timeout_s = connect_timeout_s
+        self.is_coordinator = is_coordinator  # this daemon also holds the coordinator role
+        self.registered = False
+        self.leaving = False  # set once: a leaving node never registers again, whatever it is told
+        self.duplicate_since = 0.0
+        self.last_coord = 0.0
+        self.last_register = 0.0
+        self.first_register = 0.0  # 0 until the zygote is warm and the first `register` went out
+        self.handlers: dict[str, Callable[[dict[str, Any]], None]] = {
+            MeshOp.welcome: self.on_welcome,
+            MeshOp.hb: lambda _body: None,  # the answer to a heartbeat: arriving is all it has to say
+            MeshOp.unknown: self.on_unknown,
+            MeshOp.round: lambda body: life.spawn(node.apply_round(body)),
+            MeshOp.go: lambda body: node.go(int(body["round"])),
+            MeshOp.job_end: lambda body: life.spawn(life.finish(str(body.get("state", "failed")),
+                                                                str(body.get("reason", "")))),
+            MeshOp.probe: lambda body: to_coord(MeshOp.pong, {"round": body.get("round")}),
+            MeshOp.event: self.on_event,
+            MeshOp.step_query: lambda body: to_coord(MeshOp.step_report, {
+                "op_id": body.get("op_id"), **local_answer(node.rank_metrics, node.round_id)}),
+            MeshOp.drain_workers: lambda body: channel.request(StepRequest.drain, body),
+            MeshOp.checkpoint_workers: lambda body: channel.request(StepRequest.checkpoint, body),
+            MeshOp.kill_worker: lambda body: life.spawn(node.kill_worker(int(body["rank"]))),
+        }
+
+    # ---- the coordinator's messages -------------------------------------------------------------
+    def receive(self, env: Envelope) -> None:
+        self.last_coord = time.time()
+        if env.type == "rep" and env.op.startswith("ctl."):
+            self.on_forwarded_reply(env)
+            return
+        if not self.registered and env.op not in (MeshOp.welcome, MeshOp.job_end):
+            return  # a daemon not yet welcomed acts on nothing: it may be a refused duplicate of a live node
+        if self.leaving and env.op != MeshOp.job_end:
+            return  # it said `leave`: the job goes on without it, and it acts on nothing but the job's end
+        handler = self.handlers.get(env.op)
+        if handler is not None:
+            handler(env.body)
+
+    def on_welcome(self, body: dict[str, Any]) -> None:
+        if body.get("ok"):
+            self.registered, self.duplicate_since = True, 0.0
+            self.node.state = str(body.get("role", NodeState.active))
+            return
+        reason = str(body.get("reason", "registration refused"))
+        now = time.time()
+        # A daemon restarted right after a SIGKILL finds its old self still listed until it is declared
+        # lost; keep trying that long before calling the node id a duplicate.
+        if "already in job" in reason and now - (self.duplicate_since or now) < self.cfg.lost_after_s + 2:
+            self.duplicate_since = self.duplicate_since or now
+            return
+        self.life.fail_start(reason)
+
+    def on_unknown(self, _body: dict[str, Any]) -> None:
+        log.warning("[%s] the coordinator no longer knows this node; stopping workers and re-registering",
+                    self.cfg.node_id)
+        self.registered = False
+        self.life.spawn(self.rejoin())
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        """The coordinator's numbered event, replicated here for this daemon's own subscribers."""
+        if not self.is_coordinator:
+            self.events.adopt(event)
+            self.publish(event)
+
+    async def rejoin(self) -> None:
+        await self.node.stop_workers()
+        self.node.round_id = 0
+        if not self.leaving:
+            self.register()
+
+    # ---- what this node says ---------------------------------------------------------------------
+    def register(self) -> None:
+        self.last_register = time.time()
+        self.to_coord(MeshOp.register, self.node.register_body())
+
+    def start_registering(self) -> None:
+        self.first_register = time.time()
+        self.register()
+
+    def leave(self, reason: str) -> None:
+        """A graceful leave: the coordinator re-forms without this node, which never registers again."""
+        self.leaving = True
+        self.to_coord(MeshOp.leave, {"reason": reason})
+        self.life.spawn(self.life.finish("stopped", f"left the job: {reason}", 0))
+
+    def beat(self, now: float) -> None:
+        """Once a heartbeat interval: retry registering, or send a heartbeat and watch the coordinator."""
+        if self.leaving:
+            return
+        if not self.registered:
+            if not self.first_register:
+                return  # still warming up
+            if now - self.first_register > self.connect_timeout_s:
+                self.life.fail_start(f"rendezvous endpoint {self.cfg.rdzv_host}:{self.cfg.rdzv_port} did not "
+                                     f"answer within {self.connect_timeout_s:.0f}s; is the first elasticd of job "
+                                     f"'{self.cfg.job_id}' running on that host?")
+            elif now - self.last_register >= 1.0:
+                self.register()
+            return
+        self.to_coord(MeshOp.hb, self.node.heartbeat_body())
+        if not self.is_coordinator and now - self.last_coord > self.cfg.lost_after_s:
+            message = (f"coordinator of job '{self.cfg.job_id}' at {self.cfg.rdzv_host}:{self.cfg.rdzv_port} "
+                       f"stopped answering for {self.cfg.lost_after_s:.0f}s; the job cannot go on without it "
+                       "(no coordinator HA yet): workers stopped")
+            self.life.spawn(self.life.finish("lost", message, EXIT_COORDINATOR_LOST, message))

@@ -1,0 +1,67 @@
+"""Graceful membership changes in flight: what a transition is, and the events that mark its life."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from elasticd.names import Cause, EventKind, Role, StrEnum
+
+DRAIN_TIMEOUT_S = 30.0  # past this, a transition completes without the ranks that never said `drained`
+
+
+class TransitionKind(StrEnum):
+    drain = "drain"
+    scale = "scale"
+    cordon = "cordon"
+    stop = "stop"
+    reform = "reform"  # healthy shim workers stop at one step before a round that restarts them (join, restart)
+
+
+class After(StrEnum):
+    """What follows once every rank has stopped: a new round, or the job's end."""
+
+    round = "round"
+    end = "end"
+
+
+@dataclass(frozen=True)
+class TransitionEvents:
+    started: EventKind
+    progress: EventKind
+    complete: EventKind
+    abandoned: EventKind
+
+
+EVENTS: dict[TransitionKind, TransitionEvents] = {
+    TransitionKind.drain: TransitionEvents(EventKind.drain_started, EventKind.drain_progress,
+                                           EventKind.drain_complete, EventKind.drain_abandoned),
+    TransitionKind.scale: TransitionEvents(EventKind.scale_started, EventKind.scale_progress,
+                                           EventKind.scale_complete, EventKind.scale_abandoned),
+    TransitionKind.cordon: TransitionEvents(EventKind.cordon_started, EventKind.cordon_progress,
+                                            EventKind.cordon_complete, EventKind.cordon_abandoned),
+    TransitionKind.stop: TransitionEvents(EventKind.stop_started, EventKind.stop_progress,
+                                          EventKind.stop_complete, EventKind.stop_abandoned),
+    TransitionKind.reform: TransitionEvents(EventKind.reform_started, EventKind.reform_progress,
+                                            EventKind.reform_complete, EventKind.reform_abandoned),
+}
+
+
+@dataclass
+class Transition:
+    """Shim workers stop at one agreed step; then the job re-forms without `leaving`, or ends."""
+
+    op_id: str
+    kind: TransitionKind
+    leaving: list[str]
+    final_role: Role  # the leaving nodes' role once it completes
+    then: After
+    awaiting: set[str]  # members whose ranks have not yet said `drained`
+    deadline: float
+    started: float = field(default_factory=time.time)
+    cause: Cause = Cause.membership  # the cause of the round that follows
+    detail: str = ""
+
+    @property
+    def events(self) -> TransitionEvents:
+        return EVENTS[self.kind]
