@@ -51,8 +51,9 @@ class Suspect:
 
 class Coordinator:
     def __init__(self, cfg: JobConfig, store: MembershipStore, send: Send, events: EventLog,
-                 on_event: Callable[[dict[str, Any]], None]) -> None:
+                 on_event: Callable[[dict[str, Any]], None], clock: Callable[[], float] = time.time) -> None:
         self.cfg = cfg
+        self.clock = clock  # injected so that scenario tests run on a fake clock
         self.store = store
         self.send = send
         self.events = events
@@ -63,7 +64,7 @@ class Coordinator:
         self.restarts: dict[Cause, int] = dict.fromkeys(RESTART_CAUSES, 0)
         self.round: Round | None = None
         self.pending: PendingRound | None = None
-        self.waiting_since = time.time()
+        self.waiting_since = clock()
         self.done_nodes: set[str] = set()
         self.suspect: Suspect | None = None
         self.transition: Transition | None = None
@@ -223,7 +224,7 @@ class Coordinator:
             return
         if self.pending is None:
             self.pending = PendingRound(cause, detail, detected_at, 0.0)
-        self.pending.due = time.time() + SETTLE_S if due is None else due
+        self.pending.due = self.clock() + SETTLE_S if due is None else due
 
     def start_pending_round(self, now: float) -> None:
         pending = self.pending
@@ -305,7 +306,7 @@ class Coordinator:
         if forced:
             self.emit(EventKind.stop_barrier_timeout, round=rnd.round_id, nodes=sorted(self.stop_barrier))
             self.stop_barrier = set()
-        rnd.timeline["go"] = time.time()
+        rnd.timeline["go"] = self.clock()
         for node_id in rnd.node_ids():
             self.send(node_id, MeshOp.go, {"round": rnd.round_id})
 
@@ -408,7 +409,7 @@ class Coordinator:
                          detail: str, cause: Cause = Cause.membership, detected: float = 0.0) -> str:
         """Shim workers stop at one agreed step, plain ones get SIGTERM; returns the op id."""
         assert self.round is not None
-        op_id, now = new_id(), time.time()
+        op_id, now = new_id(), self.clock()
         for node_id in leaving:
             self.nodes[node_id].role = Role.draining
             self.emit(EventKind.node_role, node_id, role=Role.draining)
@@ -470,7 +471,7 @@ class Coordinator:
 
     def ask_step(self, op_id: str, request: StepRequest) -> None:
         assert self.round is not None
-        self.agreement.ask(op_id, request, self.round.node_ids(), time.time())
+        self.agreement.ask(op_id, request, self.round.node_ids(), self.clock())
 
     def on_step_report(self, sender: str, body: dict[str, Any], _now: float) -> None:
         query = self.agreement.answer(sender, body)

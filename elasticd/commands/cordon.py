@@ -1,6 +1,5 @@
 """`cordon NODE` keeps a node out of the next rounds; `uncordon NODE` lets it back in."""
 
-import time
 from typing import Any
 
 from elasticd import steer
@@ -45,7 +44,7 @@ def uncordon(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
         c.emit(EventKind.node_role, node, role=Role.standby)
         active = sum(1 for n in c.alive() if n.role == Role.active)
         if record.status == NodeStatus.alive and active < c.target:
-            c.schedule(Cause.membership, f"uncordon of {node}", time.time())
+            c.schedule(Cause.membership, f"uncordon of {node}", c.clock())
     return {"ok": True, "dry_run": dry, "plan": {"summary": f"node {node} may join the next rounds (as standby)"}}
 
 

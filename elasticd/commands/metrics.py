@@ -1,6 +1,5 @@
 """`metrics`: step, loss, throughput and checkpoint age per rank, from trainer_shim reports."""
 
-import time
 from typing import Any
 
 from elasticd.commands import Command
@@ -8,7 +7,7 @@ from elasticd.coordinator import Coordinator
 
 
 def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
-    now, ranks = time.time(), []
+    now, ranks = c.clock(), []
     for node in c.alive():
         for data in node.metrics.values():
             if not isinstance(data, dict):

@@ -1,6 +1,5 @@
 """`restart`: an operator restart of every worker into a fresh round (cause `operator`)."""
 
-import time
 from typing import Any
 
 from elasticd import steer
@@ -15,7 +14,7 @@ def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     plan = {"summary": f"every worker restarts; world stays {c.round.world_size}"}
     if arg(args, "dry_run", bool, False):
         return {"ok": True, "dry_run": True, "plan": plan}
-    now = time.time()
+    now = c.clock()
     c.schedule(Cause.operator, "operator restart", now, due=now)
     return {"ok": True, "accepted": True, "plan": plan}
 

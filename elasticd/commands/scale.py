@@ -1,6 +1,5 @@
 """`scale N`: set the target node count within min:max; activates standbys or drains the surplus."""
 
-import time
 from typing import Any
 
 from elasticd import steer
@@ -37,7 +36,7 @@ def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
         return {"ok": True, "dry_run": True, "plan": plan}
     c.target = target
     if joining:
-        c.schedule(Cause.membership, f"scale to {target}", time.time())
+        c.schedule(Cause.membership, f"scale to {target}", c.clock())
     c.emit(EventKind.scale_set, target=target, joining=joining)
     return {"ok": True, "accepted": True, "plan": plan}
 

@@ -1,6 +1,5 @@
 """`status`: the job, its round, and every node with role, state and restarts."""
 
-import time
 from typing import Any
 
 from elasticd.commands import Command
@@ -8,7 +7,7 @@ from elasticd.coordinator import Coordinator
 
 
 def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
-    return {"ok": True, **c.status(time.time())}
+    return {"ok": True, **c.status(c.clock())}
 
 
 COMMANDS = [Command("status", False, run, "job state, round, world size, nodes, restarts by cause")]
