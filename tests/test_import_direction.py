@@ -62,3 +62,55 @@ def test_the_scan_sees_real_imports() -> None:
     assert any(top(n) == "textual" for names in imports("tui").values() for n in names)
     assert any(top(n) == "zmq" for names in imports("trainer_shim").values() for n in names)
     assert any(n == "elasticd.protocol" for names in imports("trainer_shim").values() for n in names)
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Every product module and the product modules it imports, anywhere in the file (TYPE_CHECKING too)."""
+    graph: dict[str, set[str]] = {}
+    for package in ("elasticd", "tui", "trainer_shim"):
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found: set[str] = set()
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    found.update(alias.name for alias in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    # `from pkg import mod` imports the submodule when there is one
+                    found.update(f"{node.module}.{alias.name}" for alias in node.names)
+                    found.add(node.module)
+            graph[name] = found
+    return {name: {n for n in found if n in graph and n != name} for name, found in graph.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(name: str) -> list[str]:
+        state[name] = 1
+        path.append(name)
+        for dep in sorted(graph[name]):
+            if state.get(dep) == 1:
+                return [*path[path.index(dep):], dep]
+            if dep not in state and (cycle := visit(dep)):
+                return cycle
+        path.pop()
+        state[name] = 2
+        return []
+
+    for name in sorted(graph):
+        if name not in state and (cycle := visit(name)):
+            return cycle
+    return []
+
+
+def test_no_import_cycle_among_product_modules() -> None:
+    graph = module_graph()
+    assert "elasticd.coordinator" in graph["elasticd.daemon"]  # the scan sees real imports
+    assert find_cycle(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+

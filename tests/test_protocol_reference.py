@@ -1,0 +1,17 @@
+"""docs/protocol.md is complete enough to script against from another language."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from elasticd.names import EventKind, MeshOp
+
+DOC = (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text()
+
+
+def test_every_mesh_op_is_documented() -> None:
+    assert [op for op in MeshOp if f"| `{op}` |" not in DOC] == []
+
+
+def test_every_event_kind_is_documented() -> None:
+    assert [kind for kind in EventKind if f"`{kind}`" not in DOC] == []
