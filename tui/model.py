@@ -17,7 +17,7 @@ PUSHED_FRESH_S = 5.0  # a rank reported by `st` this recently takes steps from `
 
 
 @dataclass
-class RankMetrics:
+class RankView:
     """The latest trainer_shim report of one global rank."""
 
     rank: int
@@ -84,7 +84,7 @@ class JobModel:
         self.clock = clock
         self.job = JobView(job_id=job_id)
         self.nodes: dict[str, NodeView] = {}
-        self.rank_metrics: dict[int, RankMetrics] = {}
+        self.rank_metrics: dict[int, RankView] = {}
         self.rank_map: list[dict[str, Any]] = []
         self.round_history: list[dict[str, Any]] = []
         self.events: deque[dict[str, Any]] = deque(maxlen=EVENT_HISTORY)
@@ -92,7 +92,7 @@ class JobModel:
         self.connection = "connecting"
         self.version = 0
         self.step_seen_at: dict[tuple[str, int], float] = {}
-        self.ranks_by_node: dict[str, dict[int, RankMetrics]] = {}  # node id -> rank -> its metrics
+        self.ranks_by_node: dict[str, dict[int, RankView]] = {}  # node id -> rank -> its metrics
         self.node_order: dict[str, int] = {}  # node id -> position in `nodes` (nodes are never removed)
 
     def changed(self) -> None:
@@ -105,13 +105,13 @@ class JobModel:
             self.node_order[node_id] = len(self.node_order)
         return node
 
-    def rank(self, rank: int, node: str) -> RankMetrics:
+    def rank(self, rank: int, node: str) -> RankView:
         """The metrics of a rank, fresh when it moved to another node; kept indexed by node."""
         metrics = self.rank_metrics.get(rank)
         if metrics is None or metrics.node != node:
             if metrics is not None:
                 self.ranks_by_node.get(metrics.node, {}).pop(rank, None)
-            metrics = self.rank_metrics[rank] = RankMetrics(rank, node)
+            metrics = self.rank_metrics[rank] = RankView(rank, node)
             self.ranks_by_node.setdefault(node, {})[rank] = metrics
         return metrics
 
@@ -169,7 +169,7 @@ class JobModel:
             self.apply_event(event)
 
     # ---- telemetry -------------------------------------------------------------------------------
-    def update_rank(self, rank: int, node: str, step: Any, loss: Any, throughput: Any) -> RankMetrics:
+    def update_rank(self, rank: int, node: str, step: Any, loss: Any, throughput: Any) -> RankView:
         metrics = self.rank(rank, node)
         now = self.clock()
         if step is not None and step != metrics.step:
@@ -250,7 +250,7 @@ class JobModel:
     def node_liveness(self, node: NodeView) -> str:
         return liveness(self.heartbeat_age(node), node.connected, node.status)
 
-    def node_ranks(self, node_id: str) -> list[RankMetrics]:
+    def node_ranks(self, node_id: str) -> list[RankView]:
         found = self.ranks_by_node.get(node_id)
         return [found[r] for r in sorted(found)] if found else []
 
