@@ -18,6 +18,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q

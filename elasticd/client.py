@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -102,7 +102,7 @@ class Client:
 
     def __init__(self, control: str, timeout_s: float = DEFAULT_TIMEOUT_S,
                  credentials: Credentials | None = None) -> None:
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.credentials = credentials
         self.sock = _socket(self.ctx, zmq.DEALER, credentials)
         self.sock.connect(control)
@@ -168,7 +168,9 @@ class Client:
             sub.close()
 
 
-def _socket(ctx: zmq.Context, kind: int, credentials: Credentials | None) -> zmq.Socket:
+SocketT = TypeVar("SocketT", bound=zmq.Socket[Any])  # a blocking or an asyncio socket, as its context makes
+
+def _socket(ctx: zmq.Context[SocketT], kind: int, credentials: Credentials | None) -> SocketT:
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     if credentials is not None:
@@ -176,8 +178,8 @@ def _socket(ctx: zmq.Context, kind: int, credentials: Credentials | None) -> zmq
     return sock
 
 
-def _subscriber(ctx: zmq.Context, pub: str, credentials: Credentials | None,
-                topics: tuple[str, ...] = ("",)) -> zmq.Socket:
+def _subscriber(ctx: zmq.Context[SocketT], pub: str, credentials: Credentials | None,
+                topics: tuple[str, ...] = ("",)) -> SocketT:
     sub = _socket(ctx, zmq.SUB, credentials)
     for topic in topics:
         sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
@@ -251,7 +253,7 @@ class AsyncClient:
             self._reader = asyncio.create_task(self._read())
         msg_id, frame = _request(op, args)
         limit = timeout_s or self.timeout_s
-        if not await self.sock.poll(int(limit * 1000) + 1, zmq.POLLOUT):
+        if not await self.sock.poll(int(limit * 1000) + 1, zmq.POLLOUT):  # type: ignore[call-arg]  # stub lacks flags
             raise ClientError("timeout", _UNREACHABLE.format(op=op, limit=limit), ErrorCode.TIMEOUT)
         future: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
         self._waiters[msg_id] = future
@@ -275,7 +277,7 @@ class AsyncClient:
                 waiter.set_result(env)
 
     async def events(self, pub: str, since_seq: int | None = None, topics: tuple[str, ...] = ("",),
-                     idle_timeout_s: float | None = None) -> AsyncIterator[Event]:
+                     idle_timeout_s: float | None = None) -> AsyncGenerator[Event, None]:
         """Telemetry after a snapshot, like Client.subscribe: heartbeats too, gaps fetched.
 
         `topics` narrows the subscription (`("hb.",)` for liveness alone: without `ev.` no gap is ever seen).

@@ -129,7 +129,7 @@ class ControlPlane:
         while True:
             parts = await self.router.recv_multipart(copy=False)
             frames = [part.bytes for part in parts]
-            user = parts[-1].get("User-Id") if self.d.gate is not None else ""
+            user = str(parts[-1].get("User-Id")) if self.d.gate is not None else ""
             self.stats["requests"] += 1
             self.expire_forwards()
             if len(frames) < 2:

@@ -267,6 +267,9 @@ class Daemon:
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.create_task(coro)
         self.tasks.append(task)
-        task.add_done_callback(lambda t: t.cancelled() or t.exception() is None
-                               or log.error("task failed: %r", t.exception()))
+        task.add_done_callback(log_failure)
 
+
+def log_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("task failed: %r", task.exception())

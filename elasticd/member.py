@@ -50,7 +50,7 @@ class Member:
         self.last_coord = 0.0
         self.last_register = 0.0
         self.first_register = 0.0  # 0 until the zygote is warm and the first `register` went out
-        self.handlers: dict[str, Callable[[dict[str, Any]], None]] = {
+        self.handlers: dict[str, Callable[[dict[str, Any]], object]] = {
             MeshOp.welcome: self.on_welcome,
             MeshOp.hb: lambda _body: None,  # the answer to a heartbeat: arriving is all it has to say
             MeshOp.unknown: self.on_unknown,

@@ -81,7 +81,7 @@ def is_local_host(host: str) -> bool:
     except socket.gaierror:
         return False
     local = {addr.address for addrs in psutil.net_if_addrs().values() for addr in addrs}
-    return any(info[4][0] in local or info[4][0].startswith("127.") for info in infos)
+    return any(str(info[4][0]) in local or str(info[4][0]).startswith("127.") for info in infos)
 
 
 def advertised_addr(rdzv_host: str, override: str = "") -> str:
@@ -89,7 +89,7 @@ def advertised_addr(rdzv_host: str, override: str = "") -> str:
     if override:
         return override
     try:
-        target = socket.getaddrinfo(rdzv_host, None, socket.AF_INET)[0][4][0]
+        target = str(socket.getaddrinfo(rdzv_host, None, socket.AF_INET)[0][4][0])
     except socket.gaierror:
         return "127.0.0.1"
     if target.startswith("127."):

@@ -21,7 +21,9 @@ DEFAULT_PRELOAD = "torch,torch.distributed,torch.nn.parallel,torch._dynamo"
 
 class WorkerProcess(Protocol):
     pid: int
-    stdout: asyncio.StreamReader | None
+
+    @property
+    def stdout(self) -> asyncio.StreamReader | None: ...
 
     async def wait(self) -> int: ...
 

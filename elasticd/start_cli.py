@@ -8,6 +8,7 @@ import socket
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 from elasticd.config import (
     ConfigError,
@@ -23,9 +24,9 @@ def add_start_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     p = sub.add_parser("start", help="supervise this node's workers (replaces torchrun)",
                        description="Run SCRIPT (or -m MODULE) on this node as part of an elastic job.")
 
-    def flag(name: str, **kw: object) -> None:
+    def flag(name: str, **kw: Any) -> None:
         names = [f"--{name}"] + ([f"--{name.replace('-', '_')}"] if "-" in name else [])
-        p.add_argument(*names, **kw)  # type: ignore[arg-type]
+        p.add_argument(*names, **kw)
 
     flag("nnodes", default="1", help="N or MIN:MAX nodes (default 1)")
     flag("nproc-per-node", default="1", help="workers on this node (default 1)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from elasticd.coordinator import Coordinator
-from elasticd.membership import build_rank_map
+from elasticd.membership import Round, build_rank_map
 from elasticd.names import Cause, JobState, Role
 from elasticd.protocol import ErrorCode, ProtocolError
 from elasticd.transitions import After, TransitionKind
@@ -15,9 +15,11 @@ def refuse(reason: str, errno: int = ErrorCode.REFUSED) -> ProtocolError:
     return ProtocolError(errno, reason)
 
 
-def require_running(c: Coordinator) -> None:
+def require_running(c: Coordinator) -> Round:
+    """The current round of a running job, or a refusal."""
     if c.state != JobState.running or c.round is None:
         raise refuse(f"job '{c.cfg.job_id}' is not running (state {c.state})", ErrorCode.NOT_RUNNING)
+    return c.round
 
 
 def require_idle(c: Coordinator) -> None:

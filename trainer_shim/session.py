@@ -9,7 +9,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
@@ -168,7 +168,7 @@ class Session:
     def poll(self) -> None:
         """Read every queued request without waiting; each new one is acknowledged."""
         try:
-            if not self._sock.get(zmq.EVENTS) & zmq.POLLIN:  # one cheap call when nothing is queued
+            if not cast(int, self._sock.get(zmq.EVENTS)) & zmq.POLLIN:  # one cheap call when nothing is queued
                 return
             while True:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK)

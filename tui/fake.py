@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from elasticd.client import ClientError, Event
@@ -128,7 +128,7 @@ class FakeLink:
         return self.steer(args, "every rank saves at step 243")
 
     async def events(self, pub: str, since_seq: int | None = None, topics: tuple[str, ...] = ("",),
-                     idle_timeout_s: float | None = None) -> AsyncIterator[Event]:
+                     idle_timeout_s: float | None = None) -> AsyncGenerator[Event, None]:
         """Like a daemon's PUB: each of a and b publishes `st.<node>` (every rank of the node), then beats."""
         node = pub.rsplit("/", 1)[-1]
         if node in ("a", "b") and any("st.".startswith(t) or t.startswith("st.") for t in topics):

@@ -89,7 +89,7 @@ def recent_losses(node: NodeView, count: int = SPARK_WIDTH) -> list[float]:
 
 
 def node_rows(model: JobModel, marks: set[str], pattern: str = "") -> list[Row]:
-    rows = []
+    rows: list[Row] = []
     for node in model.nodes.values():
         cells = node_row(model, node, node.node_id in marks)
         if matches(pattern, *cells):
@@ -110,7 +110,7 @@ def node_cells(model: JobModel, marks: set[str]) -> Callable[[str], list[Text | 
 
 
 def checkpoint_rows(model: JobModel, pattern: str = "") -> list[Row]:
-    rows = []
+    rows: list[Row] = []
     for metrics in sorted(model.rank_metrics.values(), key=lambda m: m.rank):
         age = model.clock() - metrics.checkpoint_at if metrics.checkpoint_at is not None else None
         cells: list[Text | str] = [
@@ -140,7 +140,7 @@ def event_details(event: dict[str, Any]) -> str:
 def event_rows(model: JobModel, pattern: str = "", limit: int = 500) -> list[Row]:
     import time as _time
 
-    rows = []
+    rows: list[Row] = []
     for event in reversed(model.events):
         kind = str(event.get("kind", ""))
         style = ("bold red" if "fail" in kind or "lost" in kind or kind == "interlock_refused"
@@ -156,7 +156,7 @@ def event_rows(model: JobModel, pattern: str = "", limit: int = 500) -> list[Row
 
 
 def history_rows(model: JobModel) -> list[Row]:
-    rows = []
+    rows: list[Row] = []
     for rnd in reversed(model.round_history):
         members = " ".join(f"{m.get('node_id')}:{span_text(list(m.get('ranks', [])))}" for m in rnd.get("members", []))
         timeline = {k: float(v) - float(rnd["timeline"].get("detect", 0)) for k, v in rnd.get("timeline", {}).items()

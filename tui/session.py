@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, Protocol
 
 import zmq
@@ -22,7 +22,7 @@ class DaemonLink(Protocol):
 
     async def call(self, op: str, timeout_s: float | None = None, **args: Any) -> dict[str, Any]: ...
     def events(self, pub: str, since_seq: int | None = None, topics: tuple[str, ...] = ("",),
-               idle_timeout_s: float | None = None) -> AsyncIterator[Event]: ...
+               idle_timeout_s: float | None = None) -> AsyncGenerator[Event, None]: ...
     def close(self) -> None: ...
 
 
@@ -67,7 +67,8 @@ class ZmqTelemetry:
             credentials.apply(self.sock)
         for topic in topics:
             self.sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        self.sync = zmq.Socket.shadow(self.sock.underlying)  # non-blocking reads without a future each
+        # non-blocking reads without a future each
+        self.sync: zmq.Socket[bytes] = zmq.Socket.shadow(self.sock.underlying)
         self.pubs: set[str] = set()
         self.batch = batch
 

@@ -16,6 +16,7 @@ from textual.widgets import Footer, Static
 
 from tui.liveness import format_age, format_bytes
 from tui.model import JobModel
+from tui.rows import Row
 from tui.views.table import SyncedTable
 
 WORKER_COLUMNS = ("rank", "local", "pid", "state", "exit", "cpu%", "rss", "uptime", "log")
@@ -73,7 +74,7 @@ class NodeDetailScreen(Screen[None]):
         self.query_one("#detail-title", Static).update(
             f"node {node.node_id} · host {node.host or '?'} · {node.role}/{node.daemon_state or node.status} · "
             f"{self.model.node_liveness(node)} {format_age(self.model.heartbeat_age(node))}")
-        rows = [(str(w.get("pid")), [str(w.get("rank")), str(w.get("local_rank")), str(w.get("pid")),
+        rows: list[Row] = [(str(w.get("pid")), [str(w.get("rank")), str(w.get("local_rank")), str(w.get("pid")),
                  Text(str(w.get("state")), style="green" if w.get("state") == "running" else "red"),
                  "-" if w.get("exit_code") is None else str(w.get("exit_code")),
                  f"{float(w.get('cpu_percent') or 0):.0f}", format_bytes(w.get("rss")),
