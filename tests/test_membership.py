@@ -155,3 +155,23 @@ def test_a_worker_that_never_exits_after_its_peers_finished_is_stopped_and_the_j
         assert wait_gone(job_processes(job.job_id)) == []
     finally:
         job.close()
+
+
+def test_sigterm_leave_with_slow_exiting_workers_is_exactly_one_round(tmp_path: Path) -> None:
+    """While a leaving node's workers take seconds to exit, its heartbeats must not make it register again."""
+    job = Job(tmp_path, nnodes="1:2", nproc=1)
+    try:
+        job.start("a", TICKER)
+        b = job.start("b", TICKER, "--term-delay", "2.5")
+        grown = job.wait_event("round_started", lambda e: e["world_size"] == 2)
+        job.wait_event("workers_started", lambda e: e["node"] == "b", since=grown["seq"])
+        b.signal(signal.SIGTERM)
+        assert b.wait_exit(30) == 0  # after its slow workers are gone: any re-registration happened by now
+        job.wait_event("round_started", lambda e: e["world_size"] == 1, since=grown["seq"])
+        with job.client() as client:
+            events = client.call("events", since_seq=grown["seq"], limit=0)["events"]
+        kinds = [e["kind"] for e in events if e["kind"] in ("node_left", "node_joined", "node_lost", "round_started")]
+        assert kinds == ["node_left", "round_started"]
+        assert job.status()["restarts"]["failure"] == 0
+    finally:
+        job.close()

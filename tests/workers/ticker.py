@@ -17,11 +17,16 @@ parser.add_argument("--interval", type=float, default=0.05)
 parser.add_argument("--exit-code", type=int, default=0, help="exit with this code after --ticks")
 parser.add_argument("--ignore-sigterm", action="store_true")
 parser.add_argument("--forever-rank", type=int, default=-1, help="this rank never exits (a hung teardown)")
+parser.add_argument("--term-delay", type=float, default=0.0, help="take this long to exit on SIGTERM (a slow teardown)")
 args = parser.parse_args()
-if args.ignore_sigterm:
+if args.ignore_sigterm or args.term_delay:
     import signal
 
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    def slow_exit(*_: object) -> None:
+        time.sleep(args.term_delay)
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if args.ignore_sigterm else slow_exit)
 print("env=" + json.dumps({k: os.environ.get(k) for k in CONTRACT}), flush=True)
 forever = os.environ.get("RANK") == str(args.forever_rank)
 for tick in range(10**9 if forever else args.ticks):
