@@ -13,27 +13,11 @@ from typing import Any
 from elasticd import __version__
 from elasticd.auth import KeyStoreError
 from elasticd.client import Client, ClientError, Credentials, Endpoints, discover
+from elasticd.commands import REGISTRY, Command
 from elasticd.config import ConfigError
 from elasticd.keys_cli import add_keys_parser, run_keys
-from elasticd.render import render
+from elasticd.render import event
 from elasticd.start_cli import add_start_parser, config_from_args
-
-VERBS: dict[str, str] = {
-    "status": "job state, round, nodes, restarts by cause",
-    "ranks": "rank map of this round and earlier ones",
-    "workers": "worker processes of every node",
-    "events": "job events (--follow to stream them)",
-    "metrics": "step, loss, throughput, checkpoint age per rank",
-    "scale": "set the target node count: scale N",
-    "drain": "graceful leave of a node: drain NODE",
-    "cordon": "keep a node out of the next rounds: cordon NODE",
-    "uncordon": "let a cordoned node back in: uncordon NODE",
-    "checkpoint": "shim workers save at their next common step",
-    "restart": "operator restart of every worker",
-    "kill-worker": "failure drill: kill-worker NODE RANK",
-    "stop": "graceful end of the job",
-}
-STEER = {"scale", "drain", "cordon", "uncordon", "checkpoint", "restart", "kill-worker", "stop"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,48 +26,42 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     add_start_parser(sub)
     add_keys_parser(sub)
-    for verb, summary in VERBS.items():
-        p = sub.add_parser(verb, help=summary, description=summary)
-        p.add_argument("--connect", default="", help="control address of any daemon of the job (default: discover)")
-        p.add_argument("--job", default="", help="job id, when several jobs run on this host")
-        p.add_argument("--json", action="store_true", help="print the raw JSON reply")
-        p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
-        p.add_argument("--key", default=os.environ.get("ELASTICD_KEY", ""),
-                       help="your CURVE key (.key_secret file) for a job started with --keys")
-        p.add_argument("--server-key", default=os.environ.get("ELASTICD_SERVER_KEY", ""),
-                       help="the job's node key (node.key file or z85 text; default: from the daemon's endpoint file)")
-        if verb in ("scale",):
-            p.add_argument("nodes", type=int, help="target number of nodes")
-        if verb in ("drain", "cordon", "uncordon", "kill-worker"):
-            p.add_argument("node", help="node id")
-        if verb == "kill-worker":
-            p.add_argument("rank", type=int, help="global rank on that node")
-        if verb == "workers":
-            p.add_argument("--node", dest="only_node", default="", help="only this node")
-        if verb == "events":
-            p.add_argument("--follow", "-f", action="store_true", help="stream events as they happen")
-            p.add_argument("--kind", action="append", default=[], help="only these kinds (repeatable)")
-            p.add_argument("--since", type=float, default=0.0, help="only events newer than this many seconds")
-            p.add_argument("--limit", type=int, default=200, help="at most this many past events")
-        if verb in STEER:
-            p.add_argument("--dry-run", action="store_true", help="say what would happen; change nothing")
-            p.add_argument("--force", action="store_true", help="override an interlock")
+    for command in REGISTRY.values():
+        add_verb_parser(sub, command)
     return parser
 
 
-def request_args(ns: argparse.Namespace) -> dict[str, Any]:
-    args: dict[str, Any] = {}
-    for name in ("nodes", "node", "rank"):
-        if getattr(ns, name, None) is not None:
-            args[name] = getattr(ns, name)
-    if getattr(ns, "only_node", ""):
-        args["node"] = ns.only_node
-    if ns.verb in STEER:
-        args.update(dry_run=ns.dry_run, force=ns.force)
-    if ns.verb == "events":
-        import time
+def add_verb_parser(sub: argparse._SubParsersAction, command: Command) -> None:
+    p = sub.add_parser(command.name, help=command.summary, description=command.summary)
+    p.add_argument("--connect", default="", help="control address of any daemon of the job (default: discover)")
+    p.add_argument("--job", default="", help="job id, when several jobs run on this host")
+    p.add_argument("--json", action="store_true", help="print the raw JSON reply")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
+    p.add_argument("--key", default=os.environ.get("ELASTICD_KEY", ""),
+                   help="your CURVE key (.key_secret file) for a job started with --keys")
+    p.add_argument("--server-key", default=os.environ.get("ELASTICD_SERVER_KEY", ""),
+                   help="the job's node key (node.key file or z85 text; default: from the daemon's endpoint file)")
+    for a in command.args:
+        typed = {"type": a.type} if a.type is not None else {}
+        if a.flags:
+            p.add_argument(*a.flags, dest=a.name, action=a.action, default=a.default, help=a.help, **typed)
+        else:
+            p.add_argument(a.name, action=a.action, help=a.help, **typed)
+    if command.steer:
+        p.add_argument("--dry-run", action="store_true", help="say what would happen; change nothing")
+        p.add_argument("--force", action="store_true", help="override an interlock")
 
-        args.update(kinds=ns.kind, limit=ns.limit, since_ts=time.time() - ns.since if ns.since else 0.0)
+
+def request_args(ns: argparse.Namespace) -> dict[str, Any]:
+    """The request body of a parsed verb command line."""
+    command = REGISTRY[ns.verb]
+    args: dict[str, Any] = {}
+    for a in command.args:
+        value = getattr(ns, a.name)
+        if value is not None and not a.cli_only:
+            args[a.field or a.name] = a.to_request(value) if a.to_request else value
+    if command.steer:
+        args.update(dry_run=ns.dry_run, force=ns.force)
     return args
 
 
@@ -102,19 +80,20 @@ def run_verb(ns: argparse.Namespace) -> int:
     except KeyStoreError as err:
         print(f"elasticd {ns.verb}: {err}", file=sys.stderr)
         return 2
-    op = ns.verb
+    op, args = ns.verb, request_args(ns)
     with Client(control, ns.timeout, credentials) as client:
         try:
-            result = client.call(op, **request_args(ns))
-            if not (op == "events" and ns.follow):
-                print(json.dumps(result, indent=1) if ns.json else render(op, result))
+            result = client.call(op, **args)
+            if not getattr(ns, "follow", False):  # `events --follow` goes on to stream what happens next
+                print(json.dumps(result, indent=1) if ns.json else REGISTRY[op].render(result))
                 return 0
-            for event in result["events"]:
-                print(json.dumps(event) if ns.json else render("event", event), flush=True)
+            for past in result["events"]:
+                print(json.dumps(past) if ns.json else event(past), flush=True)
             pub = (ns.connect and client.call("hello")["pub"]) or targets[0].pub
-            for event in client.subscribe(pub):
-                if event.type == "ev" and (not ns.kind or event.kind in ns.kind):
-                    print(json.dumps(event.body) if ns.json else render("event", event.body), flush=True)
+            kinds = args.get("kinds")
+            for frame in client.subscribe(pub):
+                if frame.type == "ev" and (not kinds or frame.kind in kinds):
+                    print(json.dumps(frame.body) if ns.json else event(frame.body), flush=True)
         except ClientError as err:
             print(f"elasticd {op}: {err.reason} [{err.code}]", file=sys.stderr)
             return 1

@@ -76,8 +76,9 @@ def check_leave(c: Coordinator, nodes: list[str], force: bool) -> None:
         raise refuse(f"node '{members[0]}' holds rank 0; draining it moves rank 0; use --force")
 
 
-def begin(c: Coordinator, kind: str, leaving: list[str], final_role: str, then: str, detail: str) -> dict[str, Any]:
+def begin(c: Coordinator, kind: TransitionKind, leaving: list[str], final_role: Role, then: After,
+          detail: str) -> dict[str, Any]:
     """Start a graceful transition, one at a time; shim workers stop at one agreed step, plain ones get SIGTERM."""
     require_idle(c)
-    op_id = c.begin_transition(TransitionKind(kind), leaving, Role(final_role), After(then), detail, Cause.membership)
+    op_id = c.begin_transition(kind, leaving, final_role, then, detail, Cause.membership)
     return {"ok": True, "accepted": True, "op_id": op_id}

@@ -1,10 +1,13 @@
-"""The one registry of console actions: keys, descriptions, steering verbs; bindings, help and palette use it."""
+"""The console's actions: local ones here, steering ones from the verbs' console bindings; keys, help, palette."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from textual.binding import Binding
+
+from elasticd.commands import REGISTRY, Command
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,7 @@ class ActionSpec:
                 "escape": "esc", "space": "space", "full_stop": "."}.get(self.key, self.key)
 
 
-ACTIONS: tuple[ActionSpec, ...] = (
+LOCAL: tuple[ActionSpec, ...] = (
     ActionSpec("command_bar", "colon", "Command bar (:nodes :ranks :events :ckpt :loss :job ID)"),
     ActionSpec("filter", "slash", "Filter the current view"),
     ActionSpec("help", "question_mark", "Help: every key and action"),
@@ -42,17 +45,17 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("view_ckpt", "4", "View: checkpoints", show=False),
     ActionSpec("view_loss", "5", "View: loss plot", show=False),
     ActionSpec("next_job", "right_square_bracket", "Next job", show=False),
-    ActionSpec("scale_up", "plus", "Scale up: target world +1 node", verb="scale", targets="job"),
-    ActionSpec("scale_down", "minus", "Scale down: target world -1 node", verb="scale", targets="job"),
-    ActionSpec("checkpoint", "c", "Force a checkpoint of every rank", verb="checkpoint", targets="job"),
-    ActionSpec("cordon", "o", "Cordon node(s): keep out of next rounds", verb="cordon", targets="nodes"),
-    ActionSpec("uncordon", "u", "Uncordon node(s)", verb="uncordon", targets="nodes"),
-    ActionSpec("drain", "D", "Drain node(s): graceful leave", verb="drain", destructive=True, targets="nodes"),
-    ActionSpec("kill_worker", "K", "Kill a worker (failure drill)", verb="kill-worker", destructive=True,
-               targets="rank"),
-    ActionSpec("restart", "R", "Restart every worker", verb="restart", destructive=True, targets="job"),
-    ActionSpec("stop", "S", "Stop the job", verb="stop", destructive=True, targets="job"),
 )
+
+
+def steering(commands: Iterable[Command]) -> tuple[ActionSpec, ...]:
+    """Every console binding of the verbs: the safe ones first, then the destructive ones, each by key."""
+    specs = [ActionSpec(b.id, b.key, b.description, verb=cmd.name, destructive=b.destructive, targets=b.targets)
+             for cmd in commands for b in cmd.console]
+    return tuple(sorted(specs, key=lambda spec: (spec.destructive, spec.key_display)))
+
+
+ACTIONS: tuple[ActionSpec, ...] = LOCAL + steering(REGISTRY.values())
 ACTIONS_BY_ID: dict[str, ActionSpec] = {spec.id: spec for spec in ACTIONS}
 STEERING_KEYS: dict[str, ActionSpec] = {spec.key: spec for spec in ACTIONS if spec.steers}
 

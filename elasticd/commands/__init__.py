@@ -1,44 +1,98 @@
-"""The control verbs, one module each; REGISTRY maps an op to its Command."""
+"""The control verbs, one module each, found by discovery; REGISTRY maps an op to its Command."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from elasticd.coordinator import Coordinator
+from elasticd.protocol import arg
+from elasticd.render import plain
 
-Handler = Callable[[Coordinator, dict[str, Any]], dict[str, Any]]
+Body = dict[str, Any]
+Reader = Callable[[Coordinator, Body], Body]
+Planner = Callable[[Coordinator, Body], Body]
+Applier = Callable[[Coordinator, Body, Body], Body]
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One command-line argument of a verb, and the request field its value goes into."""
+
+    name: str  # the argparse dest (an option's metavar is its upper case)
+    help: str
+    type: Callable[[str], Any] | None = str
+    flags: tuple[str, ...] = ()  # an option's spellings, e.g. ("--follow", "-f"); none: a positional argument
+    default: Any = None  # an option left at None is not sent
+    action: str = "store"  # argparse's: "store_true" for a flag (type None), "append" for a repeatable option
+    field: str = ""  # the request field; "" for `name`
+    to_request: Callable[[Any], Any] | None = None  # the CLI value as the daemon wants it
+    cli_only: bool = False  # the CLI itself acts on it (--follow); the daemon never sees it
+
+
+@dataclass(frozen=True)
+class ConsoleAction:
+    """A key in elastic-tui that sends the verb; plain strings, so elasticd never needs Textual."""
+
+    id: str
+    key: str  # a Textual key name: "c", "D", "plus"
+    description: str
+    targets: str = "job"  # "nodes" (marked or under the cursor), "rank" (under the cursor) or "job"
+    destructive: bool = False  # confirmed in red
 
 
 @dataclass(frozen=True)
 class Command:
+    """A control verb, declared once: the daemon runs it, the CLI parses and prints it, the console binds it.
+
+    A verb that looks has `read`. A verb that steers has `plan` (its checks and interlocks, then what it
+    would do; a dry run stops there) and `apply` (the change; its reply gets the plan added).
+    """
+
     name: str
-    steer: bool  # changes the job: refused for viewers and under --readonly
-    run: Handler
-    summary: str
+    summary: str  # `elasticd --help`
+    order: int = 1000  # place in `elasticd --help` and in the unknown-op reason; a new verb goes last
+    read: Reader | None = None
+    plan: Planner | None = None
+    apply: Applier | None = None
+    args: tuple[Arg, ...] = ()
+    render: Callable[[Body], str] = plain
+    console: tuple[ConsoleAction, ...] = ()
+
+    def __post_init__(self) -> None:
+        shape = (self.read is not None, self.plan is not None, self.apply is not None)
+        if shape not in ((True, False, False), (False, True, True)):
+            raise TypeError(f"verb {self.name}: give either read, or plan and apply")
+
+    @property
+    def steer(self) -> bool:
+        """It changes the job: refused for viewers and under --readonly; takes dry_run and force."""
+        return self.plan is not None
+
+    def run(self, c: Coordinator, body: Body) -> Body:
+        if self.read is not None:
+            return self.read(c, body)
+        assert self.plan is not None and self.apply is not None
+        plan = self.plan(c, body)  # its checks and interlocks refuse a dry run as they would the real one
+        if arg(body, "dry_run", bool, False):
+            return {"ok": True, "dry_run": True, "plan": plan}
+        return {**self.apply(c, body, plan), "plan": plan}
 
 
-def _load() -> dict[str, Command]:
-    from elasticd.commands import (
-        checkpoint,
-        cordon,
-        drain,
-        events,
-        kill_worker,
-        metrics,
-        ranks,
-        restart,
-        scale,
-        status,
-        stop,
-        workers,
-    )
+def forced(body: Body) -> bool:
+    """The request's `force`: override an interlock."""
+    return bool(arg(body, "force", bool, False))
 
-    modules = (status, ranks, workers, events, metrics, scale, drain, cordon, checkpoint, restart,
-               kill_worker, stop)
-    commands = [cmd for module in modules for cmd in module.COMMANDS]
+
+def discover() -> dict[str, Command]:
+    """Every module of this package that declares COMMANDS: a new verb is one new file here."""
+    modules = [importlib.import_module(f"{__name__}.{info.name}") for info in pkgutil.iter_modules(__path__)]
+    commands = sorted((cmd for module in modules for cmd in module.COMMANDS),
+                      key=lambda cmd: cmd.order)
     return {cmd.name: cmd for cmd in commands}
 
 
-REGISTRY: dict[str, Command] = _load()
+REGISTRY: dict[str, Command] = discover()

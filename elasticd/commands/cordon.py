@@ -3,52 +3,69 @@
 from typing import Any
 
 from elasticd import steer
-from elasticd.commands import Command
+from elasticd.commands import Arg, Command, ConsoleAction, forced
 from elasticd.coordinator import Coordinator
 from elasticd.names import Cause, EventKind, JobState, NodeStatus, Role
 from elasticd.protocol import ErrorCode, arg
+from elasticd.transitions import After, TransitionKind
 
 
-def cordon(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def known_node(c: Coordinator, args: dict[str, Any]) -> str:
     node = arg(args, "node", str)
     if node not in c.nodes:
         raise steer.refuse(f"no node '{node}' in job '{c.cfg.job_id}'", ErrorCode.NOT_FOUND)
-    in_round = c.round is not None and node in c.round.node_ids() and c.state == JobState.running
-    dry = bool(arg(args, "dry_run", bool, False))
-    if not in_round:
-        if not dry:
-            c.nodes[node].role = Role.cordoned
-            c.emit(EventKind.node_role, node, role=Role.cordoned)
-        return {"ok": True, "dry_run": dry, "plan": {"summary": f"node {node} cordoned; the world is unchanged"}}
-    steer.check_leave(c, [node], bool(arg(args, "force", bool, False)))
-    plan = steer.plan(c, [n for n in c.round.node_ids() if n != node])
-    if dry:
-        return {"ok": True, "dry_run": True, "plan": plan}
-    return {**steer.begin(c, "cordon", [node], "cordoned", "round", f"cordon of {node}"), "plan": plan}
+    return node
 
 
-def uncordon(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
-    node = arg(args, "node", str)
-    record = c.nodes.get(node)
-    if record is None:
-        raise steer.refuse(f"no node '{node}' in job '{c.cfg.job_id}'", ErrorCode.NOT_FOUND)
+def in_round(c: Coordinator, node: str) -> bool:
+    """A node of the running round leaves it gracefully; any other is cordoned at once."""
+    return c.round is not None and node in c.round.node_ids() and c.state == JobState.running
+
+
+def plan_cordon(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+    node = known_node(c, args)
+    if not in_round(c, node):
+        return {"summary": f"node {node} cordoned; the world is unchanged"}
+    steer.check_leave(c, [node], forced(args))
+    return steer.plan(c, [n for n in c.round.node_ids() if n != node])
+
+
+def cordon(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+    node = args["node"]
+    if in_round(c, node):
+        return steer.begin(c, TransitionKind.cordon, [node], Role.cordoned, After.round, f"cordon of {node}")
+    c.nodes[node].role = Role.cordoned
+    c.emit(EventKind.node_role, node, role=Role.cordoned)
+    return {"ok": True, "dry_run": False}
+
+
+def plan_uncordon(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+    node = known_node(c, args)
     trans = c.transition
     if trans is not None and node in trans.leaving:
         raise steer.refuse(f"a {trans.kind} of {node} is in progress (op {trans.op_id}); uncordon it once "
-                           f"its {trans.events.complete} event arrives")
-    if record.role != Role.cordoned:
-        raise steer.refuse(f"node '{node}' is not cordoned (role {record.role})", ErrorCode.BAD_ARGUMENT)
-    dry = bool(arg(args, "dry_run", bool, False))
-    if not dry:
-        record.role = Role.standby
-        c.emit(EventKind.node_role, node, role=Role.standby)
-        active = sum(1 for n in c.alive() if n.role == Role.active)
-        if record.status == NodeStatus.alive and active < c.target:
-            c.schedule(Cause.membership, f"uncordon of {node}", c.clock())
-    return {"ok": True, "dry_run": dry, "plan": {"summary": f"node {node} may join the next rounds (as standby)"}}
+                           f"its {trans.kind}_complete event arrives")
+    if c.nodes[node].role != Role.cordoned:
+        raise steer.refuse(f"node '{node}' is not cordoned (role {c.nodes[node].role})", ErrorCode.BAD_ARGUMENT)
+    return {"summary": f"node {node} may join the next rounds (as standby)"}
 
 
+def uncordon(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+    node = args["node"]
+    record = c.nodes[node]
+    record.role = Role.standby
+    c.emit(EventKind.node_role, node, role=Role.standby)
+    active = sum(1 for n in c.alive() if n.role == Role.active)
+    if record.status == NodeStatus.alive and active < c.target:
+        c.schedule(Cause.membership, f"uncordon of {node}", c.clock())
+    return {"ok": True, "dry_run": False}
+
+
+NODE = Arg("node", "node id")
 COMMANDS = [
-    Command("cordon", True, cordon, "keep NODE out of the next rounds"),
-    Command("uncordon", True, uncordon, "let NODE back into the next rounds"),
+    Command("cordon", "keep a node out of the next rounds: cordon NODE", order=80, plan=plan_cordon, apply=cordon,
+            args=(NODE,),
+            console=(ConsoleAction("cordon", "o", "Cordon node(s): keep out of next rounds", targets="nodes"),)),
+    Command("uncordon", "let a cordoned node back in: uncordon NODE", order=90, plan=plan_uncordon, apply=uncordon,
+            args=(NODE,), console=(ConsoleAction("uncordon", "u", "Uncordon node(s)", targets="nodes"),)),
 ]

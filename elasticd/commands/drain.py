@@ -3,20 +3,28 @@
 from typing import Any
 
 from elasticd import steer
-from elasticd.commands import Command
+from elasticd.commands import Arg, Command, ConsoleAction, forced
 from elasticd.coordinator import Coordinator
+from elasticd.names import Role
 from elasticd.protocol import arg
+from elasticd.transitions import After, TransitionKind
 
 
-def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     node = arg(args, "node", str)
     steer.require_running(c)
-    steer.check_leave(c, [node], bool(arg(args, "force", bool, False)))
-    plan = steer.plan(c, [n for n in c.round.node_ids() if n != node])
-    if arg(args, "dry_run", bool, False):
-        return {"ok": True, "dry_run": True, "plan": plan}
+    steer.check_leave(c, [node], forced(args))
+    return steer.plan(c, [n for n in c.round.node_ids() if n != node])
+
+
+def apply(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+    node = args["node"]
     c.target = max(1, len(c.round.node_ids()) - 1)
-    return {**steer.begin(c, "drain", [node], "standby", "round", f"drain of {node}"), "plan": plan}
+    return steer.begin(c, TransitionKind.drain, [node], Role.standby, After.round, f"drain of {node}")
 
 
-COMMANDS = [Command("drain", True, run, "graceful leave of NODE; it stays up as standby")]
+COMMANDS = [Command(
+    "drain", "graceful leave of a node: drain NODE", order=70, plan=plan, apply=apply,
+    args=(Arg("node", "node id"),),
+    console=(ConsoleAction("drain", "D", "Drain node(s): graceful leave", targets="nodes", destructive=True),),
+)]

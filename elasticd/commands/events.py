@@ -1,14 +1,16 @@
 """`events`: the bounded job event history, filtered by kind, time or sequence number."""
 
 import math
+import time
 from typing import Any
 
-from elasticd.commands import Command
+from elasticd.commands import Arg, Command
 from elasticd.coordinator import Coordinator
 from elasticd.protocol import ErrorCode, ProtocolError, arg
+from elasticd.render import event
 
 
-def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def read(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     kinds = arg(args, "kinds", list, [])
     if not all(isinstance(k, str) for k in kinds):
         kinds = []
@@ -23,4 +25,20 @@ def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "events": events, "seq": c.events.seq}
 
 
-COMMANDS = [Command("events", False, run, "event history; filter by kinds, since_ts, since_seq")]
+def since_ts(seconds_ago: float) -> float:
+    return time.time() - seconds_ago if seconds_ago else 0.0
+
+
+def render(result: dict[str, Any]) -> str:
+    return "\n".join(event(e) for e in result["events"]) or "(no events)"
+
+
+COMMANDS = [Command(
+    "events", "job events (--follow to stream them)", order=40, read=read, render=render,
+    args=(Arg("follow", "stream events as they happen", type=None, flags=("--follow", "-f"), default=False,
+              action="store_true", cli_only=True),
+          Arg("kind", "only these kinds (repeatable)", flags=("--kind",), default=[], action="append", field="kinds"),
+          Arg("since", "only events newer than this many seconds", type=float, flags=("--since",), default=0.0,
+              field="since_ts", to_request=since_ts),
+          Arg("limit", "at most this many past events", type=int, flags=("--limit",), default=200)),
+)]

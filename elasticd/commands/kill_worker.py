@@ -3,28 +3,33 @@
 from typing import Any
 
 from elasticd import steer
-from elasticd.commands import Command
+from elasticd.commands import Arg, Command, ConsoleAction, forced
 from elasticd.coordinator import Coordinator
-from elasticd.names import MeshOp
+from elasticd.names import Cause, MeshOp
 from elasticd.protocol import ErrorCode, arg
 
 
-def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     node, rank = arg(args, "node", str), arg(args, "rank", int)
     steer.require_running(c)
     entry = c.round.entry(node)
     if entry is None or rank not in entry.ranks:
         raise steer.refuse(f"rank {rank} is not on node '{node}' in round {c.round.round_id}",
                            ErrorCode.NOT_FOUND)
-    used, limit = c.restarts["failure"], c.cfg.max_restarts
-    if used >= limit and not arg(args, "force", bool, False):
+    used, limit = c.restarts[Cause.failure], c.cfg.max_restarts
+    if used >= limit and not forced(args):
         raise steer.refuse(f"--max-restarts {limit} is used up ({used}); killing a worker would fail the job; "
                            "use --force")
-    plan = {"summary": f"rank {rank} on {node} is killed; the job restarts (failure {used + 1} of {limit} allowed)"}
-    if arg(args, "dry_run", bool, False):
-        return {"ok": True, "dry_run": True, "plan": plan}
-    c.send(node, MeshOp.kill_worker, {"rank": rank})
-    return {"ok": True, "accepted": True, "plan": plan}
+    return {"summary": f"rank {rank} on {node} is killed; the job restarts (failure {used + 1} of {limit} allowed)"}
 
 
-COMMANDS = [Command("kill-worker", True, run, "SIGKILL one worker (failure drill)")]
+def apply(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+    c.send(args["node"], MeshOp.kill_worker, {"rank": args["rank"]})
+    return {"ok": True, "accepted": True}
+
+
+COMMANDS = [Command(
+    "kill-worker", "failure drill: kill-worker NODE RANK", order=120, plan=plan, apply=apply,
+    args=(Arg("node", "node id"), Arg("rank", "global rank on that node", type=int)),
+    console=(ConsoleAction("kill_worker", "K", "Kill a worker (failure drill)", targets="rank", destructive=True),),
+)]

@@ -6,7 +6,7 @@ from elasticd.commands import Command
 from elasticd.coordinator import Coordinator
 
 
-def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def read(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     now, ranks = c.clock(), []
     for node in c.alive():
         for data in node.metrics.values():
@@ -24,4 +24,14 @@ def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "ranks": sorted(ranks, key=lambda r: (r["rank"] is None, r["rank"]))}
 
 
-COMMANDS = [Command("metrics", False, run, "per rank: step, loss, throughput, checkpoint age")]
+def render(result: dict[str, Any]) -> str:
+    lines = [f"{'NODE':<10} {'RANK':>4} {'STEP':>7} {'LOSS':>10} {'SAMPLES/S':>10} {'CKPT AGE':>9}"]
+    for r in result["ranks"]:
+        loss = f"{r['loss']:.4f}" if isinstance(r.get("loss"), int | float) else "-"
+        age = f"{r['checkpoint_age_s']:.1f}s" if r.get("checkpoint_age_s") is not None else "-"
+        lines.append(f"{r['node']:<10} {r['rank']!s:>4} {r['step']!s:>7} {loss:>10} {r.get('throughput') or '-'!s:>10} "
+                     f"{age:>9}")
+    return "\n".join(lines)
+
+
+COMMANDS = [Command("metrics", "step, loss, throughput, checkpoint age per rank", order=50, read=read, render=render)]

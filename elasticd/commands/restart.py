@@ -3,20 +3,21 @@
 from typing import Any
 
 from elasticd import steer
-from elasticd.commands import Command
+from elasticd.commands import Command, ConsoleAction
 from elasticd.coordinator import Coordinator
 from elasticd.names import Cause
-from elasticd.protocol import arg
 
 
-def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     steer.require_running(c)
-    plan = {"summary": f"every worker restarts; world stays {c.round.world_size}"}
-    if arg(args, "dry_run", bool, False):
-        return {"ok": True, "dry_run": True, "plan": plan}
+    return {"summary": f"every worker restarts; world stays {c.round.world_size}"}
+
+
+def apply(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
     now = c.clock()
     c.schedule(Cause.operator, "operator restart", now, due=now)
-    return {"ok": True, "accepted": True, "plan": plan}
+    return {"ok": True, "accepted": True}
 
 
-COMMANDS = [Command("restart", True, run, "restart every worker into a new round")]
+COMMANDS = [Command("restart", "operator restart of every worker", order=110, plan=plan, apply=apply,
+                    console=(ConsoleAction("restart", "R", "Restart every worker", destructive=True),))]

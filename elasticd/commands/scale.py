@@ -3,15 +3,16 @@
 from typing import Any
 
 from elasticd import steer
-from elasticd.commands import Command
+from elasticd.commands import Arg, Command, ConsoleAction, forced
 from elasticd.coordinator import Coordinator
 from elasticd.names import Cause, EventKind, Role
 from elasticd.protocol import ErrorCode, arg
+from elasticd.transitions import After, TransitionKind
 
 
-def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     target = arg(args, "nodes", int)
-    force, dry = bool(arg(args, "force", bool, False)), bool(arg(args, "dry_run", bool, False))
+    force = forced(args)
     if not 1 <= target <= c.cfg.max_nodes:
         raise steer.refuse(f"scale {target}: must be within 1..{c.cfg.max_nodes} (--nnodes max)",
                            ErrorCode.BAD_ARGUMENT)
@@ -20,25 +21,35 @@ def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     steer.require_running(c)
     members = c.round.node_ids()
     if target < len(members):
-        leaving = members[target:]  # the newest members leave; rank 0 and the coordinator stay
-        steer.check_leave(c, leaving, force)
-        plan = steer.plan(c, members[:target])
-        if dry:
-            return {"ok": True, "dry_run": True, "plan": plan}
-        c.target = target
-        return {**steer.begin(c, "scale", leaving, "standby", "round", f"scale to {target}"), "plan": plan}
+        steer.check_leave(c, leaving(c, target), force)
+        return steer.plan(c, members[:target])
     joining = [n.node_id for n in sorted(c.alive(), key=lambda n: n.joined_seq)
                if n.role == Role.standby][: target - len(members)]
-    plan = steer.plan(c, members + joining)
+    result = steer.plan(c, members + joining)
     if len(members) + len(joining) < target:
-        plan["summary"] += f"; only {len(joining)} standby node(s) available, the rest join when they register"
-    if dry:
-        return {"ok": True, "dry_run": True, "plan": plan}
+        result["summary"] += f"; only {len(joining)} standby node(s) available, the rest join when they register"
+    return result
+
+
+def leaving(c: Coordinator, target: int) -> list[str]:
+    return c.round.node_ids()[target:]  # the newest members leave; rank 0 and the coordinator stay
+
+
+def apply(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+    target, members = args["nodes"], c.round.node_ids()
     c.target = target
+    if target < len(members):
+        return steer.begin(c, TransitionKind.scale, leaving(c, target), Role.standby, After.round, f"scale to {target}")
+    joining = [n for n in plan["nodes_after"] if n not in members]
     if joining:
         c.schedule(Cause.membership, f"scale to {target}", c.clock())
     c.emit(EventKind.scale_set, target=target, joining=joining)
-    return {"ok": True, "accepted": True, "plan": plan}
+    return {"ok": True, "accepted": True}
 
 
-COMMANDS = [Command("scale", True, run, "set the target node count N within min:max")]
+COMMANDS = [Command(
+    "scale", "set the target node count: scale N", order=60, plan=plan, apply=apply,
+    args=(Arg("nodes", "target number of nodes", type=int),),
+    console=(ConsoleAction("scale_up", "plus", "Scale up: target world +1 node"),
+             ConsoleAction("scale_down", "minus", "Scale down: target world -1 node")),
+)]

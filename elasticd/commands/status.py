@@ -6,8 +6,27 @@ from elasticd.commands import Command
 from elasticd.coordinator import Coordinator
 
 
-def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def read(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, **c.status(c.clock())}
 
 
-COMMANDS = [Command("status", False, run, "job state, round, world size, nodes, restarts by cause")]
+def render(s: dict[str, Any]) -> str:
+    restarts = " ".join(f"{k}={v}" for k, v in s["restarts"].items())
+    lines = [
+        f"job {s['job_id']}  state {s['state']}  round {s['round']}  world {s['world_size']}  "
+        f"nodes {s['min_nodes']}:{s['max_nodes']} target {s['target']}  coordinator {s['coordinator']}",
+        f"restarts {restarts} (max failures {s['max_restarts']})",
+    ]
+    if s.get("reason"):
+        lines.append(f"reason: {s['reason']}")
+    if s.get("last_recovery"):
+        lines.append("last recovery: " + "  ".join(f"{k} {v:.2f}s" for k, v in s["last_recovery"].items()))
+    ranks = {e["node_id"]: e["ranks"] for e in s.get("rank_map", [])}
+    lines.append(f"{'NODE':<12} {'HOST':<16} {'ROLE':<9} {'STATUS':<7} {'RANKS':<12} LAST SEEN")
+    for n in s["nodes"]:
+        lines.append(f"{n['node_id']:<12} {n['host']:<16} {n['role']:<9} {n['status']:<7} "
+                     f"{','.join(map(str, ranks.get(n['node_id'], []))) or '-':<12} {n['last_seen_age_s']:.1f}s ago")
+    return "\n".join(lines)
+
+
+COMMANDS = [Command("status", "job state, round, nodes, restarts by cause", order=10, read=read, render=render)]

@@ -3,17 +3,20 @@
 from typing import Any
 
 from elasticd import steer
-from elasticd.commands import Command
+from elasticd.commands import Command, ConsoleAction
 from elasticd.coordinator import Coordinator
-from elasticd.protocol import arg
+from elasticd.names import Role
+from elasticd.transitions import After, TransitionKind
 
 
-def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     steer.require_running(c)
-    plan = {"summary": f"job {c.cfg.job_id} stops; every daemon exits"}
-    if arg(args, "dry_run", bool, False):
-        return {"ok": True, "dry_run": True, "plan": plan}
-    return {**steer.begin(c, "stop", [], "standby", "end", "operator stop"), "plan": plan}
+    return {"summary": f"job {c.cfg.job_id} stops; every daemon exits"}
 
 
-COMMANDS = [Command("stop", True, run, "graceful end of the job")]
+def apply(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+    return steer.begin(c, TransitionKind.stop, [], Role.standby, After.end, "operator stop")
+
+
+COMMANDS = [Command("stop", "graceful end of the job", order=130, plan=plan, apply=apply,
+                    console=(ConsoleAction("stop", "S", "Stop the job", destructive=True),))]

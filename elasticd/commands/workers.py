@@ -2,16 +2,17 @@
 
 from typing import Any
 
-from elasticd.commands import Command
+from elasticd.commands import Arg, Command
 from elasticd.coordinator import Coordinator
 from elasticd.names import NodeStatus
 from elasticd.protocol import arg
 
 
-def run(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def read(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     only = arg(args, "node", str, "")
     nodes = {n.node_id: n.workers for n in c.nodes.values() if n.status == NodeStatus.alive and only in ("", n.node_id)}
     return {"ok": True, "nodes": nodes}
 
 
-COMMANDS = [Command("workers", False, run, "per node: pid, ranks, state, exit code, CPU, RSS, uptime")]
+COMMANDS = [Command("workers", "worker processes of every node", order=30, read=read,
+                    args=(Arg("only_node", "only this node", flags=("--node",), field="node"),))]
