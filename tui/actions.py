@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 
 from elasticd.commands import REGISTRY, Command
 
@@ -60,7 +60,7 @@ ACTIONS_BY_ID: dict[str, ActionSpec] = {spec.id: spec for spec in ACTIONS}
 STEERING_KEYS: dict[str, ActionSpec] = {spec.key: spec for spec in ACTIONS if spec.steers}
 
 
-def bindings() -> list[Binding]:
+def bindings() -> list[BindingType]:
     """App bindings, each with an id so a keymap can remap it."""
     return [Binding(spec.key, f"run('{spec.id}')", spec.description.split(":")[0].split(" (")[0],
                     show=spec.show, key_display=spec.key_display, id=spec.id, tooltip=spec.description)

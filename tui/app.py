@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
+from typing import ClassVar
 
 from textual import on, work
 from textual.app import App, ComposeResult
+from textual.binding import BindingType
 from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.timer import Timer
@@ -33,7 +35,7 @@ class ElasticApp(App[None]):
 
     CSS_PATH = "app.tcss"
     TITLE = "elastic-tui"
-    BINDINGS = bindings()
+    BINDINGS: ClassVar[list[BindingType]] = bindings()
     COMMANDS = App.COMMANDS | {ActionsProvider}
 
     def __init__(self, jobs: dict[str, list[str]], readonly: bool = False, connect: Connector = live_link,

@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING
-
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from tui.actions import ACTIONS, ActionSpec
-
-if TYPE_CHECKING:
-    from tui.app import ElasticApp
 
 
 class ActionsProvider(Provider):
     """Runs the same action a key would, through ElasticApp.action_run."""
 
     def label(self, spec: ActionSpec) -> str:
-        app: ElasticApp = self.app  # type: ignore[assignment]
-        off = " (disabled: read-only)" if app.readonly and spec.steers else ""
+        readonly = bool(getattr(self.app, "readonly", False))  # ElasticApp's flag; the palette needs nothing else
+        off = " (disabled: read-only)" if readonly and spec.steers else ""
         return f"{spec.description} [{spec.key_display}]{off}"
 
     async def discover(self) -> Hits:

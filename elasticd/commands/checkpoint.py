@@ -11,9 +11,9 @@ from elasticd.step_agreement import StepRequest
 
 
 def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
-    steer.require_running(c)
+    rnd = steer.require_running(c)
     # first_step arrives the moment a shim rank reports in a new round; heartbeat metrics can lag 1 s.
-    if "first_step" not in c.round.timeline and steer.shim_step(c) is None:
+    if "first_step" not in rnd.timeline and steer.shim_step(c) is None:
         raise steer.refuse("no worker of this round reports through trainer_shim yet; a plain script "
                            "checkpoints on its own schedule", ErrorCode.NOT_FOUND)
     return {"summary": "every rank saves at the next step all of them can reach together (about 0.2 s)"}

@@ -27,7 +27,7 @@ def plan_cordon(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     if not in_round(c, node):
         return {"summary": f"node {node} cordoned; the world is unchanged"}
     steer.check_leave(c, [node], forced(args))
-    return steer.plan(c, [n for n in c.round.node_ids() if n != node])
+    return steer.plan(c, [n for n in steer.require_running(c).node_ids() if n != node])
 
 
 def cordon(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:

@@ -12,14 +12,14 @@ from elasticd.transitions import After, TransitionKind
 
 def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     node = arg(args, "node", str)
-    steer.require_running(c)
+    rnd = steer.require_running(c)
     steer.check_leave(c, [node], forced(args))
-    return steer.plan(c, [n for n in c.round.node_ids() if n != node])
+    return steer.plan(c, [n for n in rnd.node_ids() if n != node])
 
 
 def apply(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
     node = args["node"]
-    c.target = max(1, len(c.round.node_ids()) - 1)
+    c.target = max(1, len(steer.require_running(c).node_ids()) - 1)
     return steer.begin(c, TransitionKind.drain, [node], Role.standby, After.round, f"drain of {node}")
 
 

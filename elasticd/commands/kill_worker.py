@@ -11,10 +11,10 @@ from elasticd.protocol import ErrorCode, arg
 
 def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     node, rank = arg(args, "node", str), arg(args, "rank", int)
-    steer.require_running(c)
-    entry = c.round.entry(node)
+    rnd = steer.require_running(c)
+    entry = rnd.entry(node)
     if entry is None or rank not in entry.ranks:
-        raise steer.refuse(f"rank {rank} is not on node '{node}' in round {c.round.round_id}",
+        raise steer.refuse(f"rank {rank} is not on node '{node}' in round {rnd.round_id}",
                            ErrorCode.NOT_FOUND)
     used, limit = c.restarts[Cause.failure], c.cfg.max_restarts
     if used >= limit and not forced(args):

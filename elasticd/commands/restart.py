@@ -9,8 +9,8 @@ from elasticd.names import Cause
 
 
 def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
-    steer.require_running(c)
-    return {"summary": f"every worker restarts; world stays {c.round.world_size}"}
+    rnd = steer.require_running(c)
+    return {"summary": f"every worker restarts; world stays {rnd.world_size}"}
 
 
 def apply(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:

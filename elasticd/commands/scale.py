@@ -18,8 +18,7 @@ def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
                            ErrorCode.BAD_ARGUMENT)
     if target < c.cfg.min_nodes and not force:
         raise steer.refuse(f"scale {target} is below --nnodes min {c.cfg.min_nodes}; use --force")
-    steer.require_running(c)
-    members = c.round.node_ids()
+    members = steer.require_running(c).node_ids()
     if target < len(members):
         steer.check_leave(c, leaving(c, target), force)
         return steer.plan(c, members[:target])
@@ -32,11 +31,11 @@ def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def leaving(c: Coordinator, target: int) -> list[str]:
-    return c.round.node_ids()[target:]  # the newest members leave; rank 0 and the coordinator stay
+    return steer.require_running(c).node_ids()[target:]  # the newest members leave; rank 0 and the coordinator stay
 
 
 def apply(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
-    target, members = args["nodes"], c.round.node_ids()
+    target, members = args["nodes"], steer.require_running(c).node_ids()
     c.target = target
     if target < len(members):
         return steer.begin(c, TransitionKind.scale, leaving(c, target), Role.standby, After.round, f"scale to {target}")
