@@ -592,6 +592,10 @@ def test_peer_dispatcher_survives_non_finite_numbers(op: str, body: dict[str, An
 def test_console_ingest_skips_non_finite_numbers() -> None:
     session = JobSession("fuzzjob", ["tcp://127.0.0.1:1"], connect=lambda c: None)  # type: ignore[arg-type,return-value]
     ingest(session, SimpleNamespace(type="ev", kind="x", node="a", seq=1, ts=0.0, body={"seq": math.inf}))
+    assert not session.model.events and session.model.last_event_seq == 0  # skipped, not half-applied
+    ingest(session, SimpleNamespace(type="ev", kind="round_started", node="a", seq=1, ts=0.0,
+                                    body={"round": 2, "world_size": 2}))
+    assert session.model.last_event_seq == 1 and session.model.job.round == 2  # the next event still counts
 
 
 # The same on the live job: when these were bugs they broke it, so they run last.
