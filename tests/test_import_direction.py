@@ -62,3 +62,16 @@ def test_the_scan_sees_real_imports() -> None:
     assert any(top(n) == "textual" for names in imports("tui").values() for n in names)
     assert any(top(n) == "zmq" for names in imports("trainer_shim").values() for n in names)
     assert any(n == "elasticd.protocol" for names in imports("trainer_shim").values() for n in names)
+
+
+def test_tests_never_import_bench() -> None:
+    """bench may use tests' support code (bench/chaos_soak.py runs tests/soak.py); tests never load bench code."""
+    bench = {path.stem for path in (ROOT / "bench").glob("*.py")} | {"bench"}
+    for path, names in imports("tests").items():
+        assert not {top(n) for n in names} & bench, f"{path} imports {sorted({top(n) for n in names} & bench)}"
+        if ROOT / path == Path(__file__).resolve():
+            continue  # this guard names bench itself
+        paths = [node.value for node in ast.walk(ast.parse((ROOT / path).read_text()))
+                 if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                 and (node.value == "bench" or node.value.startswith("bench/"))]
+        assert not paths, f"{path} names a path under bench/: {paths}"  # a file loaded by path, importlib-style
