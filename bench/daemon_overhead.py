@@ -30,33 +30,24 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from recovery import ALL_PROCS, PY, ROOT, TOY, _on_signal, free_port, kill_all, tree
+from procs import PY, ROOT, TOY, Launched, free_port, kill_all, on_signal, tree
 
 STEP = re.compile(r"BENCH_STEP t=(\S+) step=(\d+) world=(\d+)")
 SUMMARY = re.compile(r"BENCH_SUMMARY t=(\S+) steps=(\d+) world=(\d+) median=(\S+)")
 
 
-class Proc:
+class Proc(Launched):
+    """One agent/daemon process; its output lines are kept with their arrival times."""
+
     def __init__(self, cmd: list[str], env: dict[str, str], log: Path) -> None:
         self.lines: list[tuple[float, str]] = []
         self.cond = threading.Condition()
-        self.log = open(log, "w", buffering=1)  # noqa: SIM115
-        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=True)
-        ALL_PROCS.append(self.proc)
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
+        super().__init__(cmd, env, log)
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.log.write(line)
-            with self.cond:
-                self.lines.append((time.time(), line))
-                self.cond.notify_all()
+    def on_line(self, now: float, line: str) -> None:
+        with self.cond:
+            self.lines.append((now, line))
+            self.cond.notify_all()
 
     def wait_line(self, pattern: re.Pattern, timeout: float, start: int = 0) -> tuple[int, re.Match]:
         deadline = time.time() + timeout
@@ -80,8 +71,7 @@ class Proc:
         kill_all(tree(self.proc.pid) + procs)
         with contextlib.suppress(Exception):
             self.proc.wait(5)
-        self.thread.join(2)
-        self.log.close()
+        self.close()
 
 
 def launch(system: str, node: str, nnodes: str, nproc: int, port: int, job: str, tmp: Path, script: list[str],
@@ -186,8 +176,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="step-time runs per system (interleaved)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "daemon_overhead.json"))
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     logdir = out.parent / "logs"

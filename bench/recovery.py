@@ -27,7 +27,6 @@ Usage: recovery.py [--repeat 3] [--systems a,b] [--timeout 120] [--out bench/res
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import json
 import os
@@ -35,7 +34,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,10 +45,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from procs import PY, ROOT, SEEN_PIDS, TOY, Launched, free_port, is_worker, kill_all, on_signal, tree
 
-ROOT = Path(__file__).resolve().parent.parent
-PY = sys.executable
-TOY = ROOT / "bench" / "toy_job.py"
 SYSTEMS = ["elasticd", "elasticd-nozygote", "elasticd-shim", "torchrun", "torchrun-tuned"]
 SCENARIOS = ["cold_start", "worker_crash", "graceful_leave", "node_join", "node_kill"]
 TARGETS = {"cold_start": 3.0, "worker_crash": 1.0, "graceful_leave": 1.0, "node_join": 1.5, "node_kill": 4.0}
@@ -60,64 +56,6 @@ LINE = re.compile(r"BENCH_(START|RESUME|STEP|DRAINED|EXIT) (.*)")
 KV = re.compile(r"(\w+)=(\S+)")
 TR_FAILED = re.compile(r"Worker group (FAILED|UNHEALTHY)\. (\d+)/(\d+) attempts left")
 TR_WAITING = re.compile(r"Detected (\d+) new nodes")
-
-ALL_PROCS: list[subprocess.Popen] = []
-SEEN_PIDS: set[int] = set()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# -- processes ----------------------------------------------------------------------------------------
-def tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def is_worker(p: psutil.Process) -> bool:
-    """A process this benchmark may kill at cleanup: a toy-job worker, or an elasticd zygote."""
-    with contextlib.suppress(psutil.Error):
-        cmd = " ".join(p.cmdline())
-        return "toy_job.py" in cmd or "elasticd.zygote" in cmd
-    return False
-
-
-def kill_all(procs: list[psutil.Process], sig: int = signal.SIGKILL) -> None:
-    for p in procs:
-        with contextlib.suppress(psutil.Error, OSError):
-            p.send_signal(sig)
-
-
-def cleanup() -> None:
-    """SIGKILL every process this script started, their descendants, and every worker pid it saw."""
-    victims: list[psutil.Process] = []
-    for proc in ALL_PROCS:
-        victims += tree(proc.pid)
-    for pid in SEEN_PIDS:
-        with contextlib.suppress(psutil.Error):
-            p = psutil.Process(pid)
-            if is_worker(p):
-                victims.append(p)
-    kill_all(victims)
-    for proc in ALL_PROCS:
-        with contextlib.suppress(Exception):
-            proc.wait(5)
-    psutil.wait_procs(victims, timeout=5)
-
-
-atexit.register(cleanup)
-
-
-def _on_signal(signum: int, _frame: Any) -> None:
-    cleanup()
-    sys.exit(128 + signum)
-
 
 @dataclass
 class Rec:
@@ -132,40 +70,28 @@ class Rec:
     extra: dict[str, str] = field(default_factory=dict)
 
 
-class Node:
-    """One agent/daemon process; a thread parses its output into records as it arrives."""
+class Node(Launched):
+    """One agent/daemon process; its output is parsed into records as it arrives."""
 
     def __init__(self, name: str, cmd: list[str], env: dict[str, str], log: Path, sink: Job) -> None:
         self.name, self.sink = name, sink
-        self.launched = time.time()
-        self.log = open(log, "a", buffering=1)  # noqa: SIM115
-        self.log.write(f"# {time.time():.6f} launch {' '.join(cmd)}\n")
-        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=True)
-        ALL_PROCS.append(self.proc)
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
+        super().__init__(cmd, env, log)
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            now = time.time()
-            self.log.write(line)
-            m = LINE.search(line)
-            if m:
-                kv = dict(KV.findall(m.group(2)))
-                rec = Rec(m.group(1), self.name, now, float(kv.get("t", 0)), int(kv.get("step", -1)),
-                          int(kv.get("world", 0)), float(kv.get("t0", 0)), int(kv.get("pid", 0)), kv)
-                if rec.kind == "START" and rec.pid:
-                    SEEN_PIDS.add(rec.pid)
-                self.sink.add(rec)
-                continue
-            m = TR_FAILED.search(line)
-            if m:
-                self.sink.add(Rec("TR_RESTART", self.name, now, now, extra={"state": m.group(1)}))
-            elif TR_WAITING.search(line):
-                self.sink.add(Rec("TR_WAITING", self.name, now, now))
-        self.log.write(f"# {time.time():.6f} exit {self.proc.poll()}\n")
+    def on_line(self, now: float, line: str) -> None:
+        m = LINE.search(line)
+        if m:
+            kv = dict(KV.findall(m.group(2)))
+            rec = Rec(m.group(1), self.name, now, float(kv.get("t", 0)), int(kv.get("step", -1)),
+                      int(kv.get("world", 0)), float(kv.get("t0", 0)), int(kv.get("pid", 0)), kv)
+            if rec.kind == "START" and rec.pid:
+                SEEN_PIDS.add(rec.pid)
+            self.sink.add(rec)
+            return
+        m = TR_FAILED.search(line)
+        if m:
+            self.sink.add(Rec("TR_RESTART", self.name, now, now, extra={"state": m.group(1)}))
+        elif TR_WAITING.search(line):
+            self.sink.add(Rec("TR_WAITING", self.name, now, now))
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -322,8 +248,7 @@ class Job:
                 if is_worker(p):
                     p.kill()
         for n in self.nodes.values():
-            n.thread.join(2)
-            n.log.close()
+            n.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
@@ -593,8 +518,8 @@ def main() -> int:
     parser.add_argument("--step-time", type=float, default=0.05)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "recovery.json"))
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     systems = [s for s in args.systems.split(",") if s]
     for s in systems:
         if s not in SYSTEMS:

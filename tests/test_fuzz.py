@@ -7,7 +7,8 @@ worker channel and its mesh ROUTER; afterwards `status` still answers correctly,
 the shim workers keep stepping. Regressions of the bugs this fuzzing found close the module.
 
 `FUZZ_SCALE` multiplies every target's case count (bench/fuzz.py runs it at 100k cases); `FUZZ_REPORT` names
-a JSON file that receives the counts per target and the daemons' survival.
+a JSON file that receives the counts per target and the daemons' survival. Every test counts its own cases
+and checks that each target it fed got them all, so a run that silently fuzzed less fails, whatever else ran.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -45,7 +46,7 @@ from tui.feeds import ingest
 from tui.session import JobSession
 
 SCALE = float(os.environ.get("FUZZ_SCALE", "1"))
-COUNTS: Counter[str] = Counter()  # cases per target; the last test checks and reports them
+REPORTED: Counter[str] = Counter()  # cases per target over the tests that ran: for FUZZ_REPORT, never checked
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -56,9 +57,44 @@ def quiet() -> Iterator[None]:
     logging.disable(logging.NOTSET)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def fuzz_report(request: pytest.FixtureRequest) -> Iterator[None]:
+    """For bench/fuzz.py: the cases per target and the live job's state, once every test of the module ran."""
+    path = os.environ.get("FUZZ_REPORT")
+    live = request.getfixturevalue("live") if path else None  # requested here: torn down after the report
+    yield
+    if path and live is not None:
+        alive = {node: d.proc.poll() is None for node, d in live.daemons.items()}
+        Path(path).write_text(json.dumps({"counts": dict(REPORTED), "total": sum(REPORTED.values()),
+                                          "daemons_alive": alive, "status_after": live.job.status()}, indent=1))
+
+
+def scaled(examples: int) -> int:
+    return max(1, int(examples * SCALE))
+
+
 def fuzz(examples: int) -> Any:
-    return settings(max_examples=max(1, int(examples * SCALE)), deadline=None, database=None, derandomize=True,
+    return settings(max_examples=scaled(examples), deadline=None, database=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))
+
+
+def tally(cases: Counter[str], at_least: int) -> None:
+    """One test's own counts: every target it fed got at least `at_least` cases."""
+    assert cases and min(cases.values()) >= at_least, (cases, at_least)
+    REPORTED.update(cases)
+
+
+def fuzzed(examples: int, check: Callable[..., None], *strategies: Any, per_case: int = 1) -> None:
+    """`check(cases, *drawn)` on `examples` (times FUZZ_SCALE) hypothesis cases; each counts `per_case` at least."""
+    cases: Counter[str] = Counter()
+
+    @fuzz(examples)
+    @given(st.tuples(*strategies))
+    def case(drawn: tuple[Any, ...]) -> None:
+        check(cases, *drawn)
+
+    case()
+    tally(cases, scaled(examples) * per_case)
 
 
 # ---- strategies: what can arrive on the wire ------------------------------------------------------------
@@ -132,8 +168,8 @@ def envelope(op: str, body: Any, node: str = "", kind: str = "req", **fields: An
 
 
 # ---- pure: the envelope and arguments -------------------------------------------------------------------
-def check_decode(frame: bytes) -> None:
-    COUNTS["protocol.decode"] += 1
+def check_decode(cases: Counter[str], frame: bytes) -> None:
+    cases["protocol.decode"] += 1
     try:
         env = decode(frame)
     except ProtocolError as err:
@@ -143,16 +179,12 @@ def check_decode(frame: bytes) -> None:
     assert decode(encode(env)).op == env.op  # whatever decodes encodes back
 
 
-@fuzz(600)
-@given(FRAME)
-def test_decode_accepts_or_refuses_with_an_error_number(frame: bytes) -> None:
-    check_decode(frame)
+def test_decode_accepts_or_refuses_with_an_error_number() -> None:
+    fuzzed(600, check_decode, FRAME)
 
 
-@fuzz(300)
-@given(BODY, st.sampled_from(ARG_NAMES), st.sampled_from([int, str, bool, list, float, (int, float)]))
-def test_arg_returns_the_type_asked_or_bad_argument(body: dict[str, Any], name: str, kind: Any) -> None:
-    COUNTS["protocol.arg"] += 1
+def check_arg(cases: Counter[str], body: dict[str, Any], name: str, kind: Any) -> None:
+    cases["protocol.arg"] += 1
     try:
         value = arg(body, name, kind)
     except ProtocolError as err:
@@ -162,17 +194,24 @@ def test_arg_returns_the_type_asked_or_bad_argument(body: dict[str, Any], name: 
                                         or not isinstance(value, bool))
 
 
-@fuzz(80)
-@given(st.integers(0, 2**32))
-def test_bulk_random_cases_on_every_pure_target(seed: int) -> None:
+def test_arg_returns_the_type_asked_or_bad_argument() -> None:
+    fuzzed(300, check_arg, BODY, st.sampled_from(ARG_NAMES),
+           st.sampled_from([int, str, bool, list, float, (int, float)]))
+
+
+def check_bulk(cases: Counter[str], seed: int) -> None:
     """Seeded bulk cases (fast to make), on the same checks as the hypothesis-structured tests."""
     rng = random.Random(seed)
     for _ in range(BULK):
-        check_decode(rand_frame(rng))
-        check_verb(rng.choice(sorted(REGISTRY)), rand_body(rng))
-        check_peer(rng.choice(["stranger", "b", "c"]), rng.choice(PEER_OPS), rand_body(rng))
-        check_ingest([SimpleNamespace(type=rng.choice(["ev", "hb", "st"]), kind=rng.choice(KINDS), node="a",
-                                      seq=rng.randrange(-5, 50), ts=0.0, body=rand_body(rng))])
+        check_decode(cases, rand_frame(rng))
+        check_verb(cases, rng.choice(sorted(REGISTRY)), rand_body(rng))
+        check_peer(cases, rng.choice(["stranger", "b", "c"]), rng.choice(PEER_OPS), rand_body(rng))
+        check_ingest(cases, [SimpleNamespace(type=rng.choice(["ev", "hb", "st"]), kind=rng.choice(KINDS), node="a",
+                                             seq=rng.randrange(-5, 50), ts=0.0, body=rand_body(rng))])
+
+
+def test_bulk_random_cases_on_every_pure_target() -> None:
+    fuzzed(80, check_bulk, st.integers(0, 2**32), per_case=BULK)
 
 
 # ---- pure: every verb's handler on an in-process coordinator ------------------------------------------------
@@ -195,8 +234,8 @@ def healthy(c: Coordinator) -> None:
     encode(Envelope("rep", "status", status))
 
 
-def check_verb(op: str, body: dict[str, Any]) -> None:
-    COUNTS["commands.run"] += 1
+def check_verb(cases: Counter[str], op: str, body: dict[str, Any]) -> None:
+    cases["commands.run"] += 1
     c, _ = coordinator()
     try:
         result = REGISTRY[op].run(c, body)
@@ -208,30 +247,30 @@ def check_verb(op: str, body: dict[str, Any]) -> None:
     healthy(c)
 
 
-@fuzz(500)
-@given(st.sampled_from(sorted(REGISTRY)), BODY)
-def test_every_verb_answers_or_refuses_whatever_the_arguments(op: str, body: dict[str, Any]) -> None:
-    check_verb(op, body)
+def test_every_verb_answers_or_refuses_whatever_the_arguments() -> None:
+    fuzzed(500, check_verb, st.sampled_from(sorted(REGISTRY)), BODY)
 
 
-@fuzz(60)
-@given(st.lists(st.tuples(st.sampled_from(sorted(REGISTRY)), BODY), min_size=2, max_size=12))
-def test_verbs_in_sequence_keep_the_coordinator_consistent(calls: list[tuple[str, dict[str, Any]]]) -> None:
+def check_sequence(cases: Counter[str], calls: list[tuple[str, dict[str, Any]]]) -> None:
     c, _ = coordinator()
     for op, body in calls:
-        COUNTS["commands.sequence"] += 1
+        cases["commands.sequence"] += 1
         with contextlib.suppress(ProtocolError):
             REGISTRY[op].run(c, body)
         c.tick(time.time() + 1)
         healthy(c)
 
 
+def test_verbs_in_sequence_keep_the_coordinator_consistent() -> None:
+    fuzzed(60, check_sequence, st.lists(st.tuples(st.sampled_from(sorted(REGISTRY)), BODY), min_size=2, max_size=12))
+
+
 # ---- pure: the coordinator's mesh dispatcher, as fed by a stranger or a member --------------------------------
 PEER_OPS = [*MeshOp, "ctl.status", "ctl.drain", "nosuch"]
 
 
-def check_peer(sender: str, op: str, body: dict[str, Any]) -> None:
-    COUNTS["Coordinator.receive"] += 1
+def check_peer(cases: Counter[str], sender: str, op: str, body: dict[str, Any]) -> None:
+    cases["Coordinator.receive"] += 1
     c, _ = coordinator()
     before = {n.node_id: (n.status, n.instance) for n in c.nodes.values() if n.node_id != sender}
     c.receive(sender, Envelope("req", op, body, node=sender), time.time())
@@ -240,10 +279,9 @@ def check_peer(sender: str, op: str, body: dict[str, Any]) -> None:
     assert after == before, "a message from one node changed another node's record"
 
 
-@fuzz(400)
-@given(st.sampled_from(["stranger", "b", "c"]), st.sampled_from(PEER_OPS) | st.text(max_size=8), BODY)
-def test_peer_messages_never_escape_the_dispatcher(sender: str, op: str, body: dict[str, Any]) -> None:
-    check_peer(sender, op, body)
+def test_peer_messages_never_escape_the_dispatcher() -> None:
+    fuzzed(400, check_peer, st.sampled_from(["stranger", "b", "c"]), st.sampled_from(PEER_OPS) | st.text(max_size=8),
+           BODY)
 
 
 # ---- pure: the console model ---------------------------------------------------------------------------------
@@ -254,10 +292,10 @@ TELEMETRY = st.builds(lambda t, k, n, s, ts, b: SimpleNamespace(type=t, kind=k, 
                       NODE_IDS, INT, st.floats(allow_nan=False, allow_infinity=False), BODY)
 
 
-def check_ingest(events: list[Any]) -> None:
+def check_ingest(cases: Counter[str], events: list[Any]) -> None:
     session = JobSession("fuzzjob", ["tcp://127.0.0.1:1"], connect=lambda c: None)  # type: ignore[arg-type,return-value]
     for event in events:
-        COUNTS["tui.ingest"] += 1
+        cases["tui.ingest"] += 1
         ingest(session, event)
     model = session.model
     model.apply_status({"job_id": "fuzzjob", "state": "running", "round": 7, "world_size": 2,
@@ -269,10 +307,8 @@ def check_ingest(events: list[Any]) -> None:
     model.recoveries()
 
 
-@fuzz(300)
-@given(st.lists(TELEMETRY, min_size=1, max_size=6))
-def test_console_model_ingests_any_telemetry(events: list[Any]) -> None:
-    check_ingest(events)
+def test_console_model_ingests_any_telemetry() -> None:
+    fuzzed(300, check_ingest, st.lists(TELEMETRY, min_size=1, max_size=6))
 
 
 # ---- the client's subscription against a fake PUB (and a fake control ROUTER for its gap fills) --------------
@@ -345,21 +381,22 @@ def test_client_subscribe_survives_a_garbage_publisher(fake: FakeDaemon) -> None
     try:
         until_marker(stream, fake, "ready")  # subscribed for real: heartbeats arrive
 
-        @fuzz(60)
-        @given(st.lists(PUB_MESSAGE, min_size=1, max_size=10))
-        def batch(messages: list[list[bytes]]) -> None:
+        def batch(cases: Counter[str], messages: list[list[bytes]]) -> None:
             fake.publish(messages)
-            COUNTS["client.subscribe"] += len(messages)
+            cases["client.subscribe"] += len(messages)
             fake.beat(seq=0, marker="end")
             assert until_marker(stream, fake, "end")[-1].body["marker"] == "end"
 
-        batch()
+        fuzzed(60, batch, st.lists(PUB_MESSAGE, min_size=1, max_size=10))
     finally:
         stream.close()
         client.close()
 
 
 def test_async_client_events_survive_a_garbage_publisher(fake: FakeDaemon) -> None:
+    cases: Counter[str] = Counter()
+    rounds = scaled(60)
+
     async def main() -> None:
         client = AsyncClient(fake.control, timeout_s=5)
         stream = client.events(fake.pub_addr, idle_timeout_s=0.2).__aiter__()
@@ -376,13 +413,12 @@ def test_async_client_events_survive_a_garbage_publisher(fake: FakeDaemon) -> No
 
         try:
             await until("ready")
-            rounds = max(1, int(60 * SCALE))
             rng = random.Random(7)
             for i in range(rounds):
                 messages = [[rng.choice([b"ev.a.x", b"hb.a", b"st.a", b"", rng.randbytes(5)]),
                              *[rand_frame(rng) for _ in range(rng.randrange(3))]] for _ in range(rng.randrange(1, 10))]
                 fake.publish(messages)
-                COUNTS["asyncclient.events"] += len(messages)
+                cases["asyncclient.events"] += len(messages)
                 fake.beat(marker=f"m{i}")
                 await until(f"m{i}")
         finally:
@@ -390,6 +426,7 @@ def test_async_client_events_survive_a_garbage_publisher(fake: FakeDaemon) -> No
             client.close()
 
     asyncio.run(main())
+    tally(cases, rounds)
 
 
 # ---- a live 2-node job: control ROUTER, worker channel, mesh ----------------------------------------------------
@@ -466,20 +503,19 @@ def dealer(addr: str, identity: bytes | None = None) -> zmq.Socket:
 def test_live_control_router_answers_random_requests(live: Live) -> None:
     socks = {node: dealer(d.control) for node, d in live.daemons.items()}
 
-    @fuzz(150)
-    @given(st.sampled_from([*REGISTRY, "hello"]) | st.text(min_size=1, max_size=10), BODY, st.sampled_from("ab"))
-    def request(op: str, body: dict[str, Any], node: str) -> None:
+    def request(cases: Counter[str], op: str, body: dict[str, Any], node: str) -> None:
         if op in REGISTRY and REGISTRY[op].steer:
             body = {**body, "dry_run": True}  # a dry run is checked like the real thing and changes nothing
-        socks[node].send(envelope(op, body, id=f"r{COUNTS['live.control']}"))
-        COUNTS["live.control"] += 1
+        socks[node].send(envelope(op, body, id=f"r{cases['live.control']}"))
+        cases["live.control"] += 1
         assert socks[node].poll(10_000), f"no reply to {op} {body!r:.200}"
         reply = json.loads(socks[node].recv())
         assert reply["type"] == "rep" and isinstance(reply["body"].get("ok"), bool)
         assert reply["body"].get("errno") != 9, reply  # `internal`: a verb raised inside the daemon
 
     try:
-        request()
+        fuzzed(150, request, st.sampled_from([*REGISTRY, "hello"]) | st.text(min_size=1, max_size=10), BODY,
+               st.sampled_from("ab"))
     finally:
         for sock in socks.values():
             sock.close()
@@ -506,15 +542,13 @@ def worker_frame(draw: st.DrawFn) -> list[bytes]:
 def test_live_worker_channel_ignores_garbage(live: Live) -> None:
     socks = [dealer(live.worker_addr(node)) for node in "ab"]
 
-    @fuzz(250)
-    @given(st.lists(worker_frame(), min_size=1, max_size=4), st.integers(0, 1))
-    def garbage(frames: list[list[bytes]], which: int) -> None:
+    def garbage(cases: Counter[str], frames: list[list[bytes]], which: int) -> None:
         for parts in frames:
             socks[which].send_multipart(parts)
-            COUNTS["live.worker_channel"] += 1
+            cases["live.worker_channel"] += 1
 
     try:
-        garbage()
+        fuzzed(250, garbage, st.lists(worker_frame(), min_size=1, max_size=4), st.integers(0, 1))
     finally:
         for sock in socks:
             sock.close()
@@ -535,35 +569,19 @@ def test_live_mesh_ignores_garbage_dealers(live: Live) -> None:
     rdzv = f"tcp://127.0.0.1:{live.job.port}"
     socks: dict[bytes | None, zmq.Socket] = {}
 
-    @fuzz(250)
-    @given(st.lists(mesh_frame(), min_size=1, max_size=4))
-    def garbage(frames: list[tuple[bytes | None, list[bytes]]]) -> None:
+    def garbage(cases: Counter[str], frames: list[tuple[bytes | None, list[bytes]]]) -> None:
         for identity, parts in frames:
             if identity not in socks:
                 socks[identity] = dealer(rdzv, identity)
             socks[identity].send_multipart(parts)
-            COUNTS["live.mesh"] += 1
+            cases["live.mesh"] += 1
 
     try:
-        garbage()
+        fuzzed(250, garbage, st.lists(mesh_frame(), min_size=1, max_size=4))
         live.check()  # after at least 3 s: a disturbed membership would show as a lost node by now
     finally:
         for sock in socks.values():
             sock.close()
-
-
-def test_counts_and_survival(live: Live, request: pytest.FixtureRequest) -> None:
-    live.check()
-    alive = {node: d.proc.poll() is None for node, d in live.daemons.items()}
-    total = sum(COUNTS.values())
-    print("\nfuzz cases per target:\n" + "\n".join(f"  {k:24} {v:7}" for k, v in sorted(COUNTS.items()))
-          + f"\n  {'total':24} {total:7}\ndaemons alive: {alive}")
-    if report := os.environ.get("FUZZ_REPORT"):
-        Path(report).write_text(json.dumps({"counts": dict(COUNTS), "total": total, "daemons_alive": alive,
-                                            "status_after": live.job.status()}, indent=1))
-    if len({item.name for item in request.session.items if item.module is request.module}) >= 12:
-        assert total >= 10_000 * min(SCALE, 1)
-    assert all(alive.values())
 
 
 # ---- regressions: non-finite and huge numbers (JSON `1e400` is infinity) once escaped the handlers' guards --
@@ -590,6 +608,10 @@ def test_peer_dispatcher_survives_non_finite_numbers(op: str, body: dict[str, An
 def test_console_ingest_skips_non_finite_numbers() -> None:
     session = JobSession("fuzzjob", ["tcp://127.0.0.1:1"], connect=lambda c: None)  # type: ignore[arg-type,return-value]
     ingest(session, SimpleNamespace(type="ev", kind="x", node="a", seq=1, ts=0.0, body={"seq": math.inf}))
+    assert not session.model.events and session.model.last_event_seq == 0  # skipped, not half-applied
+    ingest(session, SimpleNamespace(type="ev", kind="round_started", node="a", seq=1, ts=0.0,
+                                    body={"round": 2, "world_size": 2}))
+    assert session.model.last_event_seq == 1 and session.model.job.round == 2  # the next event still counts
 
 
 # The same on the live job: when these were bugs they broke it, so they run last.

@@ -114,3 +114,14 @@ def test_no_import_cycle_among_product_modules() -> None:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
+def test_tests_never_import_bench() -> None:
+    """bench may use tests' support code (bench/chaos_soak.py runs tests/soak.py); tests never load bench code."""
+    bench = {path.stem for path in (ROOT / "bench").glob("*.py")} | {"bench"}
+    for path, names in imports("tests").items():
+        assert not {top(n) for n in names} & bench, f"{path} imports {sorted({top(n) for n in names} & bench)}"
+        if ROOT / path == Path(__file__).resolve():
+            continue  # this guard names bench itself
+        paths = [node.value for node in ast.walk(ast.parse((ROOT / path).read_text()))
+                 if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                 and (node.value == "bench" or node.value.startswith("bench/"))]
+        assert not paths, f"{path} names a path under bench/: {paths}"  # a file loaded by path, importlib-style

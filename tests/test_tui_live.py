@@ -1,13 +1,21 @@
-"""elastic-tui against real daemons (2 nodes, ticker worker): views, drain with confirm, cancel, read-only."""
+"""elastic-tui against real daemons (2 nodes, ticker worker): views, drain with confirm, cancel, read-only.
+
+A test that asserts something did not happen first waits for a sign that it could have: every key answered
+with its notice, and every steering request the app started answered by the daemon.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 from harness import TICKER, Job
 from test_tui_support import SIZE, until
+from textual.message import Message
+from textual.notifications import Notify
+from textual.pilot import Pilot
 from textual.widgets import Button
 
 from tui.app import ElasticApp
@@ -37,7 +45,28 @@ async def cursor_to(pilot, app: ElasticApp, node: str) -> None:  # type: ignore[
     table = app.nodes_table
     await until(pilot, lambda: table.cursor_key() is not None and node in {k for k, _ in table.shown})
     table.move_cursor(row=[k for k, _ in table.shown].index(node))
-    await pilot.pause()
+    await until(pilot, lambda: table.cursor_key() == node, what=f"cursor on {node}")
+
+
+@asynccontextmanager
+async def console_on_b(job: Job, readonly: bool = False) -> AsyncIterator[tuple[ElasticApp, Pilot, list[str]]]:
+    """The console on daemon a, both nodes live, the cursor on node b; and the text of every notice it raises."""
+    app = ElasticApp({job.job_id: [job.daemons["a"].control]}, readonly=readonly)
+    notices: list[str] = []
+
+    def record(message: Message) -> None:  # toasts expire; this record does not
+        if isinstance(message, Notify):
+            notices.append(message.notification.message)
+
+    async with app.run_test(size=SIZE, message_hook=record) as pilot:
+        await until(pilot, lambda: connected(app))
+        await cursor_to(pilot, app, "b")
+        yield app, pilot, notices
+
+
+def steering_answered(app: ElasticApp) -> bool:
+    """No steering request of the app is in flight: whatever it sent, the daemon has answered."""
+    return all(worker.is_finished for worker in app.workers if worker.group == "steer")
 
 
 async def test_one_member_address_shows_the_whole_job_and_every_view(job: Job) -> None:
@@ -47,8 +76,7 @@ async def test_one_member_address_shows_the_whole_job_and_every_view(job: Job) -
         assert app.model.job.job_id == job.job_id and app.model.job.coordinator == "a"
         for view in ("ranks", "events", "ckpt", "loss", "nodes"):
             await pilot.press("colon", *view, "enter")
-            await pilot.pause()
-            assert app.view == view
+            await until(pilot, lambda v=view: app.view == v, what=f"view {view}")
         await until(pilot, lambda: any(e.get("kind") == "round_started" for e in app.model.events))
         await until(pilot, lambda: bool(app.model.nodes["a"].workers))
         await cursor_to(pilot, app, "a")
@@ -62,17 +90,16 @@ async def test_one_member_address_shows_the_whole_job_and_every_view(job: Job) -
 
 async def test_cancel_changes_nothing(job: Job) -> None:
     mark = job.seq()
-    app = ElasticApp({job.job_id: [job.daemons["a"].control]})
-    async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: connected(app))
-        await cursor_to(pilot, app, "b")
+    async with console_on_b(job) as (app, pilot, notices):
         await pilot.press("D")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm dialog")
         assert "world 2 → 1; ranks 1 leave" in str(app.screen.query_one("#effect").render())
         focused = app.focused
         assert isinstance(focused, Button) and focused.id == "cancel"
         await pilot.press("escape")
-        await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
+        await until(pilot, lambda: any(n.endswith(": cancelled") for n in notices), what="the cancel notice")
+        await until(pilot, lambda: steering_answered(app), what="the dry run answered")
+        assert not isinstance(app.screen, ConfirmScreen)
     with job.client() as client:
         kinds = {e["kind"] for e in client.call("events", since_seq=mark, limit=0)["events"]}
     assert "drain_started" not in kinds and job.status()["world_size"] == 2
@@ -80,32 +107,29 @@ async def test_cancel_changes_nothing(job: Job) -> None:
 
 async def test_readonly_disables_every_action(job: Job) -> None:
     mark = job.seq()
-    app = ElasticApp({job.job_id: [job.daemons["a"].control]}, readonly=True)
-    async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: connected(app))
-        await cursor_to(pilot, app, "b")
+    keys = ("D", "K", "R", "S", "c", "o", "u", "plus", "minus")
+    async with console_on_b(job, readonly=True) as (app, pilot, notices):
         assert app.check_action("run", ("drain",)) is None and app.check_action("run", ("help",))
-        for key in ("D", "K", "R", "S", "c", "o", "u", "plus", "minus"):
-            await pilot.press(key)
-        await pilot.pause(0.5)
+        await pilot.press(*keys)
+        # every key handled: each steering action named in a read-only notice of its own
+        await until(pilot, lambda: len({n for n in notices if n.startswith("read-only: ")}) == len(keys),
+                    what="a read-only notice per key")
+        await until(pilot, lambda: steering_answered(app), what="no steering request in flight")
+        await pilot.pause()  # a plan that came back would be on screen now
         assert not isinstance(app.screen, ConfirmScreen)
-        assert any("read-only" in n.message for n in app._notifications)
     with job.client() as client:
         kinds = {e["kind"] for e in client.call("events", since_seq=mark, limit=0)["events"]}
     assert "command_received" not in kinds and job.status()["world_size"] == 2
 
 
 async def test_drain_with_confirm_shrinks_the_world(job: Job) -> None:
-    app = ElasticApp({job.job_id: [job.daemons["a"].control]})
-    async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: connected(app))
-        await cursor_to(pilot, app, "b")
+    async with console_on_b(job) as (app, pilot, notices):
         await pilot.press("D")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         await pilot.click("#confirm")
         await until(pilot, lambda: app.model.job.world_size == 1 and app.model.nodes["b"].role == "standby",
                     timeout=40, what="world 1 after drain")
-        await until(pilot, lambda: any("accepted" in n.message for n in app._notifications))
+        await until(pilot, lambda: any("accepted" in n for n in notices))
         assert any(e.get("kind") == "drain_complete" for e in app.model.events)
     assert job.status()["world_size"] == 1
 

@@ -1,0 +1,111 @@
+"""What the process benchmarks share (recovery.py, daemon_overhead.py): launching a process whose output is
+read line by line, and killing everything they started when they exit, however they exit. No benchmark here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+TOY = ROOT / "bench" / "toy_job.py"
+
+ALL_PROCS: list[subprocess.Popen] = []
+SEEN_PIDS: set[int] = set()  # worker pids the output announced: cleanup kills those that are still workers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def is_worker(p: psutil.Process) -> bool:
+    """A process a benchmark may kill at cleanup: a toy-job worker, or an elasticd zygote."""
+    with contextlib.suppress(psutil.Error):
+        cmd = " ".join(p.cmdline())
+        return "toy_job.py" in cmd or "elasticd.zygote" in cmd
+    return False
+
+
+def kill_all(procs: list[psutil.Process], sig: int = signal.SIGKILL) -> None:
+    for p in procs:
+        with contextlib.suppress(psutil.Error, OSError):
+            p.send_signal(sig)
+
+
+def cleanup() -> None:
+    """SIGKILL every process launched here, their descendants, and every worker pid seen."""
+    victims: list[psutil.Process] = []
+    for proc in ALL_PROCS:
+        victims += tree(proc.pid)
+    for pid in SEEN_PIDS:
+        with contextlib.suppress(psutil.Error):
+            p = psutil.Process(pid)
+            if is_worker(p):
+                victims.append(p)
+    kill_all(victims)
+    for proc in ALL_PROCS:
+        with contextlib.suppress(Exception):
+            proc.wait(5)
+    psutil.wait_procs(victims, timeout=5)
+
+
+atexit.register(cleanup)
+
+
+def on_signal(signum: int, _frame: Any) -> None:
+    """SIGTERM/SIGINT handler for a benchmark's main: clean up, then exit as the signal would."""
+    cleanup()
+    sys.exit(128 + signum)
+
+
+class Launched:
+    """One process in its own session; a thread logs each output line and hands it to `on_line` as it arrives.
+
+    A subclass sets what `on_line` needs before calling this __init__: the first line may come at once.
+    """
+
+    def __init__(self, cmd: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = open(log, "a", buffering=1)  # noqa: SIM115
+        self.log.write(f"# {time.time():.6f} launch {' '.join(cmd)}\n")
+        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=True)
+        ALL_PROCS.append(self.proc)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            now = time.time()
+            self.log.write(line)
+            self.on_line(now, line)
+        self.log.write(f"# {time.time():.6f} exit {self.proc.poll()}\n")
+
+    def on_line(self, now: float, line: str) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """After the process is gone: the reader has drained its output, and the log is closed."""
+        self.thread.join(2)
+        self.log.close()
