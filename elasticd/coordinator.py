@@ -118,7 +118,7 @@ class Coordinator:
                      float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool) else 0.0, **fields)
 
     def _record(self, kind: str, node: str, ts: float, **fields: Any) -> dict[str, Any]:
-        event = self.events.append(kind, node, ts, **fields)
+        event = self.events.append(kind, node, ts or self.clock(), **fields)
         emit_log(event)
         self.on_event(event)
         return event
@@ -230,13 +230,17 @@ class Coordinator:
         pending = self.pending
         if pending is None or now < pending.due:
             return
-        if self.transition is not None and pending.cause in (Cause.membership, Cause.operator):
-            return  # a graceful stop is in flight; its end starts the round
+        if self.transition is not None and pending.cause in (Cause.membership, Cause.operator) \
+                and not self.round_lost_a_member():
+            return  # a graceful stop is in flight; its end starts the round (a lost member abandons it)
         if self.awaiting_announced(sum(1 for n in self.alive() if n.role == Role.active), now):
             return
         self.pending = None
         if not self.reform_first(pending):
             self.start_round(pending.cause, pending.detail, pending.detected_at, now)
+
+    def round_lost_a_member(self) -> bool:
+        return self.round is not None and any(self.nodes[n].status != NodeStatus.alive for n in self.round.node_ids())
 
     def candidates(self) -> list[NodeRecord]:
         """Active nodes up to the target, promoting standbys when the job is below it."""
@@ -463,7 +467,7 @@ class Coordinator:
             return False
         if self.state != JobState.running or self.round is None:
             return False
-        if any(self.nodes[n].status != NodeStatus.alive for n in self.round.node_ids()):
+        if self.round_lost_a_member():
             return False
         self.begin_transition(TransitionKind.reform, [], Role.active, After.round, pending.detail, pending.cause,
                               pending.detected_at)

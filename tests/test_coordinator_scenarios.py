@@ -285,9 +285,6 @@ def test_registration_storm_of_200_nodes_makes_exactly_one_round() -> None:
     assert [e.node_id for e in sim.round.members] == [f"n{i:04d}" for i in range(200)]
 
 
-@pytest.mark.xfail(strict=True, reason="a member lost or leaving during a graceful stop is still awaited: the round "
-                   "waits for the transition's 30 s deadline instead of abandoning it (start_pending_round holds "
-                   "membership rounds while a transition is in flight; remove() leaves the node in trans.awaiting)")
 @pytest.mark.parametrize(("change", "gone"), [("drain", "killed"), ("join", "left")])
 def test_a_member_gone_during_a_graceful_stop_abandons_it_and_reforms_promptly(change: str, gone: str) -> None:
     sim = shim_job("abcd", max_nodes=5)
