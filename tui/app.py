@@ -11,7 +11,7 @@ from textual.binding import BindingType
 from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.timer import Timer
-from textual.widgets import ContentSwitcher, DataTable, Footer, Input
+from textual.widgets import ContentSwitcher, Footer, Input
 
 from elasticd.client import ClientError
 from tui.actions import ACTIONS_BY_ID, STEERING_KEYS, ActionSpec, bindings
@@ -25,6 +25,7 @@ from tui.screens.node_detail import NodeDetailScreen
 from tui.session import Connector, JobSession, live_link
 from tui.steering import NoTarget, SteerRequest, build_requests, execute, preview
 from tui.views import VIEW_NAMES, CheckpointsView, EventsView, LossView, NodesView, RanksView
+from tui.views.table import SyncedTable
 from tui.widgets.header import JobHeader, header_text
 
 REDRAW_MIN_INTERVAL_S = 0.15  # at most ~7 frames a second: a redraw costs only the rows on screen that changed
@@ -158,7 +159,7 @@ class ElasticApp(App[None]):
         self.query_one(ContentSwitcher).current = name
         self.redraw()
         focus = self.query_one(f"#{name}")
-        tables = [focus] if isinstance(focus, DataTable) else list(focus.query(DataTable))
+        tables = [focus] if isinstance(focus, SyncedTable) else list(focus.query(SyncedTable))
         if tables:
             tables[-1].focus()
 
@@ -273,7 +274,7 @@ class ElasticApp(App[None]):
 
     def switch_focus_back(self) -> None:
         view = self.query_one(f"#{self.view}")
-        tables = [view] if isinstance(view, DataTable) else list(view.query(DataTable))
+        tables = [view] if isinstance(view, SyncedTable) else list(view.query(SyncedTable))
         if tables:
             tables[-1].focus()
 
@@ -303,7 +304,7 @@ class ElasticApp(App[None]):
             self.notify(f"unknown command :{text}; try :nodes :ranks :events :ckpt :loss :job ID",
                         severity="warning")
 
-    @on(DataTable.RowSelected, "#nodes")
-    def open_node(self, event: DataTable.RowSelected) -> None:
-        self.push_screen(NodeDetailScreen(self.model, str(event.row_key.value)))
+    @on(SyncedTable.RowSelected, "#nodes")
+    def open_node(self, event: SyncedTable.RowSelected) -> None:
+        self.push_screen(NodeDetailScreen(self.model, event.key))
 

@@ -1,105 +1,151 @@
-"""A DataTable that follows a list of keyed rows and redraws only rows whose cells changed.
-
-DataTable keys every render cache on one table-wide update counter, so changing one cell re-renders every
-visible cell through rich (Padding, Styled, render_lines): the console's main cost at scale. This table keeps
-DataTable for everything but drawing data rows (header, cursor, scrolling, keys, messages, CSS), holds its own
-cells, and draws a data row straight into segments with DataTable's own styles, cached per row until that
-row's cells (or cursor, hover, zebra or width) change. Rows of a lazy table (`sync_lazy`) are computed only
-when they are on screen.
-"""
+"""A table on Textual's Line API that follows keyed rows and redraws only the rows whose cells changed."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
-from rich.cells import cell_len, set_cell_size
-from rich.segment import Segment
+from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
-from textual._segment_tools import line_crop
-from textual.geometry import Region
+from textual import events
+from textual.binding import Binding, BindingType
+from textual.geometry import Region, Size, Spacing
+from textual.message import Message
+from textual.scroll_view import ScrollView
 from textual.strip import Strip
-from textual.widgets import DataTable
-from textual.widgets.data_table import ColumnKey, RowKey
 
 from tui.rows import Row
+from tui.views.paint import Cell, Look, Painter, cell_width
 
-Cell = Text | str
 Cells = Callable[[str], Sequence[Cell]]
+HEADER = 1  # lines
+PADDING = 1  # cells each side of a column
 
 
-class SyncedTable(DataTable):
-    """Rows are replaced by key; the cursor stays on the same key across updates."""
+class RowMessage(Message):
+    """About the row `key`, at `cursor_row`."""
 
-    def __init__(self, columns: tuple[str, ...], widths: tuple[int, ...] = (), **kwargs: object) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, cell_padding=1, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, table: SyncedTable, cursor_row: int, key: str) -> None:
+        super().__init__()
+        self.table, self.cursor_row, self.key = table, cursor_row, key
+
+    @property
+    def control(self) -> SyncedTable:
+        return self.table
+
+
+class SyncedTable(ScrollView, can_focus=True):
+    """Rows are replaced by key; the cursor stays on the same key across updates.
+
+    Each drawn row is kept as a Strip until its cells, its cursor or hover state, or the table's look (styles,
+    focus, column widths, width, horizontal scroll) change. Rows of a lazy table (`sync_lazy`) are computed only
+    when they are on screen.
+    """
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "table--header", "table--cursor", "table--hover", "table--even-row", "table--odd-row"}
+    DEFAULT_CSS = """
+    SyncedTable {
+        background: $surface;
+        color: $foreground;
+        height: auto;
+        max-height: 100%;
+        &:focus {
+            background-tint: $foreground 5%;
+            & > .table--cursor {
+                background: $block-cursor-background;
+                color: $block-cursor-foreground;
+                text-style: $block-cursor-text-style;
+            }
+            & > .table--header { background-tint: $foreground 5%; }
+        }
+        &:dark > .table--even-row { background: $surface-darken-1 40%; }
+        & > .table--header { text-style: bold; background: $panel; color: $foreground; }
+        &:ansi > .table--header { background: ansi_bright_blue; color: ansi_default; }
+        & > .table--even-row { background: $surface-lighten-1 50%; }
+        & > .table--cursor {
+            background: $block-cursor-blurred-background;
+            color: $block-cursor-blurred-foreground;
+            text-style: $block-cursor-blurred-text-style;
+        }
+        & > .table--hover { background: $block-hover-background; }
+    }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "select_cursor", "Select", show=False),
+        Binding("up", "cursor_by(-1)", "Cursor up", show=False),
+        Binding("down", "cursor_by(1)", "Cursor down", show=False),
+        Binding("pageup", "cursor_page(-1)", "Page up", show=False),
+        Binding("pagedown", "cursor_page(1)", "Page down", show=False),
+        Binding("home,ctrl+home", "cursor_to(0)", "First row", show=False),
+        Binding("end,ctrl+end", "cursor_to(-1)", "Last row", show=False),
+    ]
+
+    class RowHighlighted(RowMessage):
+        """The cursor is on another row."""
+
+    class RowSelected(RowMessage):
+        """Enter, or a click on the cursor's row."""
+
+    def __init__(self, columns: tuple[str, ...], widths: tuple[int, ...] = (), **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.column_names, self.widths = columns, widths
+        self.labels = [Text.from_markup(name) for name in columns]
+        # Columns without a given width grow to their widest cell and never shrink: no jitter as values change.
+        self.content_widths = [widths[i] if i < len(widths) else cell_len(label.plain)
+                               for i, label in enumerate(self.labels)]
         self.keys: list[str] = []
+        self.index: dict[str, int] = {}
         self.cells: dict[str, Sequence[Cell]] = {}
-        self.versions: dict[str, int] = {}
-        self.row_keys: dict[str, RowKey] = {}
         self.cells_of: Cells | None = None
         self.stale: set[str] = set()
-        self.strips: dict[str, tuple[tuple[Any, ...], Strip]] = {}
-        self.style_epoch: tuple[Any, ...] | None = None
-        self.row_style_cache: dict[tuple[int, bool, bool], tuple[list[tuple[Style, Style]], Style, Style]] = {}
-        self.text_styles: dict[str, Style] = {}
-        self.line_style: Style | None = None
-
-    def on_mount(self) -> None:
-        for index, name in enumerate(self.column_names):
-            width = self.widths[index] if index < len(self.widths) else None
-            self.add_column(name, key=str(index), width=width)  # fixed widths: no re-measuring on updates
+        self.cursor_row, self.hover_row = 0, -1
+        self.highlighted: str | None = None
+        self.strips: dict[str, tuple[tuple[int, bool, bool], Strip]] = {}
+        self.header: Strip | None = None
+        self.epoch: tuple[Any, ...] | None = None
+        self.painter: Painter | None = None
 
     @property
     def shown(self) -> list[Row]:
         return [(key, list(self.cells.get(key, ()))) for key in self.keys]
 
+    @property
+    def column_widths(self) -> list[int]:
+        return [width + 2 * PADDING for width in self.content_widths]
+
     # ---- feeding ------------------------------------------------------------------------------------
     def sync(self, rows: list[Row]) -> None:
         """Show exactly these rows."""
         self.cells_of, self.stale = None, set()
-        if not self.same_keys([key for key, _ in rows]):
-            self.rebuild([key for key, _ in rows], {key: cells for key, cells in rows})
+        keys = [key for key, _ in rows]
+        if keys != self.keys:
+            self.rebuild(keys, dict(rows))
             return
-        changed = False
-        for key, cells in rows:
-            changed = self.put(key, cells) or changed
-        if changed:
-            self.refresh()
+        self.redraw([key for key, cells in rows if self.put(key, cells)])
 
     def sync_lazy(self, keys: list[str], cells_of: Cells) -> None:
         """Show these rows, computing a row's cells (`cells_of(key)`) only while it is on screen."""
         self.cells_of = cells_of
-        if not self.same_keys(keys):
+        if keys != self.keys:
             self.rebuild(keys, {})
             return
         visible = self.visible_keys()
         self.stale = set(keys).difference(visible)
-        changed = False
-        for key in visible:
-            changed = self.put(key, cells_of(key)) or changed
-        if changed:
-            self.refresh()
-
-    def same_keys(self, keys: list[str]) -> bool:
-        return keys == self.keys and all(key in self.row_keys for key in keys[:1])
+        self.redraw([key for key in visible if self.put(key, cells_of(key))])
 
     def rebuild(self, keys: list[str], cells: dict[str, Sequence[Cell]]) -> None:
+        """New keys or a new order: everything is redrawn; the cursor follows its key."""
         cursor_key = self.cursor_key()
-        self.clear()
-        self.keys, self.cells, self.row_keys, self.strips = list(keys), {}, {}, {}
+        self.keys, self.index, self.cells, self.strips = list(keys), {k: i for i, k in enumerate(keys)}, {}, {}
         self.stale = set(keys) if self.cells_of is not None else set()
-        blank = [""] * len(self.column_names)
-        for key in keys:
-            row = cells.get(key)
-            if row is not None:
-                self.cells[key] = row
-            self.versions[key] = self.versions.get(key, 0) + 1
-            self.row_keys[key] = self.add_row(*map(as_text, row if row is not None else blank), key=key)
-        if cursor_key is not None and cursor_key in self.row_keys:
-            self.move_cursor(row=self.get_row_index(cursor_key))
+        for key, row in cells.items():
+            self.put(key, row)
+        self.virtual_size = Size(sum(self.column_widths), HEADER + len(keys))
+        row = self.index.get(cursor_key, self.cursor_row) if cursor_key is not None else 0
+        self.move_cursor(row=row, scroll=row != self.cursor_row)
+        self.refresh()
 
     def put(self, key: str, cells: Sequence[Cell]) -> bool:
         """Store one row's cells; True when they differ from what is drawn."""
@@ -107,157 +153,146 @@ class SyncedTable(DataTable):
         if old is not None and len(old) == len(cells) and all(map(same, cells, old)):
             return False
         self.cells[key] = cells
-        self.versions[key] = self.versions.get(key, 0) + 1
-        data = self._data.get(self.row_keys[key])
-        if data is not None:
-            for index, cell in enumerate(cells):
-                data[ColumnKey(str(index))] = cell
+        self.strips.pop(key, None)
+        for index, cell in enumerate(cells[:len(self.content_widths)]):
+            if index >= len(self.widths) and cell_width(cell) > self.content_widths[index]:
+                self.content_widths[index] = cell_width(cell)
+                self.virtual_size = Size(sum(self.column_widths), HEADER + len(self.keys))
         return True
+
+    def redraw(self, keys: list[str]) -> None:
+        for key in keys:
+            self.refresh_line(HEADER + self.index[key])
 
     def visible_keys(self) -> list[str]:
         top = int(self.scroll_y)
         return self.keys[top:top + max(1, self.size.height)]
 
     def cursor_key(self) -> str | None:
-        if not self.keys or self.cursor_row >= len(self.keys) or self.cursor_row < 0:
-            return None
-        return self.keys[self.cursor_row]
+        return self.keys[self.cursor_row] if 0 <= self.cursor_row < len(self.keys) else None
+
+    # ---- cursor, keys and mouse ---------------------------------------------------------------------
+    def move_cursor(self, *, row: int, animate: bool = False, scroll: bool = True) -> None:
+        old, self.cursor_row = self.cursor_row, max(0, min(row, len(self.keys) - 1))
+        self.refresh_line(HEADER + old)
+        self.refresh_line(HEADER + self.cursor_row)
+        if scroll:
+            self.call_after_refresh(self.scroll_to_cursor, animate)
+        key = self.cursor_key()
+        if key is not None and key != self.highlighted:
+            self.highlighted = key
+            self.post_message(self.RowHighlighted(self, self.cursor_row, key))
+
+    def scroll_to_cursor(self, animate: bool = False) -> None:
+        region = Region(int(self.scroll_x), HEADER + self.cursor_row, self.size.width, 1)
+        self.scroll_to_region(region, spacing=Spacing(top=HEADER), animate=animate, force=True)
+
+    def set_hover(self, row: int) -> None:
+        if row != self.hover_row:
+            self.refresh_line(HEADER + self.hover_row)
+            self.refresh_line(HEADER + row)
+            self.hover_row = row
+
+    def keyboard(self, row: int) -> None:
+        """Keys move the cursor and hide the mouse's hover, as in DataTable."""
+        self.set_hover(-1)
+        self.move_cursor(row=row)
+
+    def action_cursor_by(self, rows: int) -> None:
+        self.keyboard(self.cursor_row + rows)
+
+    def action_cursor_page(self, pages: int) -> None:
+        self.keyboard(self.cursor_row + pages * max(1, self.scrollable_content_region.height - HEADER))
+
+    def action_cursor_to(self, row: int) -> None:
+        self.keyboard(row if row >= 0 else len(self.keys) - 1)
+
+    def action_select_cursor(self) -> None:
+        key = self.cursor_key()
+        if key is not None:
+            self.post_message(self.RowSelected(self, self.cursor_row, key))
+
+    def row_at(self, event: events.MouseEvent) -> int:
+        """The row under the mouse, or -1 (header, empty space, outside)."""
+        offset = event.get_content_offset(self)
+        if offset is None or offset.y < HEADER:
+            return -1
+        row = offset.y - HEADER + int(self.scroll_y)
+        return row if row < len(self.keys) else -1
+
+    def on_mouse_move(self, event: events.MouseMove) -> None:
+        self.set_hover(self.row_at(event))
+
+    def on_leave(self, _: events.Leave) -> None:
+        self.set_hover(-1)
+
+    def on_click(self, event: events.Click) -> None:
+        row = self.row_at(event)
+        if row < 0:
+            return
+        event.stop()
+        if row == self.cursor_row:
+            self.action_select_cursor()
+        else:
+            self.move_cursor(row=row, animate=True)
 
     # ---- drawing ------------------------------------------------------------------------------------
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self.epoch = None
+        if self.painter is not None:
+            self.painter.forget()
+        self.refresh()
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        epoch = (self.rich_style, self.has_focus, tuple(self.content_widths), int(self.scroll_x), self.size.width)
+        if epoch != self.epoch:  # the look changed: no strip drawn before is right any more
+            self.epoch, self.strips, self.header = epoch, {}, None
+        return super().render_lines(crop)
+
+    def render_line(self, y: int) -> Strip:
+        if y < HEADER:
+            if self.header is None:
+                self.header = self.draw(self.labels, self.get_component_rich_style("table--header"), Style(), None)
+            return self.header
+        row = y - HEADER + int(self.scroll_y)
+        if row >= len(self.keys):
+            return Strip.blank(self.size.width, self.rich_style)
+        key = self.keys[row]
+        cells = self.row_cells(key)  # a lazy row computed now drops its strip if its cells changed
+        state = (row, row == self.cursor_row, row == self.hover_row)
+        cached = self.strips.get(key)
+        if cached is not None and cached[0] == state:
+            return cached[1]
+        strip = self.draw(cells, *self.row_look(*state))
+        self.strips[key] = (state, strip)
+        return strip
+
     def row_cells(self, key: str) -> Sequence[Cell]:
         if key in self.stale and self.cells_of is not None:
             self.stale.discard(key)
             self.put(key, self.cells_of(key))
         return self.cells.get(key, ())
 
-    def render_lines(self, crop: Region) -> list[Strip]:
-        self.line_style = self.rich_style  # once a pass, not once a line
-        try:
-            return super().render_lines(crop)
-        finally:
-            self.line_style = None
+    def row_look(self, row: int, cursor: bool, hover: bool) -> tuple[Style, Style, Style | None]:
+        """(row style, cursor/hover style, post style) as DataTable composes them."""
+        get = self.get_component_rich_style
+        base = get("table--odd-row" if row % 2 else "table--even-row")
+        over = Style()
+        if hover:
+            over += get("table--hover")
+        if cursor:
+            over += get("table--cursor")
+        return base, over, Style.from_color(color=over.color) if over.color else None
 
-    def render_line(self, y: int) -> Strip:
-        if self.fixed_rows or self.line_style is None:
-            return super().render_line(y)
-        scroll_x, scroll_y = self.scroll_offset
-        if y >= (self.header_height if self.show_header else 0):
-            y += scroll_y
-        return self._render_line(y, scroll_x, scroll_x + self.size.width, self.line_style)
-
-    def _render_line(self, y: int, x1: int, x2: int, base_style: Style) -> Strip:
-        width = self.size.width
-        try:
-            row_key, line_no = self._get_offsets(y)
-        except LookupError:
-            return Strip.blank(width, base_style)
-        key = row_key.value
-        if row_key is self._header_row_key or key not in self.row_keys or line_no or self._labelled_row_exists \
-                or self.fixed_columns or self.fixed_rows:
-            return super()._render_line(y, x1, x2, base_style)
-        cells = self.row_cells(key)
-        row_index = self._row_locations.get(row_key)
-        cursor = self.show_cursor and self.cursor_coordinate.row == row_index
-        hover = self._show_hover_cursor and self.hover_coordinate.row == row_index
-        widths = tuple(column.get_render_width(self) for column in self.ordered_columns)
-        state = (self.versions.get(key), row_index, cursor, hover, self.show_cursor, self._show_hover_cursor,
-                 self._pseudo_class_state, base_style, widths, x1, x2, width)
-        cached = self.strips.get(key)
-        if cached is not None and cached[0] == state:
-            return cached[1]
-        strip = self.draw_row(row_index, cells, widths, cursor, hover, base_style, x1, x2, width)
-        self.strips[key] = (state, strip)
-        return strip
-
-    def draw_row(self, row_index: int, cells: Sequence[Cell], widths: tuple[int, ...], cursor: bool, hover: bool,
-                 base_style: Style, x1: int, x2: int, width: int) -> Strip:
-        """One data row as DataTable would draw it: padded cells in the row's zebra/cursor/hover style."""
-        pres, post_style, extend_style = self.row_styles(row_index, cursor, hover, base_style, len(widths))
-        padding = self.cell_padding
-        pad = " " * padding
-        segments: list[Segment] = []
-        append = segments.append
-        for column_index, column_width in enumerate(widths):
-            cell = cells[column_index] if column_index < len(cells) else ""
-            pre, pad_style = pres[column_index]
-            inner = max(0, column_width - 2 * padding)
-            if isinstance(cell, Text):
-                if cell.spans:
-                    segments += self.draw_rich(cell, inner, padding, pre, pad_style, post_style)
-                    continue
-                plain, text_style = cell.plain, self.text_style(cell.style)
-            else:
-                plain, text_style = cell, None
-            if "\n" in plain:
-                plain = plain.split("\n", 1)[0]
-            length = cell_len(plain)
-            if length > inner:
-                plain, length = set_cell_size(plain, inner), inner
-            if padding:
-                append(Segment(pad, pad_style))
-            if plain:
-                style = pre + text_style if text_style is not None else pre
-                append(Segment(plain, style + post_style if post_style else style))
-            if inner > length:
-                append(Segment(" " * (inner - length), pad_style))
-            if padding:
-                append(Segment(pad, pad_style))
-        table_width = sum(widths)
-        append(Segment(" " * max(0, width - table_width), extend_style))
-        if x1 == 0 and x2 >= max(width, table_width) and table_width <= width:
-            return Strip(segments, width).simplify()  # the usual case: no horizontal scroll, nothing to crop
-        total = table_width + max(0, width - table_width)
-        return Strip(line_crop(segments, x1, x2, total)).adjust_cell_length(width, base_style).simplify()
-
-    def row_styles(self, row_index: int, cursor: bool, hover: bool, base_style: Style,
-                   columns: int) -> tuple[list[tuple[Style, Style]], Style, Style]:
-        """Per column (cell style, padding style), the post style and the fill style of one row; cached."""
-        epoch = (self._pseudo_class_state, base_style, self.show_cursor, self._show_hover_cursor, columns,
-                 self.cursor_foreground_priority, self.cursor_background_priority)
-        if epoch != self.style_epoch:
-            self.style_epoch, self.row_style_cache = epoch, {}
-        found = self.row_style_cache.get((row_index, cursor, hover))
-        if found is not None:
-            return found
-        row_style = self._get_row_style(row_index, base_style)
-        component_style, post_style = self._get_styles_to_render_cell(
-            False, False, False, hover, cursor, self.show_cursor, self._show_hover_cursor,
-            self.cursor_foreground_priority == "css", self.cursor_background_priority == "css")
-        pres = []
-        for column_index in range(columns):
-            pre = row_style + Style.from_meta({"row": row_index, "column": column_index}) + component_style
-            pres.append((pre, pre + post_style if post_style else pre))
-        extend_style, _ = self._get_styles_to_render_cell(
-            False, False, False, hover, cursor, self.show_cursor, self._show_hover_cursor, False, False)
-        extend_style = row_style + extend_style + Style.from_meta({"row": row_index, "column": 0,
-                                                                   "out_of_bounds": True})
-        found = self.row_style_cache[(row_index, cursor, hover)] = (pres, post_style, extend_style)
-        return found
-
-    def notify_style_update(self) -> None:
-        super().notify_style_update()
-        self.style_epoch, self.row_style_cache, self.text_styles, self.strips = None, {}, {}, {}
-
-    def draw_rich(self, cell: Text, inner: int, padding: int, pre: Style, pad_style: Style,
-                  post_style: Style) -> list[Segment]:
-        """A cell with spans, through rich (rare: the console's own cells carry one style each)."""
-        options = self.app.console_options.update_dimensions(inner, 1).update(no_wrap=True)
-        line = self.app.console.render_lines(cell, options, pad=True)[0]
-        pad = [Segment(" " * padding, pad_style)] if padding else []
-        return pad + list(Segment.apply_style(line, pre, post_style or None)) + pad
-
-    def text_style(self, style: str | Style) -> Style:
-        if not isinstance(style, str):
-            return style
-        found = self.text_styles.get(style)
-        if found is None:
-            found = self.text_styles[style] = self.app.console.get_style(style, default=Style.null())
-        return found
-
-
-def as_text(cell: Cell) -> Text:
-    """Plain strings as Text: no markup parsing per render."""
-    return cell if isinstance(cell, Text) else Text(cell)
+    def draw(self, cells: Sequence[Cell], base: Style, over: Style, post: Style | None) -> Strip:
+        if self.painter is None:
+            self.painter = Painter(self.app.console, self.app.console_options, PADDING)
+        text = base + over
+        look = Look(text, post, text + post if post else text)
+        width, x = self.size.width, int(self.scroll_x)
+        segments = self.painter.line(cells, self.column_widths, look, x + width)  # filled up to x + width at least
+        return Strip(segments).crop(x, x + width)
 
 
 def same(a: Cell, b: Cell) -> bool:
