@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
+
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from tui.actions import ACTIONS, ActionSpec

@@ -140,8 +140,8 @@ class SyncedTable(ScrollView, can_focus=True):
         cursor_key = self.cursor_key()
         self.keys, self.index, self.cells, self.strips = list(keys), {k: i for i, k in enumerate(keys)}, {}, {}
         self.stale = set(keys) if self.cells_of is not None else set()
-        for key, row in cells.items():
-            self.put(key, row)
+        for key, row_cells in cells.items():
+            self.put(key, row_cells)
         self.virtual_size = Size(sum(self.column_widths), HEADER + len(keys))
         row = self.index.get(cursor_key, self.cursor_row) if cursor_key is not None else 0
         self.move_cursor(row=row, scroll=row != self.cursor_row)
