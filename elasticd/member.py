@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from elasticd.config import JobConfig
 from elasticd.events import EventLog
-from elasticd.names import MeshOp, NodeState
+from elasticd.names import CTL_PREFIX, MeshOp, NodeState
 from elasticd.node import NodeAgent, ToCoordinator
 from elasticd.protocol import Envelope
 from elasticd.step_agreement import StepRequest, local_answer
@@ -70,7 +70,7 @@ class Member:
     # ---- the coordinator's messages -------------------------------------------------------------
     def receive(self, env: Envelope) -> None:
         self.last_coord = time.time()
-        if env.type == "rep" and env.op.startswith("ctl."):
+        if env.type == "rep" and env.op.startswith(CTL_PREFIX):
             self.on_forwarded_reply(env)
             return
         if not self.registered and env.op not in (MeshOp.welcome, MeshOp.job_end):

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from elasticd.names import Cause, EventKind, Role, StrEnum
 
@@ -58,7 +57,7 @@ class Transition:
     then: After
     awaiting: set[str]  # members whose ranks have not yet said `drained`
     deadline: float
-    started: float = field(default_factory=time.time)
+    started: float  # when the change was asked for (or, for a reform, detected): its recovery timeline starts here
     cause: Cause = Cause.membership  # the cause of the round that follows
     detail: str = ""
 
