@@ -81,8 +81,7 @@ class Coordinator:
             MeshOp.register: self.on_register,
             MeshOp.announce: lambda sender, _body, now: self.announce(sender, now),
             MeshOp.hb: self.on_heartbeat,
-            MeshOp.leave: lambda sender, body, now: self.remove(
-                sender, NodeStatus.left, str(body.get("reason", f"node {sender} left")), now),
+            MeshOp.leave: self.leave,
             MeshOp.worker_failed: self.worker_failed,
             MeshOp.node_done: self.node_done,
             MeshOp.node_drained: lambda sender, _body, now: self.node_drained(sender, now),
@@ -184,13 +183,41 @@ class Coordinator:
         node.metrics = body.get("metrics", node.metrics)
         return True
 
-    def remove(self, node_id: str, status: NodeStatus, detail: str, now: float) -> None:
+    def leave(self, node_id: str, body: dict[str, Any], now: float) -> None:
+        """A node says it goes (its daemon got SIGTERM): with `graceful`, its ranks first stop at one agreed step."""
+        reason = str(body.get("reason") or f"node {node_id} left")
+        if body.get("graceful") and self.drain_departing(node_id, reason):
+            return
+        self.remove(node_id, NodeStatus.left, reason, now)
+        self.send(node_id, MeshOp.left, {"reason": reason})
+
+    def drain_departing(self, node_id: str, reason: str) -> bool:
+        """Fold a leaving node into the transition in flight, or drain it; False when no drain can be had."""
+        rnd = self.round
+        if self.state != JobState.running or rnd is None or node_id not in rnd.node_ids() \
+                or node_id == self.cfg.node_id or self.nodes[node_id].status != NodeStatus.alive:
+            return False
+        trans = self.transition
+        if trans is None:
+            self.begin_transition(TransitionKind.drain, [node_id], Role.standby, After.round,
+                                  f"node {node_id} leaving: {reason}")
+            trans = self.transition
+            assert trans is not None
+        elif node_id not in trans.leaving:  # several preemption notices at once: one transition for all
+            trans.leaving.append(node_id)
+            self.nodes[node_id].role = Role.draining
+            self.emit(EventKind.node_role, node_id, role=Role.draining)
+        trans.departing[node_id] = reason
+        return True
+
+    def remove(self, node_id: str, status: NodeStatus, detail: str, now: float, reform: bool = True) -> None:
+        """The node is gone; `reform` starts a round without it (a caller that starts one itself says False)."""
         node = self.nodes.get(node_id)
         if node is None or node.status != NodeStatus.alive:
             return
         node.status = status
         self.emit(EventKind.node_lost if status == NodeStatus.lost else EventKind.node_left, node_id, reason=detail)
-        if self.round and node_id in self.round.node_ids():
+        if reform and self.round and node_id in self.round.node_ids():
             self.suspect = None
             self.schedule(Cause.membership, detail, now)
         if node_id in self.stop_barrier:
@@ -439,10 +466,12 @@ class Coordinator:
             return
         self.transition = None
         for node_id in trans.leaving:
-            self.nodes[node_id].role = trans.final_role
-            self.emit(EventKind.node_role, node_id, role=trans.final_role)
+            if node_id not in trans.departing:
+                self.nodes[node_id].role = trans.final_role
+                self.emit(EventKind.node_role, node_id, role=trans.final_role)
         self.emit(trans.events.complete, op_id=trans.op_id, nodes=trans.leaving, timed_out=bool(trans.awaiting),
                   duration_s=round(now - trans.started, 3))
+        self.let_go(trans, now)
         if trans.then == After.end:
             self.end(JobState.stopped, f"stopped by operator ({trans.op_id})", now)
         else:
@@ -456,6 +485,13 @@ class Coordinator:
             for node_id in trans.leaving:
                 self.nodes[node_id].role = trans.final_role
             self.emit(trans.events.abandoned, op_id=trans.op_id, reason="a new round started first")
+            self.let_go(trans, self.clock())
+
+    def let_go(self, trans: Transition, now: float) -> None:
+        """The nodes that asked to leave are out: the round that follows is formed without them."""
+        for node_id, reason in trans.departing.items():
+            self.remove(node_id, NodeStatus.left, reason, now, reform=False)
+            self.send(node_id, MeshOp.left, {"reason": reason})
 
     def reform_first(self, pending: PendingRound) -> bool:
         """Before a round that restarts healthy shim workers (a join, scale up, restart), stop them at one step.

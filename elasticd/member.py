@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -17,6 +18,9 @@ from elasticd.worker_channel import WorkerChannel
 
 log = logging.getLogger("elasticd")
 EXIT_COORDINATOR_LOST = 3
+# What a node on its way out still acts on: its workers' drain, and the word that it is out (or the job is over).
+LEAVING_OPS = frozenset({MeshOp.left, MeshOp.job_end, MeshOp.hb, MeshOp.probe, MeshOp.event, MeshOp.step_query,
+                         MeshOp.drain_workers, MeshOp.checkpoint_workers})
 
 
 class Lifecycle(Protocol):
@@ -46,6 +50,7 @@ class Member:
         self.is_coordinator = is_coordinator  # this daemon also holds the coordinator role
         self.registered = False
         self.leaving = False  # set once: a leaving node never registers again, whatever it is told
+        self.departed = False  # its last word (`leave` without grace) is sent: it only waits to exit now
         self.duplicate_since = 0.0
         self.last_coord = 0.0
         self.last_register = 0.0
@@ -54,6 +59,7 @@ class Member:
             MeshOp.welcome: self.on_welcome,
             MeshOp.hb: lambda _body: None,  # the answer to a heartbeat: arriving is all it has to say
             MeshOp.unknown: self.on_unknown,
+            MeshOp.left: lambda body: self.exit_job(str(body.get("reason", "the coordinator let it go"))),
             MeshOp.round: lambda body: life.spawn(node.apply_round(body)),
             MeshOp.go: lambda body: node.go(int(body["round"])),
             MeshOp.job_end: lambda body: life.spawn(life.finish(str(body.get("state", "failed")),
@@ -75,8 +81,8 @@ class Member:
             return
         if not self.registered and env.op not in (MeshOp.welcome, MeshOp.job_end):
             return  # a daemon not yet welcomed acts on nothing: it may be a refused duplicate of a live node
-        if self.leaving and env.op != MeshOp.job_end:
-            return  # it said `leave`: the job goes on without it, and it acts on nothing but the job's end
+        if self.leaving and env.op not in LEAVING_OPS:
+            return  # it said `leave`: no new round, no re-registering, whatever it is told meanwhile
         handler = self.handlers.get(env.op)
         if handler is not None:
             handler(env.body)
@@ -123,14 +129,38 @@ class Member:
         self.register()
 
     def leave(self, reason: str) -> None:
-        """A graceful leave: the coordinator re-forms without this node, which never registers again."""
+        """A preemption notice: ranks stop at one agreed step (the drain), then the job re-forms without us.
+
+        Bounded by --grace-period; a second signal, or no welcome yet, takes the fast path at once.
+        """
+        if self.leaving or not self.registered:
+            self.depart(reason if not self.leaving else f"{reason} again: leaving at once")
+            return
         self.leaving = True
+        log.info("[%s] leaving gracefully (%s); up to %.0fs for the workers to stop at one step",
+                 self.cfg.node_id, reason, self.cfg.grace_s)
+        self.to_coord(MeshOp.leave, {"reason": reason, "graceful": True})
+        self.life.spawn(self.depart_after_grace(reason))
+
+    async def depart_after_grace(self, reason: str) -> None:
+        await asyncio.sleep(self.cfg.grace_s)
+        self.depart(f"{reason}; --grace-period {self.cfg.grace_s:g}s ran out before the drain ended")
+
+    def depart(self, reason: str) -> None:
+        """The fast path: tell the coordinator we are gone, stop the workers now, exit."""
+        if self.departed:
+            return
+        self.leaving = self.departed = True
         self.to_coord(MeshOp.leave, {"reason": reason})
+        self.exit_job(reason)
+
+    def exit_job(self, reason: str) -> None:
+        self.leaving = self.departed = True
         self.life.spawn(self.life.finish("stopped", f"left the job: {reason}", 0))
 
     def beat(self, now: float) -> None:
         """Once a heartbeat interval: retry registering, or send a heartbeat and watch the coordinator."""
-        if self.leaving:
+        if self.departed or (self.leaving and not self.registered):
             return
         if not self.registered:
             if not self.first_register:

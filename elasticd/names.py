@@ -44,6 +44,7 @@ class MeshOp(StrEnum):
     # coordinator -> member
     welcome = "welcome"
     unknown = "unknown"
+    left = "left"
     round = "round"
     go = "go"
     job_end = "job_end"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from elasticd.names import Cause, EventKind, Role, StrEnum
 
@@ -60,6 +60,7 @@ class Transition:
     started: float  # when the change was asked for (or, for a reform, detected): its recovery timeline starts here
     cause: Cause = Cause.membership  # the cause of the round that follows
     detail: str = ""
+    departing: dict[str, str] = field(default_factory=dict)  # node -> reason: leaves the job once this ends
 
     @property
     def events(self) -> TransitionEvents:

@@ -12,6 +12,7 @@ from typing import Any
 from elasticd.config import STOP_SLACK_S, JobConfig
 from elasticd.coordinator import Coordinator
 from elasticd.events import EventLog
+from elasticd.member import LEAVING_OPS
 from elasticd.membership import MemoryStore, Round
 from elasticd.names import JobState, MeshOp, NodeState
 from elasticd.protocol import Envelope
@@ -107,7 +108,7 @@ class SimNode:
         sim.sched.add_lane(self.delay)
         self.instance = f"{node_id}-1"
         self.mute: set[str] = set()
-        self.registered = self.leaving = self.killed = self.frozen = False
+        self.registered = self.leaving = self.departed = self.killed = self.frozen = False
         self.started = False
         self.refused = ""  # a refused welcome's reason
         self.state: str = NodeState.registering
@@ -129,6 +130,7 @@ class SimNode:
             MeshOp.step_query: self.on_step_query, MeshOp.drain_workers: self.on_drain,
             MeshOp.checkpoint_workers: lambda _b: None, MeshOp.event: lambda _b: None,
             MeshOp.kill_worker: lambda b: self.fail_worker(int(b["rank"])),
+            MeshOp.left: self.on_left,
         }
 
     # ---- plumbing --------------------------------------------------------------------------------
@@ -158,7 +160,7 @@ class SimNode:
     def receive(self, op: str, body: dict[str, Any]) -> None:
         if not self.registered and op not in (MeshOp.welcome, MeshOp.job_end):
             return  # not welcomed yet: acts on nothing (member.py)
-        if self.leaving and op != MeshOp.job_end:
+        if self.leaving and op not in LEAVING_OPS:
             return
         handler = self.handlers.get(op)
         if handler is not None:
@@ -187,9 +189,16 @@ class SimNode:
             self.send(MeshOp.hb, self.heartbeat_body())
             self.last_beat = self.sim.clock.now
 
-    def leave(self, reason: str = "SIGTERM") -> None:
-        """A graceful leave: it says so, stops its workers and acts on nothing but the job's end."""
-        self.leaving, self.running = True, False
+    def leave(self, reason: str = "SIGTERM", graceful: bool = False) -> None:
+        """SIGTERM (member.leave): with `graceful` its ranks drain first and it waits for `left`, up to the grace."""
+        if self.departed:
+            return
+        self.leaving = True
+        if graceful:
+            self.send(MeshOp.leave, {"reason": reason, "graceful": True})
+            self.later(self.sim.cfg.grace_s, self.leave, f"{reason}; the grace ran out")
+            return
+        self.departed, self.running = True, False
         self.send(MeshOp.leave, {"reason": reason})
 
     def fail_worker(self, rank: int | None = None, hang: bool = False) -> None:
@@ -206,7 +215,7 @@ class SimNode:
                                     "nproc": self.nproc, "ports": self.sim.ports(), "control": "", "pub": ""})
 
     def beat(self) -> None:
-        if self.leaving:
+        if self.departed or (self.leaving and not self.registered):
             return
         self.sim.sched.later(self.sim.cfg.heartbeat_s, self._fire, self.beat, ())
         if not self.registered:
@@ -245,6 +254,10 @@ class SimNode:
         self.registered, self.running, self.round_id = False, False, 0
         if not self.leaving:
             self.register()
+
+    def on_left(self, body: dict[str, Any]) -> None:
+        self.departed, self.running, self.state = True, False, NodeState.ending
+        self.ended = (JobState.stopped, str(body.get("reason", "")))
 
     def on_job_end(self, body: dict[str, Any]) -> None:
         self.state, self.running = NodeState.ending, False

@@ -306,3 +306,53 @@ def test_a_member_gone_during_a_graceful_stop_abandons_it_and_reforms_promptly(c
     assert sim.clock.now - gone_at < noticed + 1.0
     abandoned = K.drain_abandoned if change == "drain" else K.reform_abandoned
     assert abandoned in sim.kinds(since=mark) and "b" not in sim.round.node_ids()
+
+
+def test_sigterm_leave_drains_every_rank_at_one_step_then_lets_the_node_go() -> None:
+    """A preemption notice takes the drain path: survivors resume after the agreed step, nothing is charged."""
+    sim = shim_job()
+    mark = sim.mark()
+    sim.nodes["c"].leave("SIGTERM", graceful=True)
+    sim.formed(2)
+    agreed, = sim.of(K.step_agreed, since=mark)
+    assert sim.kinds(K.drain_started, K.step_agreed, K.drain_complete, K.node_left, K.round_started,
+                     since=mark) == [K.drain_started, K.step_agreed, K.drain_complete, K.node_left, K.round_started]
+    assert sorted(m.src for m in sim.msgs(MeshOp.node_drained, since=mark)) == ["a", "b", "c"]
+    left, = sim.msgs(MeshOp.left, since=mark)
+    assert left.dst == "c" and sim.nodes["c"].ended == (JobState.stopped, "SIGTERM")
+    assert sim.rank_map() == [("a", [0, 1]), ("b", [2, 3])] and sim.round.cause == Cause.membership
+    assert agreed["at_step"] is not None and restarts(sim)["failure"] == 0
+    assert "c" not in [n["node_id"] for n in sim.coordinator.status(sim.clock.now)["nodes"]
+                       if n["status"] == "alive"]
+
+
+def test_two_notices_at_once_make_one_drain_and_one_round() -> None:
+    sim = shim_job("abcd")
+    mark = sim.mark()
+    sim.nodes["c"].leave("SIGTERM", graceful=True)
+    sim.nodes["d"].leave("SIGTERM", graceful=True)
+    sim.formed(2)
+    assert sim.kinds(K.drain_started, K.round_started, since=mark) == [K.drain_started, K.round_started]
+    assert sorted(m.dst for m in sim.msgs(MeshOp.left, since=mark)) == ["c", "d"]
+    assert sim.rank_map() == [("a", [0, 1]), ("b", [2, 3])]
+
+
+def test_a_leave_with_plain_workers_or_when_the_grace_runs_out_still_goes() -> None:
+    """No shim: nothing to agree on, the node goes at once; a drain that outlasts the grace ends on the fast path."""
+    plain = Sim("abc", min_nodes=1)
+    plain.start()
+    plain.formed()
+    mark = plain.mark()
+    plain.nodes["c"].leave("SIGTERM", graceful=True)
+    plain.formed(2)
+    agreed, = plain.of(K.step_agreed, since=mark)
+    assert agreed["at_step"] is None and plain.nodes["c"].ended is not None
+    assert plain.rank_map() == [("a", [0, 1]), ("b", [2, 3])]
+    slow = shim_job()
+    slow.configure(save_s=2 * slow.cfg.grace_s)  # the drain cannot end within the grace
+    mark = slow.mark()
+    slow.nodes["c"].leave("SIGTERM", graceful=True)
+    slow.formed(2)
+    assert K.drain_abandoned in slow.kinds(since=mark) and "c" not in slow.round.node_ids()
+    assert slow.msgs(MeshOp.leave, src="c", since=mark)[-1].body.get("graceful") is None
+    assert restarts(slow)["failure"] == 0

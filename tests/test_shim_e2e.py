@@ -155,3 +155,35 @@ def test_kills_during_saves_always_leave_a_loadable_checkpoint(tmp_path: Path) -
         assert "CorruptCheckpoint" not in a.output() and "Traceback" not in a.output()
     finally:
         job.close()
+
+
+def test_sigterm_of_a_member_drains_it_and_loses_no_step(tmp_path: Path) -> None:
+    """A preemption notice (SIGTERM to b's elasticd) takes the drain path: the survivors resume at the next step."""
+    samples = tmp_path / "samples"
+    job = Job(tmp_path, nnodes="1:2", nproc=1)
+    args = ("--steps", "100000", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "0", "--step-time", "0.05",
+            "--batch", "16", "--micro", "8", "--sample-log", str(samples))
+    try:
+        job.start("a", SHIM, *args)
+        b = job.start("b", SHIM, *args)
+        grown = job.wait_event("round_started", lambda e: e["world_size"] == 2)
+        job.wait_event("first_step", since=grown["seq"])
+        wait_for(lambda: len(sample_lines(samples).get(1, [])) > 5)  # b's rank has trained a few steps
+        mark = job.seq()
+        b.signal(signal.SIGTERM)
+        assert b.wait_exit(30) == 0
+        assert "left the job: node b's elasticd received SIGTERM" in b.output()
+        shrunk = job.wait_event("round_started", lambda e: e["world_size"] == 1, since=mark)
+        assert not job.wait_event("drain_complete", since=mark)["timed_out"]
+        job.wait_event("first_step", since=shrunk["seq"])
+        wait_for(lambda: any(f"round{shrunk['round']}" in p.name and p.read_text() for p in samples.iterdir()))
+        steps = [step for step, _ in sample_lines(samples)[0]]
+        assert steps == list(range(1, len(steps) + 1)), "a step was lost or repeated across the leave"
+        with job.client() as client:
+            events = client.call("events", since_seq=mark, limit=0)["events"]
+        kinds = [e["kind"] for e in events if e["kind"] in ("drain_started", "drain_complete", "node_left",
+                                                            "node_lost", "round_started")]
+        assert kinds == ["drain_started", "drain_complete", "node_left", "round_started"]
+        assert job.status()["restarts"]["failure"] == 0
+    finally:
+        job.close()
