@@ -33,9 +33,9 @@ def free_port() -> int:
 class DaemonProc:
     """One `elasticd start` process; its output is collected line by line."""
 
-    def __init__(self, args: list[str], cwd: Path, env: dict[str, str]) -> None:
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str], prefix: list[str] | None = None) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "elasticd.cli", "start", *args], cwd=cwd, env=env, text=True,
+            [*(prefix or []), sys.executable, "-m", "elasticd.cli", "start", *args], cwd=cwd, env=env, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         self.lines: list[str] = []
         self.cond = threading.Condition()
@@ -104,11 +104,12 @@ class DaemonProc:
 
 
 class Job:
-    """Several daemons of one job on 127.0.0.1, each in the test's own runtime directory."""
+    """Several daemons of one job (on 127.0.0.1 unless told), each in the test's own runtime directory."""
 
     def __init__(self, tmp: Path, nnodes: str = "1:2", nproc: int = 2, max_restarts: int = 3,
-                 extra: list[str] | None = None) -> None:
+                 extra: list[str] | None = None, rdzv_host: str = "127.0.0.1") -> None:
         self.tmp = tmp
+        self.rdzv_host = rdzv_host
         self.port = free_port()
         self.job_id = f"job{self.port}"
         self.nnodes, self.nproc, self.max_restarts = nnodes, nproc, max_restarts
@@ -119,15 +120,16 @@ class Job:
         self.credentials: Credentials | None = None  # set for a job started with --keys
 
     def start(self, node: str, script: Path, *script_args: str, extra: list[str] | None = None,
-              wait: bool = True) -> DaemonProc:
+              wait: bool = True, prefix: list[str] | None = None) -> DaemonProc:
+        """`prefix` runs the daemon elsewhere, e.g. `ip netns exec HOST` (tests/netlab.py)."""
         args = ["--nnodes", self.nnodes, "--nproc-per-node", str(self.nproc),
-                "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", self.job_id, "--node-id", node,
+                "--rdzv-endpoint", f"{self.rdzv_host}:{self.port}", "--rdzv-id", self.job_id, "--node-id", node,
                 "--max-restarts", str(self.max_restarts), "--log-dir", str(self.tmp / "logs"),
                 "--grace-period", "3", *self.extra, *(extra or [])]
         if script == TICKER and "--no-zygote" not in args:
             args += ["--preload", "json"]  # the fork path without a torch import per daemon: tests stay fast
         args += [str(script), *script_args]
-        daemon = DaemonProc(args, self.tmp, self.env)
+        daemon = DaemonProc(args, self.tmp, self.env, prefix)
         self.daemons[node] = daemon
         self.started.append(daemon)
         if wait:
