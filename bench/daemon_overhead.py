@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from procs import PY, ROOT, TOY, Launched, free_port, kill_all, on_signal, tree
+from procs import PY, ROOT, TOY, Launched, free_port, is_zygote, kill_all, on_signal, tree
 
 STEP = re.compile(r"BENCH_STEP t=(\S+) step=(\d+) world=(\d+)")
 SUMMARY = re.compile(r"BENCH_SUMMARY t=(\S+) steps=(\d+) world=(\d+) median=(\S+)")
@@ -147,7 +147,7 @@ def daemon_cpu(system: str, nproc: int, shim: bool, args: argparse.Namespace, lo
     try:
         idx, _ = node.wait_line(SUMMARY, 180)  # the workers are stepping
         root = psutil.Process(node.proc.pid)
-        helpers = [p for p in root.children() if "elasticd.zygote" in " ".join(p.cmdline())]
+        helpers = [p for p in root.children() if is_zygote(p)]
         d0, h0, t0 = cpu_of([root]), cpu_of(helpers), time.time()
         s0 = int(SUMMARY.search(node.lines[idx][1]).group(2))
         time.sleep(args.window)

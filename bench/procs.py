@@ -42,8 +42,15 @@ def tree(pid: int) -> list[psutil.Process]:
 def is_worker(p: psutil.Process) -> bool:
     """A process a benchmark may kill at cleanup: a toy-job worker, or an elasticd zygote."""
     with contextlib.suppress(psutil.Error):
+        return "toy_job.py" in " ".join(p.cmdline()) or is_zygote(p)
+    return False
+
+
+def is_zygote(p: psutil.Process) -> bool:
+    """`python -m elasticd.zygote` until it has set its title `elasticd zygote job=J node=N`."""
+    with contextlib.suppress(psutil.Error):
         cmd = " ".join(p.cmdline())
-        return "toy_job.py" in cmd or "elasticd.zygote" in cmd
+        return "elasticd.zygote" in cmd or cmd.startswith("elasticd zygote ")
     return False
 
 

@@ -29,7 +29,7 @@ from elasticd.mesh import CoordinatorMesh, MemberMesh
 from elasticd.names import CTL_PREFIX, EventKind, JobState, MeshOp, NodeState
 from elasticd.node import NodeAgent
 from elasticd.protocol import Envelope
-from elasticd.runtime import advertised_addr, is_local_host, remove_endpoints, write_endpoints
+from elasticd.runtime import advertised_addr, is_local_host, remove_endpoints, socket_ifname_env, write_endpoints
 from elasticd.spawner import Spawner, Zygote
 from elasticd.worker_channel import WorkerChannel
 from elasticd.workers import base_env
@@ -95,7 +95,10 @@ class Daemon:
         self.plane = ControlPlane(self)
         self.endpoints = self.plane.bind()
         self.node.endpoints = {"control": self.endpoints["control"], "pub": self.endpoints["pub"]}
-        self.node.worker_env = self.channel.bind()
+        # Multi-host gloo/NCCL out of the box: workers bind the interface we advertise, unless the user named one.
+        socket_env, socket_note = socket_ifname_env(self.host, {**os.environ, **self.cfg.env})
+        log.info("%s", socket_note)  # `elasticd start` logs INFO to stderr: one line by the startup line
+        self.node.worker_env = {**socket_env, **self.channel.bind()}
         if self.cfg.zygote:
             self.zygote = Zygote(self.cfg.python or sys.executable, self.cfg.preload, base_env(self.cfg))
             await self.zygote.start()

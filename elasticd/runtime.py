@@ -1,4 +1,4 @@
-"""Per-user runtime directory: private ipc sockets and the endpoint files the CLI discovers daemons by."""
+"""Per-user runtime directory (ipc sockets, endpoint files) and this host's network: addresses, ports, interfaces."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +101,30 @@ def advertised_addr(rdzv_host: str, override: str = "") -> str:
             return probe.getsockname()[0]
         except OSError:
             return "127.0.0.1"
+
+
+# What gloo, NCCL and TensorPipe (torch.distributed.rpc) read to pick their interface; left unset, gloo takes the
+# hostname's address, which is 127.0.0.1 on Debian-like hosts, so a worker on another host connects to itself.
+SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
+
+
+def interface_holding(addr: str) -> str | None:
+    """The network interface this address is assigned to; None for a hostname or an address of another host."""
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family in (socket.AF_INET, socket.AF_INET6) and a.address.split("%")[0] == addr for a in addrs):
+            return name
+    return None
+
+
+def socket_ifname_env(addr: str, environ: Mapping[str, str]) -> tuple[dict[str, str], str]:
+    """The *_SOCKET_IFNAME vars for workers naming the interface of `addr`, those the user set left alone; and why."""
+    kept = [f"{var}={environ[var]}" for var in SOCKET_IFNAME_VARS if var in environ]
+    kept_note = f"; kept {', '.join(kept)} from the environment" if kept else ""
+    interface = interface_holding(addr)
+    if interface is None:
+        return {}, (f"no interface here holds {addr} (a hostname, or an address behind NAT?): workers' gloo/NCCL "
+                    f"pick their own; set GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME if rounds cannot connect{kept_note}")
+    env = {var: interface for var in SOCKET_IFNAME_VARS if var not in environ}
+    if not env:
+        return {}, f"workers use {', '.join(kept)} from the environment for gloo/NCCL"
+    return env, f"workers use interface {interface} ({addr}) for gloo/NCCL{kept_note}"

@@ -4,6 +4,7 @@ Run by the daemon as `python -m elasticd.zygote FD PRELOAD`; FD is its end of a 
 The socket is SOCK_SEQPACKET: one JSON message per packet. A spawn request carries the write end
 of the worker's output pipe as an SCM_RIGHTS fd. Replies: `ready`, `spawned` (pid), `exited`
 (pid, code).
+Workers take the title `python -u SCRIPT ARGS [elastic job= node= rank= round=]` (elasticd/proctitle.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import socket
 import sys
 import traceback
 from typing import Any
+
+from elasticd import proctitle
 
 _PR_SET_PDEATHSIG = 1
 
@@ -103,10 +106,12 @@ def run_worker(request: dict[str, Any]) -> int:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     os.environ.clear()
     os.environ.update(request["env"])
-    _name_process(f"elastic-r{os.environ.get('RANK', '?')}")
+    entry = request["entry"]
+    # Before the script runs: from its first line on, ps and pkill -f see it, not the zygote.
+    proctitle.set_title(proctitle.worker_title(sys.executable, entry, os.environ, proctitle.title_limit()))
+    proctitle.name_kernel_task(f"elastic-r{os.environ.get('RANK', '?')}")
     os.chdir(request["cwd"])
     _match_thread_settings()
-    entry = request["entry"]
     try:
         if entry[0] == "-m":
             sys.argv = [entry[1], *entry[2:]]
@@ -127,12 +132,6 @@ def run_worker(request: dict[str, Any]) -> int:
     return 0
 
 
-def _name_process(name: str) -> None:
-    """`ps` and psutil show a forked worker as `elastic-rN` instead of as the zygote."""
-    _PR_SET_NAME = 15
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
-
-
 def _match_thread_settings() -> None:
     """torch read OMP_NUM_THREADS when the zygote imported it; apply the worker's own value."""
     torch = sys.modules.get("torch")
@@ -143,6 +142,8 @@ def _match_thread_settings() -> None:
 
 
 def main() -> None:
+    proctitle.reexec_with_title_room()
+    proctitle.set_title(proctitle.zygote_title(os.environ))
     _die_with(signal.SIGKILL)  # the daemon's death takes the zygote down, and that takes its workers
     os.setsid()  # a Ctrl+C at the daemon's terminal is the daemon's to handle, not ours
     sock = socket.socket(fileno=int(sys.argv[1]))
