@@ -119,7 +119,7 @@ def torchrun_values(ns: argparse.Namespace) -> list[str]:
             if flag.choices and value not in flag.choices:
                 raise ConfigError(f"{flag.env_var} must be one of {', '.join(flag.choices)}, got {value!r}")
             setattr(ns, flag.dest, value)
-        if flag.ignored and value not in (None, False):
+        if flag.ignored and value is not None and value is not False:
             shown = f"--{flag.name}" + ("" if flag.switch else f" {value}")
             notes.append(f"{shown} has no effect: {flag.ignored}")
     return notes
