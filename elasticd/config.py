@@ -6,6 +6,7 @@ import re
 import socket
 from dataclasses import dataclass, field
 
+DEFAULT_LEAVE_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")  # the signals on which a node leaves the job
 STOP_SLACK_S = 5.0  # beyond the grace period, how long a new round waits for a node to stop its old workers
 
 
@@ -45,6 +46,11 @@ class JobConfig:
     zygote: bool = True  # fork workers from a pre-imported interpreter (elasticd/zygote.py)
     preload: str = "torch,torch.distributed,torch.nn.parallel,torch._dynamo"
     env: dict[str, str] = field(default_factory=dict)
+    role: str = "default"  # ROLE_NAME (torchrun's --role)
+    console_ranks: frozenset[int] | None = None  # local ranks whose output is echoed; None: all (log files: all)
+    no_python: bool = False  # exec the entry itself, no interpreter in front (torchrun's --no-python)
+    node_rank: int = -1  # this node's place in the rank map (torchrun's --node-rank); -1: join order
+    leave_signals: tuple[str, ...] = DEFAULT_LEAVE_SIGNALS  # torchrun's --signals-to-handle
 
     @property
     def lost_after_s(self) -> float:

@@ -151,7 +151,8 @@ class Coordinator:
         active = sum(1 for n in self.alive() if n.role == Role.active and n.node_id != node_id)
         role = (Role.cordoned if old and old.role == Role.cordoned
                 else Role.active if active < self.target else Role.standby)
-        node = NodeRecord(node_id, body["host"], int(body["nproc"]), instance, self._join_seq, role=role,
+        node = NodeRecord(node_id, body["host"], int(body["nproc"]), instance, self._join_seq,
+                          node_rank=int(body.get("node_rank", -1)), role=role,
                           last_seen=now, ports=list(body.get("ports", [])), control=body.get("control", ""),
                           pub=body.get("pub", ""))
         self.store.put_node(node)

@@ -15,6 +15,7 @@ class NodeRecord:
     nproc: int
     instance: str  # a fresh id per daemon start: tells a restarted daemon from a duplicate node id
     joined_seq: int
+    node_rank: int = -1  # torchrun's --node-rank: a fixed place in the rank map; -1: none
     role: Role = Role.active
     status: NodeStatus = NodeStatus.alive
     last_seen: float = 0.0
@@ -71,8 +72,10 @@ def sticky_order(previous: list[str], candidates: list[NodeRecord]) -> list[str]
 
 
 def build_rank_map(order: list[str], nodes: dict[str, NodeRecord]) -> tuple[list[RankEntry], int]:
+    """Nodes with a --node-rank come first, by node rank; the rest keep `order` (sticky, then join order)."""
+    ranked = sorted((n for n in order if nodes[n].node_rank >= 0), key=lambda n: nodes[n].node_rank)
     entries, base = [], 0
-    for group_rank, node_id in enumerate(order):
+    for group_rank, node_id in enumerate(ranked + [n for n in order if nodes[n].node_rank < 0]):
         node = nodes[node_id]
         entries.append(RankEntry(node_id, group_rank, node.host, list(range(base, base + node.nproc))))
         base += node.nproc

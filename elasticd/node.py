@@ -26,7 +26,8 @@ class NodeAgent:
     def __init__(self, cfg: JobConfig, host: str, to_coord: ToCoordinator, event: NodeEvent,
                  worker_env: dict[str, str]) -> None:
         self.cfg = cfg
-        self.spawner = Spawner(cfg.python, None)  # the daemon swaps in a zygote-backed one at start
+        # The daemon swaps in a zygote-backed one at start (never with --no-python: cfg.zygote is off then).
+        self.spawner = Spawner(cfg.python, None, no_python=cfg.no_python)
         self.host = host
         self.to_coord = to_coord
         self.event = event
@@ -51,7 +52,8 @@ class NodeAgent:
 
     def register_body(self) -> dict[str, Any]:
         return {"node_id": self.cfg.node_id, "instance": self.instance, "host": self.host,
-                "nproc": self.cfg.nproc_per_node, "ports": free_ports(4), **self.endpoints}
+                "nproc": self.cfg.nproc_per_node, "node_rank": self.cfg.node_rank, "ports": free_ports(4),
+                **self.endpoints}
 
     def heartbeat_body(self) -> dict[str, Any]:
         return {"instance": self.instance, "ports": free_ports(4), "workers": self.workers_info(),

@@ -40,9 +40,11 @@ def _die_with_parent(parent: int) -> Callable[[], None]:
     return setup
 
 
-async def exec_worker(python: str, entry: list[str], env: dict[str, str], cwd: str) -> WorkerProcess:
+async def exec_worker(python: str, entry: list[str], env: dict[str, str], cwd: str,
+                      no_python: bool = False) -> WorkerProcess:
+    argv = entry if no_python else [python, "-u", *entry]  # --no-python: the entry is a program of its own
     return await asyncio.create_subprocess_exec(
-        python, "-u", *entry, env=env, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
+        *argv, env=env, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, preexec_fn=_die_with_parent(os.getpid()))
 
 
@@ -145,8 +147,9 @@ class Zygote:
 class Spawner:
     """Forks from the zygote when it is ready (waiting for it at most `wait_s`), else execs."""
 
-    def __init__(self, python: str, zygote: Zygote | None, wait_s: float = 60.0) -> None:
+    def __init__(self, python: str, zygote: Zygote | None, wait_s: float = 60.0, no_python: bool = False) -> None:
         self.python, self.zygote, self.wait_s = python or sys.executable, zygote, wait_s
+        self.no_python = no_python
 
     async def spawn(self, entry: list[str], env: dict[str, str], cwd: str) -> WorkerProcess:
         if self.zygote is not None:
@@ -157,4 +160,4 @@ class Spawner:
                     return await self.zygote.spawn(entry, env, cwd)
                 except (OSError, asyncio.TimeoutError) as exc:
                     log.warning("zygote spawn failed (%r); starting a fresh interpreter", exc)
-        return await exec_worker(self.python, entry, env, cwd)
+        return await exec_worker(self.python, entry, env, cwd, self.no_python)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import sys
 import uuid
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticd.config import (
+    DEFAULT_LEAVE_SIGNALS,
     ConfigError,
     JobConfig,
     check_node_id,
@@ -18,35 +20,38 @@ from elasticd.config import (
     parse_endpoint,
     parse_nnodes,
 )
+from elasticd.runtime import is_local_host
+from elasticd.torchrun_flags import add_torchrun_flags, torchrun_values
+from elasticd.torchrun_parse import console_ranks, parse_rdzv_conf, parse_signals
+
+# Our own settings that torchrun flags can also set (--shutdown-timeout, --rdzv-conf): None means "not given".
+TIMEOUT_DEFAULTS = {"grace_period": 5.0, "join_timeout": 600.0, "hang_timeout": 60.0, "exit_timeout": 300.0,
+                    "connect_timeout": 60.0, "heartbeat": 1.0}
 
 
 def add_start_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("start", help="supervise this node's workers (replaces torchrun)",
-                       description="Run SCRIPT (or -m MODULE) on this node as part of an elastic job.")
+                       description="Run SCRIPT (or -m MODULE) on this node as part of an elastic job. "
+                       "Takes torchrun's whole command line and its PET_* variables (docs/torchrun-compat.md).")
 
     def flag(name: str, **kw: Any) -> None:
         names = [f"--{name}"] + ([f"--{name.replace('-', '_')}"] if "-" in name else [])
+        default = TIMEOUT_DEFAULTS.get(name.replace("-", "_"))
+        if default is not None:
+            kw.update(type=float, default=None, help=f"{kw['help']} (default {default:g})")
         p.add_argument(*names, **kw)
 
-    flag("nnodes", default="1", help="N or MIN:MAX nodes (default 1)")
-    flag("nproc-per-node", default="1", help="workers on this node (default 1)")
-    flag("rdzv-endpoint", default="", help="HOST:PORT of the coordinator (the first daemon on that host binds it)")
-    flag("rdzv-id", default="", help="job id shared by every node of the job")
-    flag("rdzv-backend", default="elasticd", help="accepted for torchrun compatibility; elasticd has its own")
-    flag("max-restarts", type=int, default=0, help="failure restarts allowed before the job fails (default 0)")
-    flag("standalone", action="store_true", help="a single-node job on a free local port")
+    add_torchrun_flags(p)
     flag("node-id", default="", help="unique node name (default: the hostname)")
-    flag("local-addr", default="", help="address other nodes reach this node on (default: auto)")
-    flag("grace-period", type=float, default=5.0, help="seconds from SIGTERM to SIGKILL for workers (default 5)")
-    flag("log-dir", default="elastic-logs", help="worker logs, one file per worker per round")
-    flag("join-timeout", type=float, default=600.0, help="seconds to wait below min nodes before failing")
-    flag("hang-timeout", type=float, default=60.0, help="seconds without a shim step report before a hang restart")
-    flag("exit-timeout", type=float, default=300.0, help="once a worker finished (exit 0), seconds its peers get "
-         "to exit before they are stopped (a hung teardown must not keep the job alive)")
-    flag("connect-timeout", type=float, default=60.0, help="seconds to reach the coordinator before giving up")
+    flag("grace-period", help="seconds from SIGTERM to SIGKILL for workers")
+    flag("join-timeout", help="seconds to wait below min nodes before failing")
+    flag("hang-timeout", help="seconds without a shim step report before a hang restart")
+    flag("exit-timeout", help="once a worker finished (exit 0), seconds its peers get to exit before they are "
+         "stopped (a hung teardown must not keep the job alive)")
+    flag("connect-timeout", help="seconds to reach the coordinator before giving up")
     flag("control", default="", help="control ROUTER address (tcp://... or ipc://...; default: a free loopback port)")
     flag("pub", default="", help="telemetry PUB address (default: a free loopback port)")
-    flag("heartbeat", type=float, default=1.0, help="seconds between node heartbeats (lost after 3 misses)")
+    flag("heartbeat", help="seconds between node heartbeats (lost after 3 misses)")
     flag("keys", default=os.environ.get("ELASTICD_KEYS", ""),
          help="CURVE key store (see `elasticd keys`): encrypts and authenticates every socket")
     flag("insecure", action="store_true", help="allow binding a non-loopback address without --keys (dangerous)")
@@ -54,52 +59,116 @@ def add_start_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
          "from one that pre-imported torch (slower restarts)")
     flag("preload", default="torch,torch.distributed,torch.nn.parallel,torch._dynamo",
          help="modules the zygote imports once for every worker (comma-separated)")
-    p.add_argument("-m", "--module", action="store_true", help="treat SCRIPT as a Python module, like python -m")
     p.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return p
 
 
 def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
+    notes = torchrun_values(ns)
+    conf, conf_notes = parse_rdzv_conf(ns.rdzv_conf)
     low, high = parse_nnodes(ns.nnodes)
-    nproc = ns.nproc_per_node
-    if nproc in ("auto", "cpu", "gpu"):
-        nproc = str(_auto_nproc(nproc))
-    if not str(nproc).isdigit() or int(nproc) < 1:
+    nproc = _nproc(ns.nproc_per_node)
+    host, port, job_id = _rendezvous(ns, low, high)
+    timeouts = _timeouts(ns, conf)
+    console, std_notes = console_ranks(nproc, ns.redirects, ns.tee, ns.local_ranks_filter)
+    entry = _entry(ns, notes)
+    if ns.max_restarts < 0:
+        raise ConfigError("--max-restarts must be 0 or more")
+    if conf.get("is_host") is True and not is_local_host(host):
+        raise ConfigError(f"--rdzv-conf is_host=true, but {host} is not this host: the coordinator runs on "
+                          "the rendezvous endpoint's host")
+    if conf.get("is_host") is False:
+        notes.append("--rdzv-conf is_host=false has no effect: the first elasticd on the endpoint's host hosts "
+                     "the coordinator")
+    cfg = JobConfig(
+        min_nodes=low, max_nodes=high, nproc_per_node=nproc, rdzv_host=host, rdzv_port=port,
+        job_id=check_node_id(job_id), node_id=check_node_id(ns.node_id or default_node_id()), entry=entry,
+        max_restarts=ns.max_restarts, grace_s=timeouts["grace_period"],
+        log_dir=os.path.abspath(ns.log_dir or "elastic-logs"), join_timeout_s=timeouts["join_timeout"],
+        hang_timeout_s=timeouts["hang_timeout"], exit_timeout_s=timeouts["exit_timeout"],
+        heartbeat_s=timeouts["heartbeat"], heartbeat_misses=conf.get("heartbeat_misses", 3),
+        local_addr=ns.local_addr or "", control_bind=ns.control, pub_bind=ns.pub,
+        zygote=not (ns.no_zygote or ns.no_python), preload=ns.preload, keys_dir=ns.keys, insecure=ns.insecure,
+        role=ns.role, console_ranks=console, no_python=ns.no_python, node_rank=max(ns.node_rank, -1),
+        leave_signals=parse_signals(ns.signals_to_handle) if ns.signals_to_handle else DEFAULT_LEAVE_SIGNALS,
+    )
+    check_exposure(cfg)
+    for note in notes + conf_notes + std_notes:
+        print(f"elasticd start: {note}", file=sys.stderr, flush=True)
+    return cfg, timeouts["connect_timeout"]
+
+
+def _nproc(text: str) -> int:
+    nproc = str(_auto_nproc(text)) if text in ("auto", "cpu", "gpu", "xpu") else text
+    if not nproc.isdigit() or int(nproc) < 1:
         raise ConfigError(f"--nproc-per-node must be a positive integer or auto, got {nproc!r}")
+    return int(nproc)
+
+
+def _rendezvous(ns: argparse.Namespace, low: int, high: int) -> tuple[str, int, str]:
+    """The coordinator's host and port, and the job id."""
     if ns.standalone:
         if low != 1 or high != 1:
             raise ConfigError("--standalone is a single-node job: drop --nnodes or set it to 1")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
-            host, port = "127.0.0.1", s.getsockname()[1]
-        job_id = ns.rdzv_id or uuid.uuid4().hex[:8]
-    else:
-        if not ns.rdzv_endpoint:
-            if high > 1:
-                raise ConfigError("--rdzv-endpoint HOST:PORT is required for a multi-node job (or use --standalone)")
-            ns.rdzv_endpoint = "127.0.0.1:29400"
-        host, port = parse_endpoint(ns.rdzv_endpoint)
-        job_id = ns.rdzv_id or "default"
+            return "127.0.0.1", s.getsockname()[1], ns.rdzv_id or uuid.uuid4().hex[:8]
+    endpoint = ns.rdzv_endpoint
+    if ns.master_port is not None and not 0 < ns.master_port < 65536:
+        raise ConfigError(f"--master-port must be in 1..65535, got {ns.master_port}")
+    if not endpoint and (ns.master_addr or ns.master_port):  # torchrun's static form: the master hosts the rendezvous
+        endpoint = f"{ns.master_addr or '127.0.0.1'}:{ns.master_port or 29500}"
+    if not endpoint:
+        if high > 1:
+            raise ConfigError("--rdzv-endpoint HOST:PORT is required for a multi-node job (or --master-addr and "
+                              "--master-port, or --standalone)")
+        endpoint = "127.0.0.1:29400"
+    host, port = parse_endpoint(endpoint)
+    return host, port, ns.rdzv_id or "default"
+
+
+def _timeouts(ns: argparse.Namespace, conf: dict[str, Any]) -> dict[str, float]:
+    """Our flag when given, else the torchrun flag that sets the same thing, else our default."""
+    if ns.shutdown_timeout is not None and ns.shutdown_timeout <= 0:
+        raise ConfigError("--shutdown-timeout must be positive")
+    torchrun = {**conf, "grace_period": ns.shutdown_timeout}
+    values = {}
+    for name, default in TIMEOUT_DEFAULTS.items():
+        value = next((v for v in (getattr(ns, name), torchrun.get(name)) if v is not None), default)
+        if value <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive")
+        values[name] = value
+    return values
+
+
+def _entry(ns: argparse.Namespace, notes: list[str]) -> list[str]:
+    """What follows the interpreter (or, with --no-python, the whole command)."""
+    if ns.run_path and (ns.module or ns.no_python):
+        raise ConfigError("--run-path runs a Python file by its path: drop -m and --no-python")
+    if ns.no_python:
+        if ns.module:
+            raise ConfigError("--no-python and -m cannot go together: a module needs the interpreter")
+        if not ns.no_zygote:
+            notes.append("--no-python: workers are exec'd directly; the warm zygote cannot start them "
+                         "(restarts are slower)")
+        return [_executable(ns.script), *ns.script_args]
     if not ns.module and not Path(ns.script).is_file():
         raise ConfigError(f"training script {ns.script!r} does not exist")
-    for name in ("grace_period", "join_timeout", "hang_timeout", "exit_timeout", "connect_timeout", "heartbeat"):
-        if getattr(ns, name) <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive")
-    if ns.max_restarts < 0:
-        raise ConfigError("--max-restarts must be 0 or more")
-    entry = (["-m", ns.script] if ns.module else [ns.script]) + list(ns.script_args)
-    cfg = JobConfig(
-        min_nodes=low, max_nodes=high, nproc_per_node=int(nproc), rdzv_host=host, rdzv_port=port,
-        job_id=check_node_id(job_id), node_id=check_node_id(ns.node_id or default_node_id()), entry=entry,
-        max_restarts=ns.max_restarts, grace_s=ns.grace_period, log_dir=os.path.abspath(ns.log_dir),
-        join_timeout_s=ns.join_timeout, hang_timeout_s=ns.hang_timeout, exit_timeout_s=ns.exit_timeout,
-        heartbeat_s=ns.heartbeat,
-        local_addr=ns.local_addr, control_bind=ns.control, pub_bind=ns.pub, zygote=not ns.no_zygote,
-        preload=ns.preload, keys_dir=ns.keys, insecure=ns.insecure,
-    )
-    check_exposure(cfg)
-    return cfg, ns.connect_timeout
+    return (["-m", ns.script] if ns.module else [ns.script]) + list(ns.script_args)
+
+
+def _executable(program: str) -> str:
+    if os.sep not in program and not Path(program).is_file():
+        found = shutil.which(program)
+        if found is None:
+            raise ConfigError(f"--no-python: {program!r} is neither a file here nor a program on PATH")
+        return found
+    if not Path(program).is_file():
+        raise ConfigError(f"--no-python: {program!r} does not exist")
+    if not os.access(program, os.X_OK):
+        raise ConfigError(f"--no-python: {program!r} is not executable (chmod +x it, or drop --no-python)")
+    return os.path.abspath(program)
 
 
 def check_exposure(cfg: JobConfig) -> None:
@@ -132,12 +201,13 @@ def _loopback_host(host: str) -> bool:
 
 
 def _auto_nproc(kind: str) -> int:
-    if kind in ("auto", "gpu"):
+    if kind in ("auto", "gpu", "xpu"):
         try:
-            import torch  # only here: `auto` asks torch for the GPU count, as torchrun does
+            import torch  # only here: `auto` asks torch for the accelerator count, as torchrun does
 
-            if torch.cuda.is_available():
-                return torch.cuda.device_count()
+            accelerator = torch.xpu if kind == "xpu" else torch.cuda
+            if accelerator.is_available():
+                return accelerator.device_count()
         except ImportError:
             pass
     return os.cpu_count() or 1

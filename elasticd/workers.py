@@ -91,7 +91,7 @@ class WorkerGroup:
             "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(a["world_size"]),
             "LOCAL_WORLD_SIZE": str(cfg.nproc_per_node), "GROUP_RANK": str(a["group_rank"]),
             "GROUP_WORLD_SIZE": str(a["group_world_size"]), "ROLE_RANK": str(rank),
-            "ROLE_WORLD_SIZE": str(a["world_size"]), "ROLE_NAME": "default",
+            "ROLE_WORLD_SIZE": str(a["world_size"]), "ROLE_NAME": cfg.role,
             "MASTER_ADDR": a["master_addr"], "MASTER_PORT": str(a["master_port"]),
             "TORCHELASTIC_RESTART_COUNT": str(a["restart_count"]),
             "TORCHELASTIC_MAX_RESTARTS": str(a["max_restarts"]), "TORCHELASTIC_RUN_ID": cfg.job_id,
@@ -116,14 +116,16 @@ class WorkerGroup:
 
     async def _watch(self, worker: Worker) -> None:
         prefix = f"[{self.cfg.node_id}:{worker.rank}] ".encode()
+        shown = self.cfg.console_ranks is None or worker.local_rank in self.cfg.console_ranks  # --redirects & co
         assert worker.proc.stdout is not None
         with open(worker.log_path, "ab") as log_file:
             async for line in worker.proc.stdout:
                 log_file.write(line)
                 log_file.flush()
                 worker.tail = [*worker.tail[-19:], line.decode(errors="replace").rstrip()]
-                sys.stdout.buffer.write(prefix + line)
-                sys.stdout.flush()
+                if shown:
+                    sys.stdout.buffer.write(prefix + line)
+                    sys.stdout.flush()
         worker.exit_code = await worker.proc.wait()
         self.on_exit(worker)
 
