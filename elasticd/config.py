@@ -51,6 +51,7 @@ class JobConfig:
     no_python: bool = False  # exec the entry itself, no interpreter in front (torchrun's --no-python)
     node_rank: int = -1  # this node's place in the rank map (torchrun's --node-rank); -1: join order
     leave_signals: tuple[str, ...] = DEFAULT_LEAVE_SIGNALS  # torchrun's --signals-to-handle
+    host_coordinator: bool = True  # --rdzv-conf is_host=false: only ever a member, even on the endpoint's host
 
     @property
     def lost_after_s(self) -> float:

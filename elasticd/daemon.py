@@ -67,7 +67,7 @@ class Daemon:
     # ---- set-up ------------------------------------------------------------------------------
     def bind_mesh(self) -> None:
         endpoint = f"tcp://{self.cfg.rdzv_host}:{self.cfg.rdzv_port}"
-        if is_local_host(self.cfg.rdzv_host):
+        if self.cfg.host_coordinator and is_local_host(self.cfg.rdzv_host):
             try:
                 addr = socket.gethostbyname(self.cfg.rdzv_host)
                 self.coord_mesh = CoordinatorMesh(self.ctx, f"tcp://{addr}:{self.cfg.rdzv_port}", self.cfg.node_id,
@@ -113,8 +113,8 @@ class Daemon:
               f"logs {os.path.join(self.cfg.log_dir, self.cfg.job_id, self.cfg.node_id)}", file=sys.stderr,
               flush=True)
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.add_signal_handler(sig, self.on_signal, sig)
+        for name in self.cfg.leave_signals:  # --signals-to-handle
+            loop.add_signal_handler(signal.Signals[name], self.on_signal, signal.Signals[name])
         if self.coord_mesh is not None:
             mesh_task = self.coord_mesh.serve(self.on_peer)
         else:

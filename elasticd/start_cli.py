@@ -78,9 +78,6 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
     if conf.get("is_host") is True and not is_local_host(host):
         raise ConfigError(f"--rdzv-conf is_host=true, but {host} is not this host: the coordinator runs on "
                           "the rendezvous endpoint's host")
-    if conf.get("is_host") is False:
-        notes.append("--rdzv-conf is_host=false has no effect: the first elasticd on the endpoint's host hosts "
-                     "the coordinator")
     cfg = JobConfig(
         min_nodes=low, max_nodes=high, nproc_per_node=nproc, rdzv_host=host, rdzv_port=port,
         job_id=check_node_id(job_id), node_id=check_node_id(ns.node_id or default_node_id()), entry=entry,
@@ -91,6 +88,7 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
         local_addr=ns.local_addr or "", control_bind=ns.control, pub_bind=ns.pub,
         zygote=not (ns.no_zygote or ns.no_python), preload=ns.preload, keys_dir=ns.keys, insecure=ns.insecure,
         role=ns.role, console_ranks=console, no_python=ns.no_python, node_rank=max(ns.node_rank, -1),
+        host_coordinator=conf.get("is_host") is not False,
         leave_signals=parse_signals(ns.signals_to_handle) if ns.signals_to_handle else DEFAULT_LEAVE_SIGNALS,
     )
     check_exposure(cfg)

@@ -175,3 +175,21 @@ def test_sigterm_leave_with_slow_exiting_workers_is_exactly_one_round(tmp_path: 
         assert job.status()["restarts"]["failure"] == 0
     finally:
         job.close()
+
+
+def test_is_host_false_never_hosts_the_coordinator_and_signals_to_handle_choose_the_leave_signal(
+        tmp_path: Path) -> None:
+    """torchrun's --rdzv-conf is_host=false and --signals-to-handle, as Kubeflow launchers pass them."""
+    job = Job(tmp_path, nnodes="1:2", nproc=1)
+    try:
+        b = job.start("b", TICKER, extra=["--rdzv-conf", "is_host=false", "--signals-to-handle", "SIGUSR1"])
+        b.wait_line(r"node b \(member\)")  # first on the endpoint's host, yet it only connects
+        job.start("a", TICKER)
+        grown = job.wait_event("round_started", lambda e: e["world_size"] == 2)
+        assert job.status()["coordinator"] == "a"
+        b.signal(signal.SIGUSR1)
+        assert b.wait_exit(30) == 0
+        left = job.wait_event("node_left", since=grown["seq"])
+        assert left["node"] == "b" and "SIGUSR1" in left["reason"]
+    finally:
+        job.close()
