@@ -80,13 +80,23 @@ def parse_endpoint(text: str) -> tuple[str, int]:
 
 
 def default_node_id() -> str:
-    return socket.gethostname().split(".")[0] or "node"
+    """The full hostname: `gpu-017.us-east-1` and `gpu-017.us-west-2` are different nodes."""
+    return socket.gethostname() or "node"
 
 
-_NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")  # no '.': it separates PUB topic parts
+_LABEL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,62}")  # a DNS label ('_' too, as --node-id always allowed)
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 
 
 def check_node_id(node_id: str) -> str:
-    if not _NODE_ID.fullmatch(node_id):
-        raise ConfigError(f"{node_id!r}: use 1-63 letters, digits, '_' or '-' for --node-id and --rdzv-id")
+    """Any hostname: dot-separated labels of letters, digits, '-' (and '_'), 253 characters at most."""
+    if len(node_id) > 253 or not all(_LABEL.fullmatch(label) for label in node_id.split(".")):
+        raise ConfigError(f"--node-id {node_id!r}: use a hostname (labels of 1-63 letters, digits, '-' or '_', "
+                          "separated by '.', 253 characters at most)")
     return node_id
+
+
+def check_job_id(job_id: str) -> str:
+    if not _JOB_ID.fullmatch(job_id):
+        raise ConfigError(f"--rdzv-id {job_id!r}: use 1-63 letters, digits, '_' or '-'")
+    return job_id

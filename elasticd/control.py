@@ -96,7 +96,7 @@ class ControlPlane:
     def publish_event(self, event: dict[str, Any]) -> None:
         env = Envelope("ev", str(event.get("kind", "event")), event, node=str(event.get("node", "")),
                        seq=int(event.get("seq", 0)), ts=float(event.get("ts", time.time())))
-        self._publish(f"ev.{env.node}.{env.op}", env)
+        self._publish(f"ev.{env.node}/{env.op}", env)
 
     def publish_steps(self, now: float) -> None:
         """This node's shim ranks on `st.<node>`, at most 4 times a second and only when a step moved."""
@@ -107,7 +107,7 @@ class ControlPlane:
         keys = ("rank", "step", "loss", "throughput", "samples", "step_time", "last_step_at")
         ranks = [{k: m.get(k) for k in keys} for m in node.rank_metrics.values() if m.get("round") == node.round_id]
         body = {"round": node.round_id, "ranks": ranks}
-        self._publish(f"st.{self.d.cfg.node_id}", Envelope("st", "steps", body, node=self.d.cfg.node_id,
+        self._publish(f"st.{self.d.cfg.node_id}/", Envelope("st", "steps", body, node=self.d.cfg.node_id,
                                                           seq=self.d.events.seq, ts=now))
 
     def heartbeat(self) -> None:
@@ -115,7 +115,7 @@ class ControlPlane:
         c = self.d.coordinator
         body = {"state": self.d.node.state, "round": self.d.node.round_id,
                 "job_state": c.state if c else None, "coordinator": c is not None}
-        self._publish(f"hb.{self.d.cfg.node_id}", Envelope("hb", "heartbeat", body, node=self.d.cfg.node_id,
+        self._publish(f"hb.{self.d.cfg.node_id}/", Envelope("hb", "heartbeat", body, node=self.d.cfg.node_id,
                                                           seq=self.d.events.seq, ts=time.time()))
 
     def _publish(self, topic: str, env: Envelope) -> None:

@@ -15,6 +15,7 @@ from elasticd.config import (
     DEFAULT_LEAVE_SIGNALS,
     ConfigError,
     JobConfig,
+    check_job_id,
     check_node_id,
     default_node_id,
     parse_endpoint,
@@ -80,7 +81,7 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
                           "the rendezvous endpoint's host")
     cfg = JobConfig(
         min_nodes=low, max_nodes=high, nproc_per_node=nproc, rdzv_host=host, rdzv_port=port,
-        job_id=check_node_id(job_id), node_id=check_node_id(ns.node_id or default_node_id()), entry=entry,
+        job_id=check_job_id(job_id), node_id=check_node_id(ns.node_id or default_node_id()), entry=entry,
         max_restarts=ns.max_restarts, grace_s=timeouts["grace_period"],
         log_dir=os.path.abspath(ns.log_dir or "elastic-logs"), join_timeout_s=timeouts["join_timeout"],
         hang_timeout_s=timeouts["hang_timeout"], exit_timeout_s=timeouts["exit_timeout"],

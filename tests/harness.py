@@ -136,11 +136,15 @@ class Job:
             daemon.wait_line(r"elasticd \S+: node |elasticd start: ")  # bound (or refused), like a user would see
         return daemon
 
-    def client(self, node: str = "a") -> Client:
-        return Client(self.daemons[node].control, timeout_s=10, credentials=self.credentials)
+    def daemon(self, node: str = "") -> DaemonProc:
+        """That node's daemon; by default the first one started (it holds the coordinator in most tests)."""
+        return self.daemons[node] if node else self.started[0]
+
+    def client(self, node: str = "") -> Client:
+        return Client(self.daemon(node).control, timeout_s=10, credentials=self.credentials)
 
     def wait_event(self, kind: str, match: Callable[[dict[str, Any]], bool] = lambda e: True,
-                   since: int = 0, timeout: float = 60.0, node: str = "a") -> dict[str, Any]:
+                   since: int = 0, timeout: float = 60.0, node: str = "") -> dict[str, Any]:
         """Poll the job's event log until an event of `kind` after seq `since` satisfies `match`."""
         deadline = time.monotonic() + timeout
         with self.client(node) as client:
@@ -150,13 +154,13 @@ class Job:
                         return event
                 time.sleep(0.1)
         raise AssertionError(f"no {kind} event after seq {since} within {timeout}s; "
-                             f"log of a:\n{self.daemons['a'].output()[-4000:]}")
+                             f"log of the first daemon:\n{self.daemon().output()[-4000:]}")
 
     def seq(self) -> int:
         with self.client() as client:
             return int(client.call("status")["seq"])
 
-    def status(self, node: str = "a") -> dict[str, Any]:
+    def status(self, node: str = "") -> dict[str, Any]:
         with self.client(node) as client:
             return client.call("status")
 

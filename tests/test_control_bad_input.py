@@ -701,7 +701,7 @@ def test_a_long_flood_does_not_starve_the_daemon(cluster: Cluster) -> None:
     ctx = zmq.Context.instance()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.SUBSCRIBE, b"hb.a")
+    sub.setsockopt(zmq.SUBSCRIBE, b"hb.a/")
     sub.connect(a.pub)
     flood = Raw(a.control, rcvhwm=0)
     try:

@@ -342,7 +342,7 @@ class FakeDaemon:
                 self.pub.send_multipart(parts)
 
     def beat(self, seq: int = 0, marker: str = "end") -> None:
-        self.publish([[b"hb.x", envelope("heartbeat", {"marker": marker}, node="x", kind="hb", seq=seq)]])
+        self.publish([[b"hb.x/", envelope("heartbeat", {"marker": marker}, node="x", kind="hb", seq=seq)]])
 
     def close(self) -> None:
         self.stop.set()
@@ -351,7 +351,7 @@ class FakeDaemon:
         self.router.close()
 
 
-TOPIC = st.sampled_from([b"ev.a.round_started", b"st.a", b"hb.a", b"", b"ev.", b"zz"]) | st.binary(max_size=12)
+TOPIC = st.sampled_from([b"ev.a/round_started", b"st.a/", b"hb.a/", b"", b"ev.", b"zz"]) | st.binary(max_size=12)
 PUB_MESSAGE = st.lists(FRAME, min_size=0, max_size=3).flatmap(lambda rest: TOPIC.map(lambda t: [t, *rest])) | \
     st.tuples(TOPIC, RAW_ENVELOPE.map(lambda d: json.dumps({"v": 1, "type": "ev", "op": "x", **d}).encode())).map(list)
 
@@ -415,7 +415,7 @@ def test_async_client_events_survive_a_garbage_publisher(fake: FakeDaemon) -> No
             await until("ready")
             rng = random.Random(7)
             for i in range(rounds):
-                messages = [[rng.choice([b"ev.a.x", b"hb.a", b"st.a", b"", rng.randbytes(5)]),
+                messages = [[rng.choice([b"ev.a/x", b"hb.a/", b"st.a/", b"", rng.randbytes(5)]),
                              *[rand_frame(rng) for _ in range(rng.randrange(3))]] for _ in range(rng.randrange(1, 10))]
                 fake.publish(messages)
                 cases["asyncclient.events"] += len(messages)

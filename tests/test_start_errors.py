@@ -25,8 +25,10 @@ def start(tmp: Path, *args: str, timeout: float = 30) -> subprocess.CompletedPro
     (["--rdzv-endpoint", "127.0.0.1:99999", str(TICKER)], "port in 1..65535"),
     (["--standalone", "--nnodes", "2", str(TICKER)], "--standalone is a single-node job"),
     (["--standalone", "no_such_script.py"], "training script 'no_such_script.py' does not exist"),
-    (["--standalone", "--node-id", "bad id!", str(TICKER)], "'bad id!': use 1-63 letters"),
-    (["--standalone", "--node-id", "a.b", str(TICKER)], "'a.b': use 1-63 letters"),
+    (["--standalone", "--node-id", "bad id!", str(TICKER)], "--node-id 'bad id!': use a hostname"),
+    (["--standalone", "--node-id", "a..b", str(TICKER)], "--node-id 'a..b': use a hostname"),
+    (["--standalone", "--node-id", "x" * 254, str(TICKER)], "253 characters at most"),
+    (["--standalone", "--rdzv-id", "job.1", str(TICKER)], "--rdzv-id 'job.1': use 1-63 letters"),
     (["--standalone", "--grace-period", "-1", str(TICKER)], "--grace-period must be positive"),
     (["--standalone", "--max_restarts", "-2", str(TICKER)], "--max-restarts must be 0 or more"),
 ])

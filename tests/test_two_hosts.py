@@ -23,10 +23,11 @@ from tui.app import ElasticApp
 from tui.session import LiveConnector
 
 IFNAMES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
+A, B = "gpu-node-017.example.internal", "gpu-node-018.example.internal"  # node ids are hostnames, dots and all
 
 
 class TwoHosts:
-    """Node a on host 0 (it holds the coordinator), node b on host 1, both with the job's keys."""
+    """Node A on host 0 (it holds the coordinator), node B on host 1, both with the job's keys."""
 
     def __init__(self, lab: Lab, tmp: Path) -> None:
         self.lab, self.tmp = lab, tmp
@@ -46,7 +47,7 @@ class TwoHosts:
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         """An `elasticd` verb run on the third host, the root namespace, against node a."""
-        return subprocess.run([sys.executable, "-m", "elasticd.cli", *args, "--connect", self.job.daemons["a"].control,
+        return subprocess.run([sys.executable, "-m", "elasticd.cli", *args, "--connect", self.job.daemon(A).control,
                                "--key", self.key, "--server-key", self.server_key],
                               env=self.job.env, capture_output=True, text=True, timeout=30)
 
@@ -56,9 +57,9 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoHosts]:
     with Lab(2) as lab:
         two = TwoHosts(lab, tmp_path_factory.mktemp("hosts"))
         try:
-            two.start("a", 0)
+            two.start(A, 0)
             two.job.wait_event("round_started")
-            two.start("b", 1)
+            two.start(B, 1)
             two.job.wait_event("round_started", lambda e: e["world_size"] == 2)
             yield two
         finally:
@@ -67,23 +68,24 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoHosts]:
 
 def test_plain_ddp_trains_across_two_hosts_on_the_interface_of_the_advertised_address(hosts: TwoHosts) -> None:
     assert not any(name in os.environ for name in IFNAMES)  # nobody set them: the daemons chose
-    a, b = hosts.job.daemons["a"], hosts.job.daemons["b"]
+    a, b = hosts.job.daemon(A), hosts.job.daemon(B)
     a.wait_line(r"step=\d+ world_size=2 ")  # gloo's full mesh formed across the two hosts
     assert "connectFullMesh failed" not in a.output() + b.output()
     for daemon, link in ((a, hosts.lab.links[0]), (b, hosts.lab.links[1])):
         daemon.wait_line(rf"interface {link}\b")
     status = hosts.job.status()
     assert status["restarts"]["failure"] == 0
-    assert {n["node_id"]: n["host"] for n in status["nodes"]} == dict(zip("ab", hosts.lab.addrs, strict=True))
+    assert {n["node_id"]: n["host"] for n in status["nodes"]} == dict(zip((A, B), hosts.lab.addrs, strict=True))
 
 
 def test_status_from_a_third_host_sees_both_nodes(hosts: TwoHosts) -> None:
     status = hosts.cli("status", "--json")
     assert status.returncode == 0, status.stderr
     reply = json.loads(status.stdout)
-    assert reply["world_size"] == 2 and [n["node_id"] for n in reply["nodes"]] == ["a", "b"]
+    assert reply["world_size"] == 2 and [n["node_id"] for n in reply["nodes"]] == [A, B]
+    assert A in hosts.cli("status").stdout  # the full id, not the first label
     keyless = subprocess.run([sys.executable, "-m", "elasticd.cli", "status", "--connect",
-                              hosts.job.daemons["a"].control, "--timeout", "2"],
+                              hosts.job.daemon(A).control, "--timeout", "2"],
                              env=hosts.job.env, capture_output=True, text=True, timeout=30)
     assert keyless.returncode != 0 and "Traceback" not in keyless.stderr  # a stranger gets nothing
 
@@ -91,21 +93,21 @@ def test_status_from_a_third_host_sees_both_nodes(hosts: TwoHosts) -> None:
 @pytest.mark.asyncio
 async def test_console_from_a_third_host_sees_both_nodes_live(hosts: TwoHosts) -> None:
     creds = Credentials.load(hosts.key, hosts.server_key)
-    app = ElasticApp({hosts.job.job_id: [hosts.job.daemons["b"].control]}, connect=LiveConnector(creds))
+    app = ElasticApp({hosts.job.job_id: [hosts.job.daemon(B).control]}, connect=LiveConnector(creds))
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: set(app.model.nodes) == {"a", "b"} and app.model.job.world_size == 2
+        await until(pilot, lambda: set(app.model.nodes) == {A, B} and app.model.job.world_size == 2
                     and all(app.model.node_liveness(n) == "live" for n in app.model.nodes.values()),
                     what="both hosts' daemons live in the console")
 
 
 def test_a_node_leaves_and_joins_again(hosts: TwoHosts) -> None:
-    job, b = hosts.job, hosts.job.daemons["b"]
+    job, a, b = hosts.job, hosts.job.daemon(A), hosts.job.daemon(B)
     mark = job.seq()
     b.signal(signal.SIGTERM)
     assert b.wait_exit(30) == 0
     shrunk = job.wait_event("round_started", lambda e: e["world_size"] == 1, since=mark)
-    job.daemons["a"].wait_line(r"step=\d+ world_size=1 ", start=len(job.daemons["a"].lines))
-    hosts.start("b", 1)
+    a.wait_line(r"step=\d+ world_size=1 ", start=len(a.lines))
+    hosts.start(B, 1)
     job.wait_event("round_started", lambda e: e["world_size"] == 2, since=shrunk["seq"])
-    job.daemons["a"].wait_line(r"step=\d+ world_size=2 ", start=len(job.daemons["a"].lines))
+    a.wait_line(r"step=\d+ world_size=2 ", start=len(a.lines))
     assert job.status()["restarts"]["failure"] == 0
