@@ -55,6 +55,7 @@ class Member:
         self.last_coord = 0.0
         self.last_register = 0.0
         self.first_register = 0.0  # 0 until the zygote is warm and the first `register` went out
+        self.last_beat = 0.0
         self.handlers: dict[str, Callable[[dict[str, Any]], object]] = {
             MeshOp.welcome: self.on_welcome,
             MeshOp.hb: lambda _body: None,  # the answer to a heartbeat: arriving is all it has to say
@@ -158,8 +159,21 @@ class Member:
         self.leaving = self.departed = True
         self.life.spawn(self.life.finish("stopped", f"left the job: {reason}", 0))
 
+    def note_stall(self, now: float) -> None:
+        """A stopped process (SIGSTOP, a paused VM) heard nothing because it ran nothing: that silence is ours.
+
+        The coordinator gets a fresh loss window after each stall, so a thawed member hears `unknown` and
+        joins again instead of giving up on a coordinator that was there all along.
+        """
+        if self.last_beat and now - self.last_beat > 2 * self.cfg.heartbeat_s:
+            log.warning("[%s] this daemon did not run for %.1fs (stopped or paused); checking in with the "
+                        "coordinator", self.cfg.node_id, now - self.last_beat)
+            self.last_coord = max(self.last_coord, now)
+        self.last_beat = now
+
     def beat(self, now: float) -> None:
         """Once a heartbeat interval: retry registering, or send a heartbeat and watch the coordinator."""
+        self.note_stall(now)
         if self.departed or (self.leaving and not self.registered):
             return
         if not self.registered:

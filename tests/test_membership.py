@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -69,19 +70,27 @@ def test_below_min_nodes_waits_says_why_resumes_and_times_out(tmp_path: Path) ->
         job.close()
 
 
+FROZEN_S = 5.0  # past the 3 s loss limit, as a paused VM or a healed partition
+
+
 def test_frozen_node_is_lost_and_rejoins_when_it_thaws(tmp_path: Path) -> None:
+    """Frozen past the loss limit (SIGSTOP 5 s, like a partition that heals): the same daemon joins again."""
     job = Job(tmp_path, nnodes="1:2", nproc=1)
     try:
         job.start("a", TICKER)
         b = job.start("b", TICKER)
         grown = job.wait_event("round_started", lambda e: e["world_size"] == 2)
         b.signal(signal.SIGSTOP)
+        frozen = time.monotonic()
         lost = job.wait_event("node_lost", lambda e: e["node"] == "b", since=grown["seq"])
         job.wait_event("round_started", lambda e: e["world_size"] == 1, since=lost["seq"])
+        time.sleep(max(0.0, FROZEN_S - (time.monotonic() - frozen)))
         b.signal(signal.SIGCONT)
         back = job.wait_event("round_started", lambda e: e["world_size"] == 2, since=lost["seq"])
-        assert back["rank_map"] == {"a": [0], "b": [1]}
+        assert back["rank_map"] == {"a": [0], "b": [1]} and back["cause"] == "membership"
+        assert b.proc.poll() is None  # the same process, not a restart by hand
         assert job.status()["restarts"]["failure"] == 0
+        assert "stopped answering" not in b.output()
     finally:
         job.close()
 
