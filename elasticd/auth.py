@@ -8,15 +8,24 @@ Layout of a key store (default ~/.config/elasticd/keys, or $ELASTICD_KEYS):
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import zmq
 import zmq.auth
 from zmq.auth.asyncio import AsyncioAuthenticator
 
+from elasticd.names import EventKind
+from elasticd.refusals import RefusalLog, fingerprint
+
+log = logging.getLogger("elasticd")
+Report = Callable[..., None]  # the daemon's node_event(kind, **fields)
 ROLES = ("viewer", "operator")
 _ROLE = re.compile(r'^\s*role\s*=\s*"([^"]*)"', re.MULTILINE)
 
@@ -143,12 +152,44 @@ def load_public(value: str) -> bytes:
     return public
 
 
-class Gatekeeper:
-    """The ZAP authenticator plus the role table, reloaded whenever the authorized folder changes."""
+class _Authenticator(AsyncioAuthenticator):
+    """pyzmq's ZAP handler, telling `on_refused` of each request it denies."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, store: KeyStore) -> None:
+    def __init__(self, ctx: zmq.asyncio.Context, on_refused: Callable[[list[bytes], bytes], None]) -> None:
+        super().__init__(ctx)
+        self.on_refused = on_refused
+        self._request: list[bytes] = []
+
+    async def handle_zap_message(self, msg: list[bytes]) -> None:
+        self._request = msg  # pyzmq awaits one request at a time, so any reply sent now answers this one
+        try:
+            await super().handle_zap_message(msg)
+        finally:
+            self._request = []
+
+    def _send_zap_reply(self, request_id: bytes, status_code: bytes, status_text: bytes,
+                        user_id: str = "anonymous") -> None:
+        super()._send_zap_reply(request_id, status_code, status_text, user_id)
+        if status_code == b"200":
+            return
+        try:
+            self.on_refused(self._request, status_text)
+        except Exception:  # the ZAP loop must outlive a bug here: without it no handshake ever completes
+            log.exception("recording a refused key failed")
+
+
+class Gatekeeper:
+    """The ZAP authenticator plus the role table, reloaded whenever the authorized folder changes.
+
+    Each refused handshake is counted in `refusals`; a rate-limited share becomes a log line and a
+    `key_refused` event through `report`.
+    """
+
+    def __init__(self, ctx: zmq.asyncio.Context, store: KeyStore, report: Report | None = None) -> None:
         self.store = store
-        self.auth = AsyncioAuthenticator(ctx)
+        self.report = report
+        self.refusals = RefusalLog()
+        self.auth = _Authenticator(ctx, self.refused)
         self.roles: dict[bytes, Authorized] = {}
         self._stamp = -1.0
 
@@ -169,8 +210,26 @@ class Gatekeeper:
         self.auth.configure_curve(domain="control", location=str(self.store.authorized_dir))
         self.roles = {a.public: a for a in self.store.authorized()}
 
+    def refused(self, request: list[bytes], reason: bytes) -> None:
+        """One denied ZAP request: [version, id, domain, address, identity, mechanism, credentials...]."""
+        domain, address, mechanism = (_text(request, i) for i in (2, 3, 5))
+        key = fingerprint(request[6]) if mechanism == "CURVE" and len(request) > 6 else "-"
+        suppressed = self.refusals.record(domain, address, key, time.time())
+        if suppressed is None:
+            return
+        fields: dict[str, Any] = {"peer": address, "key": key, "domain": domain, "suppressed": suppressed,
+                                  "reason": reason.decode(errors="replace"), "refused_keys": self.refusals.total}
+        more = f"; {suppressed} more from it since its last report" if suppressed else ""
+        log.warning("refused key %s from %s on %s (%s)%s", key, address, domain, fields["reason"], more)
+        if self.report is not None:
+            self.report(EventKind.key_refused, **fields)
+
     def role_of(self, user_id: str) -> Authorized | None:
         return self.roles.get(user_id.encode())
 
     def stop(self) -> None:
         self.auth.stop()
+
+
+def _text(frames: list[bytes], index: int) -> str:
+    return frames[index].decode(errors="replace") if len(frames) > index else "?"

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import zmq
 import zmq.asyncio
 
+from elasticd.handshake import WATCHED, Failure, Handshake
 from elasticd.protocol import MAX_REPLY_BYTES, Envelope, ErrorCode, ProtocolError, decode, encode, new_id
 from elasticd.results import JobStatus, RankMetrics, SteerResult
 from elasticd.runtime import live_daemons
@@ -105,6 +106,8 @@ class Client:
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.credentials = credentials
         self.sock = _socket(self.ctx, zmq.DEALER, credentials)
+        self.handshake = Handshake(control, credentials is not None)
+        self.monitor = self.sock.get_monitor_socket(WATCHED)  # before connect: the first handshake counts too
         self.sock.connect(control)
         self.timeout_s = timeout_s
 
@@ -113,12 +116,10 @@ class Client:
         limit = timeout_s or self.timeout_s
         deadline = time.monotonic() + limit
         # A DEALER with no live connection (a refused CURVE handshake drops it) would block in send().
-        if not self.sock.poll(int(limit * 1000) + 1, zmq.POLLOUT):
+        if not self._ready(zmq.POLLOUT, deadline):
             raise ClientError("timeout", _UNREACHABLE.format(op=op, limit=limit), ErrorCode.TIMEOUT)
         self.sock.send(frame, flags=zmq.NOBLOCK)
-        while (left := deadline - time.monotonic()) > 0:
-            if not self.sock.poll(int(left * 1000) + 1):
-                break
+        while self._ready(zmq.POLLIN, deadline):
             try:
                 env = decode(self.sock.recv(), MAX_REPLY_BYTES, from_daemon=True)
             except ProtocolError:
@@ -127,6 +128,21 @@ class Client:
                 return _unwrap(env)
         raise ClientError("timeout", f"no answer to {op!r} within {timeout_s or self.timeout_s:.1f}s",
                           ErrorCode.TIMEOUT)
+
+    def _ready(self, flag: int, deadline: float) -> bool:
+        """Wait until the socket can `flag` (True) or the deadline passes (False); a failed handshake raises."""
+        poller = zmq.Poller()
+        poller.register(self.sock, flag)
+        poller.register(self.monitor, zmq.POLLIN)
+        while (left := deadline - time.monotonic()) > 0:
+            ready = dict(poller.poll(int(left * 1000) + 1))
+            while self.monitor.poll(0):
+                self.handshake.feed(self.monitor.recv_multipart())
+            if self.handshake.failure is not None:
+                raise refused(self.handshake.failure)
+            if self.sock in ready:
+                return True
+        return False
 
     def status(self) -> JobStatus:
         return JobStatus.parse(self.call("status"))
@@ -139,7 +155,7 @@ class Client:
         return SteerResult.parse(self.call(op, dry_run=dry_run, force=force, **args))
 
     def close(self) -> None:
-        self.sock.close()
+        _close(self.sock, self.monitor)
 
     def __enter__(self) -> Client:
         return self
@@ -176,6 +192,17 @@ def _socket(ctx: zmq.Context[SocketT], kind: int, credentials: Credentials | Non
     if credentials is not None:
         credentials.apply(sock)
     return sock
+
+
+def _close(sock: zmq.Socket[Any], monitor: zmq.Socket[Any]) -> None:
+    sock.disable_monitor()
+    monitor.close()
+    sock.close()
+
+
+def refused(failure: Failure) -> ClientError:
+    """A failed handshake as the error a call raises: the daemon never saw the request, so no reply says why."""
+    return ClientError(failure.code, failure.reason, ErrorCode.UNAUTHORIZED)
 
 
 def _subscriber(ctx: zmq.Context[SocketT], pub: str, credentials: Credentials | None,
@@ -243,28 +270,45 @@ class AsyncClient:
         self.ctx = zmq.asyncio.Context.instance()
         self.credentials = credentials
         self.sock = _socket(self.ctx, zmq.DEALER, credentials)
+        self.handshake = Handshake(control, credentials is not None)
+        self.monitor = self.sock.get_monitor_socket(WATCHED)
         self.sock.connect(control)
         self.timeout_s = timeout_s
         self._waiters: dict[str, asyncio.Future[Envelope]] = {}
-        self._reader: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []  # the reply reader and the handshake watcher
 
     async def call(self, op: str, timeout_s: float | None = None, **args: Any) -> dict[str, Any]:
-        if self._reader is None:
-            self._reader = asyncio.create_task(self._read())
+        if not self._tasks:
+            self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._watch())]
+        if self.handshake.failure is not None:
+            raise refused(self.handshake.failure)
         msg_id, frame = _request(op, args)
         limit = timeout_s or self.timeout_s
-        if not await self.sock.poll(int(limit * 1000) + 1, zmq.POLLOUT):  # type: ignore[call-arg]  # stub lacks flags
-            raise ClientError("timeout", _UNREACHABLE.format(op=op, limit=limit), ErrorCode.TIMEOUT)
-        future: asyncio.Future[Envelope] = asyncio.get_running_loop().create_future()
-        self._waiters[msg_id] = future
-        await self.sock.send(frame, flags=zmq.NOBLOCK)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit
+        future: asyncio.Future[Envelope] = loop.create_future()
+        self._waiters[msg_id] = future  # before waiting to send: a refusal now fails it at once
+        sendable = asyncio.ensure_future(self.sock.poll(int(limit * 1000) + 1, zmq.POLLOUT))  # type: ignore[call-arg]
         try:
-            return _unwrap(await asyncio.wait_for(future, limit))
+            await asyncio.wait((sendable, future), timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+            if not future.done():
+                if not (sendable.done() and sendable.result()):
+                    raise ClientError("timeout", _UNREACHABLE.format(op=op, limit=limit), ErrorCode.TIMEOUT)
+                await self.sock.send(frame, flags=zmq.NOBLOCK)
+            return _unwrap(await asyncio.wait_for(future, max(deadline - loop.time(), 0.0)))
         except asyncio.TimeoutError:
-            raise ClientError("timeout", f"no answer to {op!r} within {timeout_s or self.timeout_s:.1f}s",
-                              ErrorCode.TIMEOUT) from None
+            raise ClientError("timeout", f"no answer to {op!r} within {limit:.1f}s", ErrorCode.TIMEOUT) from None
         finally:
+            sendable.cancel()
             self._waiters.pop(msg_id, None)
+
+    async def _watch(self) -> None:
+        """Fail every waiting call the moment a handshake fails: no reply will ever come to tell them."""
+        while True:
+            failure = self.handshake.feed(await self.monitor.recv_multipart())
+            for waiter in self._waiters.values():
+                if failure is not None and not waiter.done():
+                    waiter.set_exception(refused(failure))
 
     async def _read(self) -> None:
         while True:
@@ -312,6 +356,6 @@ class AsyncClient:
         return SteerResult.parse(await self.call(op, dry_run=dry_run, force=force, **args))
 
     def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-        self.sock.close()
+        for task in self._tasks:
+            task.cancel()
+        _close(self.sock, self.monitor)

@@ -166,7 +166,7 @@ class ControlPlane:
             self.d.node_event(EventKind.command_received, op=env.op, by=who,
                               args={k: v for k, v in env.body.items() if k != "client"})
         if self.d.coordinator is not None:
-            self.send(ident, reply(env, self.d.cfg.node_id, self.execute(env)))
+            self.send(ident, reply(env, self.d.cfg.node_id, self.own_view(env.op, self.execute(env))))
             return
         fwd = new_id()
         if not self.d.forward(env.op, env.body, fwd):
@@ -202,11 +202,21 @@ class ControlPlane:
             log.exception("verb %s failed", env.op)
             return ProtocolError(ErrorCode.INTERNAL, f"{env.op} failed inside the daemon: {exc!r}").as_body()
 
+    def own_view(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A job-wide answer plus what only the daemon asked knows: `status` carries its refused handshakes."""
+        if op != "status" or body.get("ok") is False:
+            return body
+        return {**body, "refused_keys": self.refused_keys()}
+
+    def refused_keys(self) -> int:
+        return self.d.gate.refusals.total if self.d.gate is not None else 0
+
     def hello(self) -> dict[str, Any]:
         d = self.d
         return {"ok": True, "version": __version__, "protocol": PROTOCOL_VERSION, "capabilities": CAPABILITIES,
                 "node": d.cfg.node_id, "job_id": d.cfg.job_id, "coordinator": d.coordinator is not None,
-                "rendezvous": f"{d.cfg.rdzv_host}:{d.cfg.rdzv_port}", **d.endpoints, "stats": dict(self.stats)}
+                "rendezvous": f"{d.cfg.rdzv_host}:{d.cfg.rdzv_port}", **d.endpoints,
+                "stats": {**self.stats, "refused_keys": self.refused_keys()}}
 
     # ---- forwarding between a member and the coordinator ------------------------------------------
     def on_forwarded(self, sender: str, env: Envelope) -> None:
@@ -220,7 +230,7 @@ class ControlPlane:
         entry = self.pending.pop(env.id, None)
         if entry is not None:
             ident, request, _ = entry
-            self.send(ident, reply(request, self.d.cfg.node_id, env.body))
+            self.send(ident, reply(request, self.d.cfg.node_id, self.own_view(request.op, env.body)))
 
     def expire_forwards(self) -> None:
         now = time.time()

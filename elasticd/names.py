@@ -109,6 +109,7 @@ class EventKind(StrEnum):
     checkpoint_skipped = "checkpoint_skipped"
     command_received = "command_received"
     unauthorized = "unauthorized"
+    key_refused = "key_refused"  # a CURVE handshake this daemon's authenticator denied (rate-limited)
     unknown = "unknown"  # a member's event without a kind
 
 

@@ -42,7 +42,7 @@ def test_a_client_without_keys_gets_nothing(secured) -> None:  # type: ignore[no
     job, _, _ = secured
     with Client(job.daemons["a"].control, timeout_s=1.5) as plain, pytest.raises(ClientError) as info:
         plain.call("status")
-    assert info.value.code == "timeout"
+    assert info.value.code == "key_required"  # the handshake failed: nothing reached the daemon
 
 
 def test_a_viewer_reads_but_cannot_steer_and_the_refusal_is_an_event(secured) -> None:  # type: ignore[no-untyped-def]
@@ -75,7 +75,7 @@ def test_an_unknown_key_and_a_revoked_key_are_refused(secured, tmp_path: Path) -
     with Client(job.daemons["a"].control, timeout_s=1.5, credentials=foreign) as client, \
             pytest.raises(ClientError) as info:
         client.call("status")
-    assert info.value.code == "timeout"
+    assert info.value.code == "key_refused"
     doomed = Credentials.load(str(KeyStore(store).create_client("temp", "operator")), server)
     client = _connect_when_authorized(job.daemons["a"].control, doomed)
     with client:
@@ -108,10 +108,11 @@ def _connect_when_authorized(control: str, credentials: Credentials) -> Client:
             return client
         except ClientError:
             client.close()
+            time.sleep(0.25)  # a refusal is told at once: give the daemon its heartbeat
     raise AssertionError("the new key was never accepted")
 
 
-def test_the_console_connects_with_a_key_and_sees_nothing_without(secured) -> None:  # type: ignore[no-untyped-def]
+def test_the_console_connects_with_a_key_and_sees_nothing_without(secured, capsys) -> None:  # type: ignore[no-untyped-def]
     import asyncio
 
     from tui.cli import resolve
@@ -124,6 +125,7 @@ def test_the_console_connects_with_a_key_and_sees_nothing_without(secured) -> No
     assert jobs == {job.job_id: [control]}
     locked_out, _ = resolve([control], "")
     assert job.job_id not in locked_out  # no key: the daemon never answers, the console shows it as missing
+    assert f"{control} requires a key" in capsys.readouterr().err  # and says why
 
     async def status() -> int:
         link = LiveConnector(viewer)(control)

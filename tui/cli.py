@@ -8,6 +8,7 @@ import sys
 
 from elasticd.auth import KeyStoreError
 from elasticd.client import Client, ClientError, Credentials, discover
+from elasticd.handshake import CODES as HANDSHAKE_CODES
 
 DESCRIPTION = """\
 elastic-tui: the live console of elasticd jobs (k9s-style keys; `?` inside lists them all).
@@ -50,8 +51,8 @@ def resolve(addresses: list[str], job_filter: str,
                 hello = client.call("hello")
             job_id, pubs[control] = str(hello.get("job_id", "?")), str(hello.get("pub", ""))
         except ClientError as err:
-            print(f"elastic-tui: {control} did not answer ({err.reason}); showing it as missing, retrying",
-                  file=sys.stderr)
+            said = err.reason if err.code in HANDSHAKE_CODES else f"{control} did not answer ({err.reason})"
+            print(f"elastic-tui: {said}; showing it as missing, retrying", file=sys.stderr)
             job_id = job_filter or f"? {control}"
         if not job_filter or job_id == job_filter:
             jobs.setdefault(job_id, []).append(control)

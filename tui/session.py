@@ -11,6 +11,7 @@ import zmq
 import zmq.asyncio
 
 from elasticd.client import AsyncClient, ClientError, Credentials, Event, parse_telemetry
+from elasticd.handshake import CODES as HANDSHAKE_CODES
 from tui.model import Clock, JobModel
 
 CALL_TIMEOUT_S = 2.0
@@ -137,6 +138,8 @@ class JobSession:
             try:
                 reply = await self.link(control).call(op, timeout_s=timeout_s, **args)
             except ClientError as err:
+                if err.code in HANDSHAKE_CODES:
+                    self.drop(control)  # ZeroMQ never retries a refused key: a fresh socket once it is authorized
                 if err.code not in ("timeout", "not_running"):
                     raise
                 last = err
