@@ -163,7 +163,8 @@ def test_sigkilled_node_is_lost_when_its_connection_closes_not_after_heartbeats(
 
 
 @pytest.mark.parametrize(("down_s", "lost"), [(0.2, False), (RECONNECT_GRACE_S + 0.3, True)])
-def test_a_connection_that_closes_and_reconnects_within_the_grace_costs_nothing(down_s: float, lost: bool) -> None:
+def test_a_closed_connection_back_within_the_grace_costs_nothing_else_the_node_is_lost(down_s: float,
+                                                                                     lost: bool) -> None:
     sim = Sim("abc", min_nodes=2)
     sim.start()
     sim.formed()
