@@ -49,7 +49,7 @@ from procs import PY, ROOT, SEEN_PIDS, TOY, Launched, free_port, is_worker, kill
 
 SYSTEMS = ["elasticd", "elasticd-nozygote", "elasticd-shim", "torchrun", "torchrun-tuned"]
 SCENARIOS = ["cold_start", "worker_crash", "graceful_leave", "node_join", "node_kill"]
-TARGETS = {"cold_start": 3.0, "worker_crash": 1.0, "graceful_leave": 1.0, "node_join": 1.5, "node_kill": 4.0}
+TARGETS = {"cold_start": 3.0, "worker_crash": 1.0, "graceful_leave": 1.0, "node_join": 1.5, "node_kill": 1.0}
 STEADY_STEPS = 6  # steps at the new world before the next event
 
 LINE = re.compile(r"BENCH_(START|RESUME|STEP|DRAINED|EXIT) (.*)")
@@ -211,13 +211,18 @@ class Job:
                             capture_output=True, text=True, timeout=timeout)
         return time.time() - t, cp
 
-    def joined_at(self, node: str, after: float) -> float | None:
-        """When `node` registered (its node_joined event), for elasticd jobs."""
+    def first_event(self, kind: str, node: str, after: float) -> dict[str, Any] | None:
+        """The first `kind` event about `node` since `after`, for elasticd jobs."""
         with contextlib.suppress(Exception):
-            _, cp = self.cli("events", "--json", "--kind", "node_joined")
-            times = [e["ts"] for e in json.loads(cp.stdout)["events"] if e["node"] == node and e["ts"] >= after]
-            return min(times) if times else None
+            _, cp = self.cli("events", "--json", "--kind", kind)
+            found = [e for e in json.loads(cp.stdout)["events"] if e["node"] == node and e["ts"] >= after]
+            return min(found, key=lambda e: e["ts"]) if found else None
         return None
+
+    def joined_at(self, node: str, after: float) -> float | None:
+        """When `node` registered (its node_joined event)."""
+        joined = self.first_event("node_joined", node, after)
+        return joined["ts"] if joined else None
 
     def restarts(self) -> dict[str, int] | None:
         if self.elasticd:
@@ -385,7 +390,11 @@ def lifetime(system: str, rep: int, args: argparse.Namespace, logdir: Path) -> d
             return out
         job.steady(first)
         r4 = job.restarts()
-        record("node_kill", t_ev, first, {"killed": len(victims), **charged(system, r3, r4)})
+        extra = {"killed": len(victims), **charged(system, r3, r4)}
+        lost = job.first_event("node_lost", "b", t_ev) if job.elasticd else None
+        if lost is not None:  # which rule noticed it (a closed connection, or missed heartbeats), and when
+            extra |= {"lost_reason": lost["reason"], "noticed_s": round(lost["ts"] - t_ev, 3)}
+        record("node_kill", t_ev, first, extra)
     except Exception as exc:  # record and go on with the next lifetime
         out["error"] = repr(exc)
         print(f"  [{system} #{rep}] error: {exc!r}", flush=True)
@@ -469,6 +478,13 @@ def fmt(s: dict[str, Any]) -> str:
     return text
 
 
+def per_system(result: dict[str, Any], systems: list[str], scenario: str, key: str) -> dict[str, list[Any]]:
+    """One recorded extra of a scenario, sorted, per system (lifetimes that did not record it are left out)."""
+    found = {s: [r["scenarios"][scenario].get(key) for r in result["runs"]
+                 if r["system"] == s and r.get("scenarios", {}).get(scenario)] for s in systems}
+    return {s: sorted(v for v in vals if v is not None) for s, vals in found.items()}
+
+
 def markdown(result: dict[str, Any]) -> str:
     summ, ratios = result["summary"], result["ratios"]
     systems = list(summ)
@@ -491,14 +507,18 @@ def markdown(result: dict[str, Any]) -> str:
             x = summ[s][sc]
             cells.append(f"lost {x['steps_lost']} / redone {x['steps_redone']} / charged {x['restarts_charged']}")
         lines.append(f"| {sc} | " + " | ".join(cells) + " |")
-    registered = {s: [r["scenarios"]["node_join"].get("from_registration_s") for r in result["runs"]
-                      if r["system"] == s and r.get("scenarios", {}).get("node_join")] for s in systems}
-    registered = {s: sorted(v for v in vals if v is not None) for s, vals in registered.items()}
+    registered = per_system(result, systems, "node_join", "from_registration_s")
     if any(registered.values()):
         lines += ["", "node_join measured from the newcomer's registration (it registers once its zygote is "
                   "warm; the job keeps training meanwhile): "
                   + "; ".join(f"{s} median {v[len(v) // 2]:.2f} s ({v[0]:.2f}-{v[-1]:.2f})"
                               for s, v in registered.items() if v)]
+    noticed = per_system(result, systems, "node_kill", "noticed_s")
+    if any(noticed.values()):
+        reasons = per_system(result, systems, "node_kill", "lost_reason")
+        lines += ["", "node_kill, from the SIGKILL to the coordinator's node_lost: "
+                  + "; ".join(f"{s} median {v[len(v) // 2]:.3f} s ({v[0]:.3f}-{v[-1]:.3f}), reasons "
+                              f"{sorted(set(reasons[s]))}" for s, v in noticed.items() if v)]
     if ratios:
         keys = list(ratios)
         lines += ["", "### Ratios (torchrun median / elasticd median)", "",

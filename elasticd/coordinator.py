@@ -25,6 +25,9 @@ Send = Callable[[str, MeshOp, dict[str, Any]], None]  # (node_id, op, body)
 Handler = Callable[[str, dict[str, Any], float], None]  # (sender, body, now)
 SETTLE_S = 0.1  # batch simultaneous joins/losses into one round; no fixed last-call wait
 FIRST_ROUND_WAIT_S = 15.0  # the first round waits at most this long for nodes that announced themselves
+# A member's connection that closes and is back within this long (a reset link; the DEALER reconnects in
+# ~100 ms) costs nothing; one still closed then is a dead daemon. docs/architecture.md, "Noticing a dead node".
+RECONNECT_GRACE_S = 0.5
 
 
 @dataclass
@@ -51,7 +54,8 @@ class Suspect:
 
 class Coordinator:
     def __init__(self, cfg: JobConfig, store: MembershipStore, send: Send, events: EventLog,
-                 on_event: Callable[[dict[str, Any]], None], clock: Callable[[], float] = time.time) -> None:
+                 on_event: Callable[[dict[str, Any]], None], clock: Callable[[], float] = time.time,
+                 connected: Callable[[str], bool] = lambda _node_id: False) -> None:
         self.cfg = cfg
         self.clock = clock  # injected so that scenario tests run on a fake clock
         self.store = store
@@ -67,6 +71,10 @@ class Coordinator:
         self.waiting_since = clock()
         self.done_nodes: set[str] = set()
         self.suspect: Suspect | None = None
+        # Whether a node's daemon has a live mesh connection now (the mesh asks its ROUTER); with no mesh to
+        # ask, a connection reported closed stays closed.
+        self.connected = connected
+        self.closed: dict[str, float] = {}  # node id -> when the mesh saw its connection close
         self.transition: Transition | None = None
         self.agreement = StepAgreement(send)
         self.reformed = False  # the workers already stopped gracefully for the pending round
@@ -213,6 +221,7 @@ class Coordinator:
 
     def remove(self, node_id: str, status: NodeStatus, detail: str, now: float, reform: bool = True) -> None:
         """The node is gone; `reform` starts a round without it (a caller that starts one itself says False)."""
+        self.closed.pop(node_id, None)
         node = self.nodes.get(node_id)
         if node is None or node.status != NodeStatus.alive:
             return
@@ -225,10 +234,34 @@ class Coordinator:
             self.release_barrier(node_id)  # a lost daemon's workers died with it (PDEATHSIG)
 
     def check_liveness(self, now: float) -> None:
+        """A closed connection not back within the grace, or (a frozen or cut-off node) missed heartbeats."""
+        for node_id, since in list(self.closed.items()):
+            if now - since >= RECONNECT_GRACE_S and not self.lose_if_closed(node_id, now):
+                del self.closed[node_id]  # it reconnected within the grace: a blip, not a death
         for node in self.alive():
             if node.node_id != self.cfg.node_id and now - node.last_seen > self.cfg.lost_after_s:
                 self.remove(node.node_id, NodeStatus.lost, f"node {node.node_id} missed "
                             f"{self.cfg.heartbeat_misses} heartbeats", now)
+
+    def connection_lost(self, node_id: str, now: float) -> None:
+        """The mesh saw this member's connection close: its daemon died, or its link reset.
+
+        Lost once the reconnect grace passes without it back; at once when a peer's failure awaits its `pong`
+        (that round is failing anyway, and a closed connection never answers).
+        """
+        node = self.nodes.get(node_id)
+        if node is None or node.status != NodeStatus.alive or node_id == self.cfg.node_id:
+            return
+        self.closed.setdefault(node_id, now)
+        if self.suspect is not None and node_id in self.suspect.awaiting:
+            self.lose_if_closed(node_id, now)
+
+    def lose_if_closed(self, node_id: str, now: float) -> bool:
+        """Declare a member whose connection closed lost, unless it has reconnected meanwhile."""
+        if self.connected(node_id):
+            return False
+        self.remove(node_id, NodeStatus.lost, f"node {node_id}'s connection closed", now)
+        return True
 
     # ---- time ---------------------------------------------------------------------------------
     def tick(self, now: float) -> None:
@@ -397,6 +430,8 @@ class Coordinator:
         self.suspect = Suspect(node_id, body, set(others))
         for other in sorted(others):  # a copy: answers may shrink the awaited set
             self.send(other, MeshOp.probe, {"round": rnd.round_id})
+        for other in sorted(others & self.closed.keys()):  # a member whose connection closed never answers
+            self.lose_if_closed(other, now)
         self.confirm_failure(now)
 
     def pong(self, node_id: str, now: float) -> None:

@@ -77,7 +77,7 @@ class Daemon:
                     raise StartError(f"cannot bind rendezvous endpoint {endpoint}: {exc}") from None
         if self.coord_mesh is not None:
             self.coordinator = Coordinator(self.cfg, MemoryStore(), self.send_to_node, self.events,
-                                           self.on_job_event)
+                                           self.on_job_event, connected=self.coord_mesh.connected)
             self.member.is_coordinator = True
         else:
             self.member_mesh = MemberMesh(self.ctx, endpoint, self.cfg.node_id, self.node.instance, self.keys)
@@ -116,7 +116,7 @@ class Daemon:
         for name in self.cfg.leave_signals:  # --signals-to-handle
             loop.add_signal_handler(signal.Signals[name], self.on_signal, signal.Signals[name])
         if self.coord_mesh is not None:
-            mesh_task = self.coord_mesh.serve(self.on_peer)
+            mesh_task = self.coord_mesh.serve(self.on_peer, self.on_connection_closed)
         else:
             assert self.member_mesh is not None
             mesh_task = self.member_mesh.serve(lambda _sender, env: self.member.receive(env))
@@ -180,6 +180,10 @@ class Daemon:
                 self.plane.on_forwarded(sender, env)
         elif self.coordinator is not None:
             self.coordinator.receive(sender, env, time.time())
+
+    def on_connection_closed(self, node_id: str) -> None:
+        if self.coordinator is not None:
+            self.coordinator.connection_lost(node_id, time.time())
 
     def forward(self, op: str, body: dict[str, Any], msg_id: str) -> bool:
         """Member side: pass an operator request to the coordinator; False while not connected to it."""

@@ -6,10 +6,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import recv_monitor_message
 
 from elasticd.auth import NodeKeys, connect_curve, serve_curve
 from elasticd.names import MeshOp
@@ -17,6 +18,7 @@ from elasticd.protocol import MAX_REPLY_BYTES, Envelope, ProtocolError, decode, 
 
 log = logging.getLogger("elasticd")
 Handler = Callable[[str, Envelope], None]  # (sender node id, message)
+Closed = Callable[[str], None]  # the node id whose welcomed daemon's connection closed
 
 
 def _configure(sock: zmq.Socket, linger_ms: int) -> None:
@@ -34,11 +36,15 @@ class CoordinatorMesh:
         _configure(self.sock, 1000)
         if keys is not None:
             serve_curve(self.sock, keys.secret, keys.public, "mesh")
-        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted member reclaims its identity
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a member that reconnects reclaims its identity
+        # A send to an identity with no connection fails (EHOSTUNREACH) instead of vanishing: `connected` asks so.
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.sock.bind(endpoint)
         self.node_id = node_id
         self.identities: dict[str, bytes] = {}  # node id -> the identity of its *welcomed* daemon
         self.registering: bytes = b""  # the identity of the `register` being handled right now
+        self.fds: dict[int, bytes] = {}  # a connection's fd -> the identity whose frames came through it
 
     def send(self, node_id: str, op: str, body: dict[str, Any], kind: str = "req", msg_id: str = "") -> None:
         if op == MeshOp.welcome:  # answers the `register` being handled; only a welcome makes its daemon the route
@@ -50,26 +56,54 @@ class CoordinatorMesh:
         if ident is not None:
             self._send_to(ident, op, body, kind, msg_id)
 
-    def _send_to(self, ident: bytes, op: str, body: dict[str, Any], kind: str, msg_id: str) -> None:
-        frame = encode(Envelope(kind, op, body, id=msg_id, node=self.node_id, ts=time.time()))
-        try:
-            self.sock.send_multipart([ident, frame], flags=zmq.NOBLOCK)
-        except zmq.ZMQError as exc:  # a member's queue is full or gone: liveness will sort it out
-            log.debug("mesh send of %s to %r dropped: %s", op, ident, exc)
+    def connected(self, node_id: str) -> bool:
+        """Whether the node's welcomed daemon has a live connection now: a no-op `hb` to it is routed."""
+        ident = self.identities.get(node_id)
+        if ident is None:
+            return False
+        error = self._send_to(ident, MeshOp.hb, {}, "req", "")
+        return error is None or error.errno != zmq.EHOSTUNREACH  # EAGAIN: its queue is full, but it is there
 
-    async def serve(self, handler: Handler) -> None:
+    def _send_to(self, ident: bytes, op: str, body: dict[str, Any], kind: str, msg_id: str) -> zmq.ZMQError | None:
+        frame = encode(Envelope(kind, op, body, id=msg_id, node=self.node_id, ts=time.time()))
+        # A NOBLOCK send resolves at once; reading its error here also keeps asyncio from logging it as unread.
+        sent = cast("asyncio.Future[Any]", self.sock.send_multipart([ident, frame], flags=zmq.NOBLOCK))
+        error = sent.exception() if sent.done() else None
+        if isinstance(error, zmq.ZMQError):  # a member's queue is full or gone: liveness will sort it out
+            log.debug("mesh send of %s to %r dropped: %s", op, ident, error)
+            return error
+        return None
+
+    async def serve(self, handler: Handler, on_closed: Closed) -> None:
+        await asyncio.gather(self._receive(handler), self._watch(on_closed))
+
+    async def _watch(self, on_closed: Closed) -> None:
+        """A welcomed member's connection closed (its daemon died, or the link reset): tell the coordinator."""
         while True:
-            frames = await self.sock.recv_multipart()
+            event = await recv_monitor_message(self.monitor)
+            ident = self.fds.pop(event["value"], None)
+            node_id = _node_of(ident or b"")
+            if event["event"] != zmq.EVENT_DISCONNECTED or ident is None or self.identities.get(node_id) != ident:
+                continue  # not the connection of a welcomed daemon: a stranger, a refused duplicate, a stale one
+            try:
+                on_closed(node_id)
+            except Exception as exc:
+                log.warning("mesh: closed connection of %s failed: %r", node_id, exc)
+
+    async def _receive(self, handler: Handler) -> None:
+        while True:
+            frames = await self.sock.recv_multipart(copy=False)
             if len(frames) != 2:
                 continue
-            ident, payload = frames
+            ident, payload = frames[0].bytes, frames[1].bytes
+            self.fds[_source_fd(frames[1])] = ident
             try:
                 env = decode(payload, MAX_REPLY_BYTES)  # forwarded requests are a little over the request cap
             except ProtocolError as exc:
                 log.warning("mesh: dropped a bad frame: %s", exc.reason)
                 continue
             await asyncio.sleep(0)  # never starve the rest of the daemon, whatever arrives
-            sender = ident.decode(errors="replace").split("|", 1)[0]
+            sender = _node_of(ident)
             if env.node != sender:
                 continue  # a node speaks only for itself
             if env.op == MeshOp.register:
@@ -82,7 +116,21 @@ class CoordinatorMesh:
                 log.warning("mesh: %r from %s failed: %r", env.op, sender, exc)
 
     def close(self) -> None:
+        self.sock.disable_monitor()
+        self.monitor.close(linger=0)
         self.sock.close()
+
+
+def _node_of(ident: bytes) -> str:
+    return ident.decode(errors="replace").split("|", 1)[0]  # a DEALER's identity is `node_id|instance`
+
+
+def _source_fd(frame: zmq.Frame) -> int:
+    """The fd of the connection a frame came through (deprecated in libzmq for `Peer-Address`, still kept)."""
+    try:
+        return int(frame.get(zmq.SRCFD))
+    except zmq.ZMQError:
+        return -1
 
 
 class MemberMesh:

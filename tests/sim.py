@@ -95,7 +95,7 @@ class SimNode:
 
     Knobs: `stop_s` (how long old workers take to stop; None: never), `spawn_s`, `shim` with `step0` and
     `step_time` (steps advance with the clock while workers run), `save_s` (a drain's checkpoint), `mute`
-    (ops it silently ignores), `delay` (its link latency). States: `kill()`, `freeze()`/`thaw()`.
+    (ops it silently ignores), `delay` (its link latency). States: `kill()`, `freeze()`/`thaw()`, `blip()`.
     """
 
     def __init__(self, sim: Sim, node_id: str, nproc: int = 2, *, shim: bool = False, step0: int = 0,
@@ -109,6 +109,7 @@ class SimNode:
         self.instance = f"{node_id}-1"
         self.mute: set[str] = set()
         self.registered = self.leaving = self.departed = self.killed = self.frozen = False
+        self.down_until = 0.0  # its mesh connection is closed until then (a blip)
         self.started = False
         self.refused = ""  # a refused welcome's reason
         self.state: str = NodeState.registering
@@ -173,8 +174,18 @@ class SimNode:
         self.sim.sched.later(self.sim.cfg.heartbeat_s, self._fire, self.beat, ())
 
     def kill(self) -> None:
-        """SIGKILL: the daemon and (PDEATHSIG) its workers are gone; it never answers again."""
+        """SIGKILL: the daemon and (PDEATHSIG) its workers are gone, its connection closes; it never answers again."""
         self.killed, self.running = True, False
+        self.sim.connection_closed(self)
+
+    def blip(self, down_s: float) -> None:
+        """Its link resets: the connection closes and the DEALER reconnects `down_s` later (a quiet moment:
+        no message is lost). A frozen or cut-off node, by contrast, closes nothing."""
+        self.down_until = self.sim.clock.now + down_s
+        self.sim.connection_closed(self)
+
+    def connected(self) -> bool:
+        return not self.killed and self.sim.clock.now >= self.down_until
 
     def freeze(self) -> None:
         self.frozen = True
@@ -366,7 +377,7 @@ class Sim:
         self.order = itertools.count()
         self._ports = itertools.count(20000)
         self.coordinator = Coordinator(self.cfg, MemoryStore(), self.to_node, EventLog(100_000), self.on_event,
-                                       clock=self.clock)
+                                       clock=self.clock, connected=self.connected)
         self.nodes = {n: SimNode(self, n, nproc) for n in ids}
         self.sched.later(tick_s, self.tick)
 
@@ -392,6 +403,15 @@ class Sim:
         node = self.nodes.get(node_id)
         if node is not None:
             self.sched.later(node.delay, node.deliver, op, body)
+
+    def connection_closed(self, node: SimNode) -> None:
+        """The coordinator's socket monitor sees the close one link delay later."""
+        self.sched.later(node.delay, lambda: self.coordinator.connection_lost(node.node_id, self.clock.now))
+
+    def connected(self, node_id: str) -> bool:
+        """What the mesh's ROUTER answers: a live connection to that node's daemon, or none."""
+        node = self.nodes.get(node_id)
+        return node is not None and node.connected()
 
     def on_event(self, event: dict[str, Any]) -> None:
         self.events.append({**event, "at": self.clock.now, "order": next(self.order)})

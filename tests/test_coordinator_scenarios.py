@@ -9,6 +9,7 @@ from sim import Sim
 
 from elasticd.commands import REGISTRY
 from elasticd.config import STOP_SLACK_S
+from elasticd.coordinator import RECONNECT_GRACE_S
 from elasticd.names import Cause, EventKind, JobState, MeshOp, NodeState, Role
 from elasticd.protocol import ProtocolError
 from elasticd.step_agreement import QUERY_TIMEOUT_S
@@ -29,7 +30,7 @@ def assert_stop_barrier(sim: Sim, round_id: int) -> None:
     first_go = min(m.order for m in go if m.body["round"] == round_id)
     stopped = {m.src: m.order for m in sim.msgs(MeshOp.round_progress)
                if m.body["round"] == round_id and "stopped" in m.body}
-    alive = [n for n in previous.node_ids() if not sim.nodes[n].killed]
+    alive = [n for n in previous.node_ids() if sim.coordinator.nodes[n].status == "alive"]
     assert set(alive) <= set(stopped), f"go for round {round_id} without a stop report from {set(alive) - set(stopped)}"
     assert all(stopped[n] < first_go for n in alive)
 
@@ -115,11 +116,11 @@ def test_node_loss_after_missed_heartbeats_reforms_without_it_uncharged() -> Non
     sim.formed()
     sim.run(2.3)
     mark = sim.mark()
-    sim.nodes["c"].kill()
+    sim.nodes["c"].freeze()  # frozen (or cut off): its connection stays open, only its heartbeats stop
     sim.formed(2)
     last_hb = sim.msgs(MeshOp.hb, src="c")[-1].at
     lost, = sim.of(K.node_lost)
-    assert lost["node"] == "c"
+    assert lost["node"] == "c" and lost["reason"] == "node c missed 3 heartbeats"
     assert sim.cfg.lost_after_s < lost["at"] - last_hb <= sim.cfg.lost_after_s + sim.tick_s + sim.delay
     assert sim.kinds(K.node_lost, K.reform_started, K.round_started, since=mark) == [K.node_lost, K.round_started]
     assert sim.rank_map() == [("a", [0, 1]), ("b", [2, 3])]
@@ -144,17 +145,57 @@ def test_a_slow_node_whose_heartbeats_resume_in_time_is_never_lost() -> None:
     assert len(sim.rounds()) == 1 and sim.coordinator.nodes["c"].status == "alive"
 
 
-def test_failure_reported_while_a_peer_is_dead_is_charged_as_membership() -> None:
+def test_sigkilled_node_is_lost_when_its_connection_closes_not_after_heartbeats() -> None:
+    sim = Sim("abc", min_nodes=2)
+    sim.start()
+    sim.formed()
+    sim.run(2.3)
+    mark, killed = sim.mark(), sim.clock.now
+    sim.nodes["c"].kill()
+    sim.formed(2)
+    lost, = sim.of(K.node_lost)
+    assert lost["node"] == "c" and lost["reason"] == "node c's connection closed"
+    assert RECONNECT_GRACE_S <= lost["at"] - killed < sim.cfg.lost_after_s  # the grace, not the heartbeat rule
+    assert sim.kinds(K.node_lost, K.round_started, since=mark) == [K.node_lost, K.round_started]
+    assert sim.rank_map() == [("a", [0, 1]), ("b", [2, 3])] and sim.round.cause == Cause.membership
+    assert restarts(sim) == {"failure": 0, "membership": 1, "operator": 0, "hang": 0}
+    assert_stop_barrier(sim, 2)
+
+
+@pytest.mark.parametrize(("down_s", "lost"), [(0.2, False), (RECONNECT_GRACE_S + 0.3, True)])
+def test_a_closed_connection_back_within_the_grace_costs_nothing_else_the_node_is_lost(down_s: float,
+                                                                                     lost: bool) -> None:
+    sim = Sim("abc", min_nodes=2)
+    sim.start()
+    sim.formed()
+    sim.run(1.5)
+    sim.nodes["c"].blip(down_s)  # a reset link; the DEALER reconnects after down_s
+    sim.run(10.0)
+    assert [e["reason"] for e in sim.of(K.node_lost)] == (["node c's connection closed"] if lost else [])
+    assert len(sim.rounds()) == (1 if not lost else 3)  # lost: a round without c, then one with it again
+    assert sim.coordinator.closed == {} and sim.coordinator.nodes["c"].status == "alive"
+
+
+@pytest.mark.parametrize("first", ["closed", "failure"])
+def test_failure_reported_while_a_peers_connection_is_closed_loses_it_at_once_uncharged(first: str) -> None:
+    """Survivors' collectives break the moment a node dies: that round is failing, so no reconnect grace."""
     sim = Sim("abc", min_nodes=2, max_restarts=3)
     sim.start()
     sim.formed()
     sim.run(1.5)
     mark = sim.mark()
-    sim.nodes["c"].kill()
-    sim.run(0.3)  # b's collective with c breaks first; its worker exits non-zero
-    sim.nodes["b"].fail_worker()
+    if first == "closed":
+        sim.nodes["c"].kill()
+        sim.run(0.1)  # b's collective with c breaks; its worker exits non-zero inside c's reconnect grace
+        sim.nodes["b"].fail_worker()
+    else:  # the failure report reaches the coordinator just before c's closed connection does
+        sim.nodes["b"].fail_worker()
+        sim.nodes["c"].kill()
     sim.formed(2)
     sim.run(5.0)
+    reported, = sim.msgs(MeshOp.worker_failed, since=mark)
+    lost, = sim.of(K.node_lost, since=mark)
+    assert lost["reason"] == "node c's connection closed" and lost["at"] - reported.at < RECONNECT_GRACE_S
     assert [m.dst for m in sim.msgs(MeshOp.probe, since=mark)] == ["c"]
     assert sim.msgs(MeshOp.pong, since=mark) == []
     assert sim.kinds(K.node_lost, K.round_started, since=mark) == [K.node_lost, K.round_started]
@@ -302,7 +343,7 @@ def test_a_member_gone_during_a_graceful_stop_abandons_it_and_reforms_promptly(c
         sim.nodes["b"].leave()
     sim.run_until(lambda: sim.round.round_id == 2, timeout=DRAIN_TIMEOUT_S + 5)
     # docs/architecture.md: "A failure or a lost node during a graceful stop abandons it"
-    noticed = sim.cfg.lost_after_s if gone == "killed" else 0.0
+    noticed = RECONNECT_GRACE_S if gone == "killed" else 0.0  # its connection closed
     assert sim.clock.now - gone_at < noticed + 1.0
     abandoned = K.drain_abandoned if change == "drain" else K.reform_abandoned
     assert abandoned in sim.kinds(since=mark) and "b" not in sim.round.node_ids()

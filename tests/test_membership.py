@@ -194,11 +194,11 @@ def test_is_host_false_never_hosts_the_coordinator_and_signals_to_handle_choose_
         b = job.start("b", TICKER, extra=["--rdzv-conf", "is_host=false", "--signals-to-handle", "SIGUSR1"])
         b.wait_line(r"node b \(member\)")  # first on the endpoint's host, yet it only connects
         job.start("a", TICKER)
-        grown = job.wait_event("round_started", lambda e: e["world_size"] == 2)
-        assert job.status()["coordinator"] == "a"
+        grown = job.wait_event("round_started", lambda e: e["world_size"] == 2, node="a")
+        assert job.status("a")["coordinator"] == "a"
         b.signal(signal.SIGUSR1)
         assert b.wait_exit(30) == 0
-        left = job.wait_event("node_left", since=grown["seq"])
+        left = job.wait_event("node_left", since=grown["seq"], node="a")
         assert left["node"] == "b" and "SIGUSR1" in left["reason"]
     finally:
         job.close()

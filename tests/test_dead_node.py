@@ -1,0 +1,86 @@
+"""Real daemons: a SIGKILLed member is noticed by its closed connection; a frozen one that thaws costs nothing."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+from harness import TICKER, DaemonProc, Job
+
+from elasticd.client import Credentials
+
+MEMBERSHIP = ("node_lost", "node_left", "node_joined", "round_started")
+FREEZE_S = 2.0  # 2 of the 3 s the heartbeat rule allows
+
+
+def secure(job: Job) -> None:
+    """Give the job CURVE keys (the mesh encrypted, as with `--keys`) and an operator client key."""
+    store = job.tmp / "keys"
+    for args in (["init"], ["create", "ops", "--role", "operator"]):
+        subprocess.run([sys.executable, "-m", "elasticd.cli", "keys", "--dir", str(store), *args], check=True,
+                       capture_output=True, timeout=30)
+    job.extra.append(f"--keys={store}")
+    job.credentials = Credentials.load(str(store / "clients" / "ops.key_secret"), str(store / "node" / "node.key"))
+
+
+@pytest.mark.parametrize("curve", [False, True], ids=["plain", "curve"])
+def test_a_sigkilled_member_is_lost_by_its_closed_connection_and_the_job_goes_on(tmp_path: Path,
+                                                                                   curve: bool) -> None:
+    job = Job(tmp_path, nnodes="1:2", nproc=1)
+    if curve:
+        secure(job)
+    try:
+        a = job.start("a", TICKER)
+        b = job.start("b", TICKER)
+        grown = job.wait_event("round_started", lambda e: e["world_size"] == 2)
+        job.wait_event("workers_started", lambda e: e["node"] == "b", since=grown["seq"])
+        b.kill_with_workers()
+        lost = job.wait_event("node_lost", lambda e: e["node"] == "b", since=grown["seq"])
+        assert lost["reason"] == "node b's connection closed"  # not "missed 3 heartbeats"
+        smaller = job.wait_event("round_started", lambda e: e["world_size"] == 1, since=lost["seq"])
+        job.wait_event("workers_started", lambda e: e["node"] == "a", since=smaller["seq"])
+        a.wait_line(r"\[a:0\] tick=\d+ rank=0 world=1")  # training goes on in the smaller world
+        status = job.status()
+        assert (status["state"], status["world_size"], status["restarts"]["failure"]) == ("running", 1, 0)
+        with job.client() as client:
+            events = client.call("events", since_seq=grown["seq"], limit=0)["events"]
+        assert [e["kind"] for e in events if e["kind"] in MEMBERSHIP] == ["node_lost", "round_started"]
+    finally:
+        job.close()
+
+
+def freeze_right_after_a_heartbeat(daemon: DaemonProc) -> None:
+    """SIGSTOP just after the daemon's heartbeat went out (it publishes the same beat on its PUB)."""
+    with zmq.Context.instance().socket(zmq.SUB) as sub:
+        sub.setsockopt(zmq.SUBSCRIBE, b"hb.")
+        sub.setsockopt(zmq.RCVTIMEO, 10_000)
+        sub.connect(daemon.pub)
+        sub.recv_multipart()
+        daemon.signal(signal.SIGSTOP)
+
+
+def test_a_member_frozen_for_2s_is_not_lost_and_costs_no_round(tmp_path: Path) -> None:
+    job = Job(tmp_path, nnodes="1:2", nproc=1)
+    try:
+        job.start("a", TICKER)
+        b = job.start("b", TICKER)
+        grown = job.wait_event("round_started", lambda e: e["world_size"] == 2)
+        job.wait_event("workers_started", lambda e: e["node"] == "b", since=grown["seq"])
+        freeze_right_after_a_heartbeat(b)
+        time.sleep(FREEZE_S)  # a slow node, not a dead one: its sockets stay open
+        b.signal(signal.SIGCONT)
+        b.wait_line(r"\[b:1\] tick=", start=len(b.lines))  # it runs again
+        time.sleep(2.0)  # a loss or a round the freeze set off would have shown by now
+        with job.client() as client:
+            events = client.call("events", since_seq=grown["seq"], limit=0)["events"]
+        assert [e["kind"] for e in events if e["kind"] in MEMBERSHIP] == []
+        status = job.status()
+        assert (status["round"], status["world_size"]) == (grown["round"], 2)
+        assert [n["status"] for n in status["nodes"]] == ["alive", "alive"]
+    finally:
+        job.close()
