@@ -137,8 +137,8 @@ class Job:
         return daemon
 
     def daemon(self, node: str = "") -> DaemonProc:
-        """That node's daemon; by default the first one started (it holds the coordinator in most tests)."""
-        return self.daemons[node] if node else self.started[0]
+        """That node's daemon; by default the first node's newest (it holds the coordinator in most tests)."""
+        return self.daemons[node or next(iter(self.daemons))]
 
     def client(self, node: str = "") -> Client:
         return Client(self.daemon(node).control, timeout_s=10, credentials=self.credentials)

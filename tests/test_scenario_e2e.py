@@ -55,7 +55,7 @@ def test_plain_script_survives_crash_join_leave_rejoin_and_node_loss(tmp_path: P
         mark = len(a.lines)
         a.wait_line(r"\[a:0\] step=\d+ world_size=2", start=mark)
 
-        # 4. b joins again, then is SIGKILLed with its workers: detected within 3 s, survivors re-form.
+        # 4. b joins again, then is SIGKILLed with its workers: its closed connection says so, survivors re-form.
         b = job.start("b", PLAIN, *args)
         regrow = job.wait_event("round_started", lambda e: e["world_size"] == 4, since=shrink["seq"])
         mark = len(a.lines)
@@ -64,7 +64,7 @@ def test_plain_script_survives_crash_join_leave_rejoin_and_node_loss(tmp_path: P
         lost = job.wait_event("node_lost", lambda e: e["node"] == "b", since=regrow["seq"])
         final = job.wait_event("round_started", lambda e: e["world_size"] == 2, since=regrow["seq"])
         assert final["cause"] == "membership"
-        assert lost["reason"] == "node b missed 3 heartbeats"
+        assert lost["reason"] == "node b's connection closed"
         assert wait_gone(killed) == []
         job.wait_event("round_complete", lambda e: e["round"] == final["round"], since=final["seq"])
         every_worker = job.worker_pids(0)
