@@ -47,6 +47,7 @@ class JobConfig:
     preload: str = "torch,torch.distributed,torch.nn.parallel,torch._dynamo"
     env: dict[str, str] = field(default_factory=dict)
     role: str = "default"  # ROLE_NAME (torchrun's --role)
+    metrics_from_output: str = ""  # REGEX with (?P<step>) / (?P<loss>) groups, matched on every worker line
     console_ranks: frozenset[int] | None = None  # local ranks whose output is echoed; None: all (log files: all)
     no_python: bool = False  # exec the entry itself, no interpreter in front (torchrun's --no-python)
     node_rank: int = -1  # this node's place in the rank map (torchrun's --node-rank); -1: join order

@@ -58,6 +58,7 @@ class Daemon:
         self.endpoints: dict[str, str] = {}
         self.plane: ControlPlane | None = None  # the operator sockets, bound in start()
         self.channel = WorkerChannel(self.ctx, cfg, self.node)
+        self.node.output_step = self.channel.on_output_step  # --metrics-from-output feeds the shim's metrics path
         self.member = Member(cfg, self.node, self.channel, self.to_coord, self, self.events, self.publish_event,
                              self.on_forwarded_reply, connect_timeout_s, is_coordinator=False)
         self.zygote: Zygote | None = None

@@ -13,6 +13,7 @@ from typing import Any
 
 from elasticd.config import STOP_SLACK_S, JobConfig
 from elasticd.names import EventKind, JobState, MeshOp, NodeState
+from elasticd.output_metrics import compile_pattern, parse_line
 from elasticd.runtime import free_ports
 from elasticd.spawner import Spawner
 from elasticd.workers import Worker, WorkerGroup
@@ -49,6 +50,8 @@ class NodeAgent:
         self._exit_watch: asyncio.TimerHandle | None = None  # armed when a worker finished before its peers
         self._tasks: set[asyncio.Future[Any]] = set()
         self._go: dict[int, asyncio.Event] = {}  # round -> set when the coordinator says its workers may start
+        self.output_pattern = compile_pattern(cfg.metrics_from_output) if cfg.metrics_from_output else None
+        self.output_step: Callable[[int, dict[str, Any]], None] = lambda _rank, _fields: None  # the daemon wires it
 
     def register_body(self) -> dict[str, Any]:
         return {"node_id": self.cfg.node_id, "instance": self.instance, "host": self.host,
@@ -91,7 +94,8 @@ class NodeAgent:
             self.state = NodeState.running
             if not await self.wait_for_go(round_id):
                 return  # a newer round replaced this one while its old workers were being stopped
-            self.group = WorkerGroup(self.cfg, round_id, body, self.worker_env, self.on_worker_exit, self.spawner)
+            self.group = WorkerGroup(self.cfg, round_id, body, self.worker_env, self.on_worker_exit, self.spawner,
+                                     self.on_worker_line if self.output_pattern else None)
             try:
                 await self.group.spawn()
             except OSError as exc:
@@ -119,6 +123,13 @@ class NodeAgent:
             self.event(EventKind.workers_stopped, round=group.round_id,
                        exit_codes={w.rank: w.exit_code for w in group.workers})
         return time.time()
+
+    def on_worker_line(self, worker: Worker, text: str) -> None:
+        """--metrics-from-output: a line that states a step or a loss is that rank's report."""
+        assert self.output_pattern is not None
+        fields = parse_line(self.output_pattern, text)
+        if fields is not None:
+            self.output_step(worker.rank, fields)
 
     def on_worker_exit(self, worker: Worker) -> None:
         group = self.group

@@ -21,6 +21,7 @@ from elasticd.config import (
     parse_endpoint,
     parse_nnodes,
 )
+from elasticd.output_metrics import compile_pattern
 from elasticd.runtime import is_local_host
 from elasticd.torchrun_flags import add_torchrun_flags, torchrun_values
 from elasticd.torchrun_parse import console_ranks, parse_rdzv_conf, parse_signals
@@ -58,6 +59,8 @@ def add_start_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     flag("insecure", action="store_true", help="allow binding a non-loopback address without --keys (dangerous)")
     flag("no-zygote", action="store_true", help="exec a fresh interpreter per worker instead of forking "
          "from one that pre-imported torch (slower restarts)")
+    flag("metrics-from-output", default="", metavar="REGEX",
+         help="read step and loss from the workers' output lines, e.g. 'step=(?P<step>\\d+).*loss=(?P<loss>[\\d.]+)'")
     flag("preload", default="torch,torch.distributed,torch.nn.parallel,torch._dynamo",
          help="modules the zygote imports once for every worker (comma-separated)")
     p.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
@@ -88,10 +91,13 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
         heartbeat_s=timeouts["heartbeat"], heartbeat_misses=conf.get("heartbeat_misses", 3),
         local_addr=ns.local_addr or "", control_bind=ns.control, pub_bind=ns.pub,
         zygote=not (ns.no_zygote or ns.no_python), preload=ns.preload, keys_dir=ns.keys, insecure=ns.insecure,
-        role=ns.role, console_ranks=console, no_python=ns.no_python, node_rank=max(ns.node_rank, -1),
+        metrics_from_output=ns.metrics_from_output, role=ns.role, console_ranks=console, no_python=ns.no_python,
+        node_rank=max(ns.node_rank, -1),
         host_coordinator=conf.get("is_host") is not False,
         leave_signals=parse_signals(ns.signals_to_handle) if ns.signals_to_handle else DEFAULT_LEAVE_SIGNALS,
     )
+    if cfg.metrics_from_output:
+        compile_pattern(cfg.metrics_from_output)
     check_exposure(cfg)
     for note in notes + conf_notes + std_notes:
         print(f"elasticd start: {note}", file=sys.stderr, flush=True)

@@ -7,6 +7,7 @@ from typing import Any
 from elasticd.coordinator import Coordinator
 from elasticd.membership import Round, build_rank_map
 from elasticd.names import Cause, JobState, Role
+from elasticd.output_metrics import OUTPUT
 from elasticd.protocol import ErrorCode, ProtocolError
 from elasticd.transitions import After, TransitionKind
 
@@ -34,7 +35,8 @@ def shim_step(c: Coordinator) -> int | None:
     """The highest step any rank of this round reported, or None when no worker uses the shim."""
     round_id = c.round.round_id if c.round else None
     steps = [int(m["step"]) for n in c.alive() for m in n.metrics.values()
-             if isinstance(m, dict) and m.get("step") is not None and m.get("round") == round_id]
+             if isinstance(m, dict) and m.get("step") is not None and m.get("round") == round_id
+             and m.get("source") != OUTPUT]
     return max(steps) if steps else None
 
 

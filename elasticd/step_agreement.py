@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elasticd.names import MeshOp, StrEnum
+from elasticd.output_metrics import OUTPUT
 
 DELIVERY_BUDGET_S = 0.15  # the shim's 50 ms report coalescing plus request delivery, with room to spare
 QUERY_TIMEOUT_S = 1.0
@@ -87,7 +88,8 @@ def margin(step_times: list[float]) -> int:
 
 def local_answer(rank_metrics: dict[int, dict[str, Any]], round_id: int) -> dict[str, Any]:
     """A node's reply: the highest step its shim workers reported in this round, and their step time."""
-    current = [m for m in rank_metrics.values() if m.get("round") == round_id and m.get("step") is not None]
+    current = [m for m in rank_metrics.values() if m.get("round") == round_id and m.get("step") is not None
+               and m.get("source") != OUTPUT]  # steps read from output have no shim to stop at one
     times = [float(m["step_time"]) for m in current if isinstance(m.get("step_time"), int | float)]
     return {"step": max((int(m["step"]) for m in current), default=None),
             "step_time": statistics.median(times) if times else None}

@@ -14,6 +14,7 @@ import zmq.asyncio
 
 from elasticd.config import JobConfig, StartError
 from elasticd.names import EventKind, MeshOp, NodeState
+from elasticd.output_metrics import OUTPUT
 from elasticd.protocol import Envelope, decode, encode, new_id
 from elasticd.runtime import runtime_dir
 
@@ -88,6 +89,17 @@ class WorkerChannel:
         elif env.op == "ack":
             metrics["last_ack"] = body.get("request_id")
 
+    def on_output_step(self, rank: int, fields: dict[str, Any]) -> None:
+        """A plain worker's output line stated its step or loss (--metrics-from-output); the shim's reports win."""
+        now = time.time()
+        metrics = self.node.rank_metrics.get(rank)
+        if metrics is None or metrics.get("round") != self.node.round_id:
+            metrics = {"rank": rank, "round": self.node.round_id, "source": OUTPUT, "last_step_at": now}
+            self.node.rank_metrics[rank] = metrics
+        if metrics.get("source") != OUTPUT:
+            return
+        self.on_step(metrics, {"step": fields.get("step", metrics.get("step", 0)), **fields}, now)
+
     def on_step(self, metrics: dict[str, Any], body: dict[str, Any], now: float) -> None:
         first = "step" not in metrics
         elapsed = now - metrics["last_step_at"]
@@ -123,6 +135,7 @@ class WorkerChannel:
             key = (rank, int(metrics.get("round", 0)))
             silent = now - metrics.get("last_step_at", now)
             if (metrics.get("round") == self.node.round_id and self.node.state == NodeState.running
+                    and metrics.get("source") != OUTPUT  # a plain script's prints are no heartbeat
                     and silent > self.cfg.hang_timeout_s and key not in self.hung_reported
                     and rank not in self.node.drained_ranks):
                 self.hung_reported.add(key)

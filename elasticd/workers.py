@@ -45,6 +45,7 @@ class Worker:
 
 
 ExitHandler = Callable[[Worker], None]
+LineHandler = Callable[[Worker, str], None]
 
 
 def signal_worker(pid: int, sig: int) -> None:
@@ -74,13 +75,14 @@ class WorkerGroup:
     """All workers of this node for one round."""
 
     def __init__(self, cfg: JobConfig, round_id: int, assignment: dict[str, Any], extra_env: dict[str, str],
-                 on_exit: ExitHandler, spawner: Spawner) -> None:
+                 on_exit: ExitHandler, spawner: Spawner, on_line: LineHandler | None = None) -> None:
         self.cfg = cfg
         self.spawner = spawner
         self.round_id = round_id
         self.assignment = assignment
         self.extra_env = extra_env
         self.on_exit = on_exit
+        self.on_line = on_line
         self.workers: list[Worker] = []
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -122,7 +124,10 @@ class WorkerGroup:
             async for line in worker.proc.stdout:
                 log_file.write(line)
                 log_file.flush()
-                worker.tail = [*worker.tail[-19:], line.decode(errors="replace").rstrip()]
+                text = line.decode(errors="replace").rstrip()
+                worker.tail = [*worker.tail[-19:], text]
+                if self.on_line is not None:
+                    self.on_line(worker, text)
                 if shown:
                     sys.stdout.buffer.write(prefix + line)
                     sys.stdout.flush()

@@ -30,6 +30,8 @@ def start(tmp: Path, *args: str, timeout: float = 30) -> subprocess.CompletedPro
     (["--standalone", "--node-id", "x" * 254, str(TICKER)], "253 characters at most"),
     (["--standalone", "--rdzv-id", "job.1", str(TICKER)], "--rdzv-id 'job.1': use 1-63 letters"),
     (["--standalone", "--grace-period", "-1", str(TICKER)], "--grace-period must be positive"),
+    (["--standalone", "--metrics-from-output", "step=(\\d+", str(TICKER)], "is not a regular expression"),
+    (["--standalone", "--metrics-from-output", "step=(\\d+)", str(TICKER)], "names no (?P<step>...)"),
     (["--standalone", "--max_restarts", "-2", str(TICKER)], "--max-restarts must be 0 or more"),
 ])
 def test_bad_flags_get_one_clear_line(tmp_path: Path, args: list[str], message: str) -> None:

@@ -1,0 +1,39 @@
+"""--metrics-from-output: an unmodified script's printed step and loss become its rank's metrics."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from harness import PLAIN, Job
+
+from elasticd.output_metrics import compile_pattern, parse_line
+
+PLAIN_LINE = r"step=(?P<step>\d+) world_size=\d+ loss=(?P<loss>[-\d.e]+)"  # what examples/train_plain.py prints
+
+
+def test_a_line_states_step_loss_and_epoch_or_nothing() -> None:
+    pattern = compile_pattern(r"epoch (?P<epoch>\d+) step (?P<step>\d+).*loss[=:] ?(?P<loss>\S+)")
+    assert parse_line(pattern, "epoch 2 step 40 | loss: 0.25") == {"epoch": 2, "step": 40, "loss": 0.25}
+    assert parse_line(pattern, "epoch 2 step 40 | loss: nan?") is None  # a garbled number is no report
+    assert parse_line(pattern, "saving checkpoint") is None
+    assert parse_line(compile_pattern(r"loss (?P<loss>\S+)"), "loss 1e-3") == {"loss": 0.001}
+
+
+def test_a_plain_script_shows_step_and_loss_and_is_never_taken_for_a_hung_shim(tmp_path: Path) -> None:
+    job = Job(tmp_path, nnodes="1:1", nproc=2, extra=["--metrics-from-output", PLAIN_LINE, "--hang-timeout", "1"])
+    try:
+        a = job.start("a", PLAIN, "--steps", "100000", "--snapshot", str(tmp_path / "snap.pt"), "--step-time", "0.6")
+        a.wait_line(r"\[a:0\] step=4 ")  # several steps, each slower than the hang timeout
+        metrics = json.loads(subprocess.run([sys.executable, "-m", "elasticd.cli", "metrics", "--json"],
+                                            env=job.env, capture_output=True, text=True, timeout=30).stdout)
+        rank0, = (r for r in metrics["ranks"] if r["rank"] == 0)  # train_plain.py prints on rank 0 only
+        assert rank0["step"] >= 4 and isinstance(rank0["loss"], float)
+        with job.client() as client:
+            kinds = {e["kind"] for e in client.call("events", limit=0)["events"]}
+        assert "first_step" in kinds and "worker_hung" not in kinds
+        assert job.status()["restarts"] == {"failure": 0, "membership": 0, "operator": 0, "hang": 0}
+    finally:
+        job.close()
