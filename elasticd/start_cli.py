@@ -20,6 +20,7 @@ from elasticd.config import (
     default_node_id,
     parse_endpoint,
     parse_nnodes,
+    parse_port_range,
 )
 from elasticd.runtime import is_local_host
 from elasticd.torchrun_flags import add_torchrun_flags, torchrun_values
@@ -55,6 +56,9 @@ def add_start_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     flag("heartbeat", help="seconds between node heartbeats (lost after 3 misses)")
     flag("keys", default=os.environ.get("ELASTICD_KEYS", ""),
          help="CURVE key store (see `elasticd keys`): encrypts and authenticates every socket")
+    flag("port-range", default="", metavar="LOW-HIGH",
+         help="ports for what the daemon opens to other nodes beyond --rdzv-endpoint/--control/--pub (with --keys: "
+         "the store tunnel), so a firewall can admit them (default: ephemeral)")
     flag("insecure", action="store_true", help="allow binding a non-loopback address without --keys (dangerous)")
     flag("no-zygote", action="store_true", help="exec a fresh interpreter per worker instead of forking "
          "from one that pre-imported torch (slower restarts)")
@@ -89,7 +93,7 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
         local_addr=ns.local_addr or "", control_bind=ns.control, pub_bind=ns.pub,
         zygote=not (ns.no_zygote or ns.no_python), preload=ns.preload, keys_dir=ns.keys, insecure=ns.insecure,
         role=ns.role, console_ranks=console, no_python=ns.no_python, node_rank=max(ns.node_rank, -1),
-        host_coordinator=conf.get("is_host") is not False,
+        host_coordinator=conf.get("is_host") is not False, port_range=parse_port_range(ns.port_range),
         leave_signals=parse_signals(ns.signals_to_handle) if ns.signals_to_handle else DEFAULT_LEAVE_SIGNALS,
     )
     check_exposure(cfg)
