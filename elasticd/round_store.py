@@ -33,6 +33,18 @@ def store_env(port: int) -> dict[str, str]:
     return {"MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
 
 
+async def read_port(proc: WorkerProcess) -> int | None:
+    """The port in the store host's `READY PORT` line; what torch prints before it (warnings) goes to the log."""
+    assert proc.stdout is not None
+    async for raw in proc.stdout:
+        line = raw.decode(errors="replace").strip()
+        word, _, port = line.partition(" ")
+        if word == READY and port.isdigit():
+            return int(port)
+        log.info("store host %d: %s", proc.pid, line)
+    return None
+
+
 class StoreHost:
     """One round's store host process (elasticd/store_host.py), forked from the zygote or exec'd."""
 
@@ -43,15 +55,13 @@ class StoreHost:
     @classmethod
     async def start(cls, spawner: Spawner, env: dict[str, str]) -> StoreHost:
         proc = await spawner.spawn(STORE_HOST_ENTRY, env, os.getcwd())
-        assert proc.stdout is not None
-        line = b""
+        port = None
         with contextlib.suppress(asyncio.TimeoutError):
-            line = await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_S)
-        word, _, port = line.decode(errors="replace").strip().partition(" ")
-        if word != READY or not port.isdigit():
+            port = await asyncio.wait_for(read_port(proc), START_TIMEOUT_S)
+        if port is None:
             signal_worker(proc.pid, signal.SIGKILL)
-            raise StoreError(f"the store host did not start (it said {line[:200]!r})")
-        return cls(proc, int(port))
+            raise StoreError("the store host did not start (its output is in the daemon's log)")
+        return cls(proc, port)
 
     async def log_output(self) -> None:
         assert self.proc.stdout is not None
