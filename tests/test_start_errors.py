@@ -31,6 +31,10 @@ def start(tmp: Path, *args: str, timeout: float = 30) -> subprocess.CompletedPro
     (["--standalone", "--rdzv-id", "job.1", str(TICKER)], "--rdzv-id 'job.1': use 1-63 letters"),
     (["--standalone", "--grace-period", "-1", str(TICKER)], "--grace-period must be positive"),
     (["--standalone", "--max_restarts", "-2", str(TICKER)], "--max-restarts must be 0 or more"),
+    (["--standalone", "--port-range", "9000", str(TICKER)], "--port-range must be LOW-HIGH"),
+    (["--standalone", "--port-range", "9001-9000", str(TICKER)], "--port-range must be LOW-HIGH"),
+    (["--standalone", "--port-range", "0-10", str(TICKER)], "1 <= LOW <= HIGH <= 65535"),
+    (["--standalone", "--port-range", "9000-70000", str(TICKER)], "1 <= LOW <= HIGH <= 65535"),
 ])
 def test_bad_flags_get_one_clear_line(tmp_path: Path, args: list[str], message: str) -> None:
     result = start(tmp_path, *args)

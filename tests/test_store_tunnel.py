@@ -10,11 +10,14 @@ from typing import NamedTuple
 
 import pytest
 import pytest_asyncio
+import zmq
 import zmq.asyncio
 from harness import PLAIN, Job
 
 from elasticd.auth import Gatekeeper, KeyStore, NodeKeys
 from elasticd.client import Credentials
+from elasticd.config import StartError
+from elasticd.runtime import bind_in_range
 from elasticd.store_tunnel import LOOPBACK, RoundRelay, TunnelServer
 
 QUIET_S = 1.0  # how long "nothing arrives" is watched for
@@ -134,6 +137,14 @@ async def test_a_peer_without_the_node_key_reaches_nothing(tunnel: Tunnel, tmp_p
     assert echo.connections == 0
     writer.close()
     relay.close()
+
+
+def test_a_port_range_with_no_free_port_is_a_clear_start_error() -> None:
+    ctx = zmq.Context.instance()
+    with ctx.socket(zmq.ROUTER) as busy, ctx.socket(zmq.ROUTER) as sock:
+        port = int(bind_in_range(busy, LOOPBACK, None, "a test socket").rpartition(":")[2])
+        with pytest.raises(StartError, match=f"no free port for the store tunnel in --port-range {port}-{port}"):
+            bind_in_range(sock, LOOPBACK, (port, port), "the store tunnel")
 
 
 def test_keyed_ddp_uses_the_tunnel_and_a_keyless_job_keeps_rank_0s_store(tmp_path: Path) -> None:
