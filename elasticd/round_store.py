@@ -87,6 +87,7 @@ class RoundStore:
         self.round_id = 0
         self.host: StoreHost | None = None
         self.relay: RoundRelay | None = None
+        self.stopping: set[asyncio.Task[None]] = set()
 
     async def open(self, round_id: int, assignment: dict[str, Any]) -> dict[str, str]:
         """The env that points this node's workers at the round's store: its own, or the tunnel to the master's."""
@@ -108,5 +109,7 @@ class RoundStore:
         relay, host, self.relay, self.host = self.relay, self.host, None, None
         if relay is not None:
             relay.close()
-        if host is not None:
-            await host.stop()
+        if host is not None:  # its exit is not waited for: the next round's store has a port of its own
+            task = asyncio.create_task(host.stop())
+            self.stopping.add(task)
+            task.add_done_callback(self.stopping.discard)
