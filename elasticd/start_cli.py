@@ -97,6 +97,8 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
         leave_signals=parse_signals(ns.signals_to_handle) if ns.signals_to_handle else DEFAULT_LEAVE_SIGNALS,
     )
     check_exposure(cfg)
+    if cfg.port_range and not cfg.keys_dir:
+        notes.append("--port-range is unused without --keys: the store tunnel is the only port it places")
     for note in notes + conf_notes + std_notes:
         print(f"elasticd start: {note}", file=sys.stderr, flush=True)
     return cfg, timeouts["connect_timeout"]
