@@ -52,6 +52,7 @@ class JobConfig:
     no_python: bool = False  # exec the entry itself, no interpreter in front (torchrun's --no-python)
     node_rank: int = -1  # this node's place in the rank map (torchrun's --node-rank); -1: join order
     leave_signals: tuple[str, ...] = DEFAULT_LEAVE_SIGNALS  # torchrun's --signals-to-handle
+    port_range: tuple[int, int] | None = None  # --port-range: where non-loopback ports we open go (the tunnel)
     host_coordinator: bool = True  # --rdzv-conf is_host=false: only ever a member, even on the endpoint's host
 
     @property
@@ -78,6 +79,16 @@ def parse_endpoint(text: str) -> tuple[str, int]:
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"--rdzv-endpoint must be HOST:PORT with a port in 1..65535, got {text!r}")
     return host, int(port)
+
+
+def parse_port_range(text: str) -> tuple[int, int] | None:
+    """`LOW-HIGH`, both in 1..65535; empty: ephemeral ports."""
+    if not text:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", text)
+    if not match or not 0 < int(match.group(1)) <= int(match.group(2)) < 65536:
+        raise ConfigError(f"--port-range must be LOW-HIGH with 1 <= LOW <= HIGH <= 65535, got {text!r}")
+    return int(match.group(1)), int(match.group(2))
 
 
 def default_node_id() -> str:

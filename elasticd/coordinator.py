@@ -162,7 +162,7 @@ class Coordinator:
         node = NodeRecord(node_id, body["host"], int(body["nproc"]), instance, self._join_seq,
                           node_rank=int(body.get("node_rank", -1)), role=role,
                           last_seen=now, ports=list(body.get("ports", [])), control=body.get("control", ""),
-                          pub=body.get("pub", ""))
+                          pub=body.get("pub", ""), store_tunnel=body.get("store_tunnel", ""))
         self.store.put_node(node)
         self.emit(EventKind.node_joined, node_id, host=node.host, nproc=node.nproc, role=role)
         if role == Role.active:
@@ -386,6 +386,7 @@ class Coordinator:
             "group_world_size": len(rnd.members), "ranks": entry.ranks if entry else [],
             "world_size": rnd.world_size, "master_addr": rnd.master_addr, "master_port": rnd.master_port,
             "restart_count": self.restarts[Cause.failure], "max_restarts": self.cfg.max_restarts,
+            "store_tunnel": self.nodes[rnd.members[0].node_id].store_tunnel,  # rank 0's node: it hosts the store
         }
 
     def round_progress(self, node_id: str, body: dict[str, Any]) -> None:

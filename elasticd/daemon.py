@@ -29,8 +29,10 @@ from elasticd.mesh import CoordinatorMesh, MemberMesh
 from elasticd.names import CTL_PREFIX, EventKind, JobState, MeshOp, NodeState
 from elasticd.node import NodeAgent
 from elasticd.protocol import Envelope
+from elasticd.round_store import RoundStore
 from elasticd.runtime import advertised_addr, is_local_host, remove_endpoints, socket_ifname_env, write_endpoints
 from elasticd.spawner import Spawner, Zygote
+from elasticd.store_tunnel import TunnelServer
 from elasticd.worker_channel import WorkerChannel
 from elasticd.workers import base_env
 
@@ -64,6 +66,7 @@ class Daemon:
         self.zygote: Zygote | None = None
         self.keys: NodeKeys | None = None
         self.gate: Gatekeeper | None = None
+        self.tunnel: TunnelServer | None = None  # with --keys: how other nodes reach our round's store
 
     # ---- set-up ------------------------------------------------------------------------------
     def bind_mesh(self) -> None:
@@ -96,6 +99,9 @@ class Daemon:
         self.plane = ControlPlane(self)
         self.endpoints = self.plane.bind()
         self.node.endpoints = {"control": self.endpoints["control"], "pub": self.endpoints["pub"]}
+        if self.keys is not None:
+            self.tunnel = TunnelServer(self.ctx, self.keys, self.host, self.cfg.port_range)
+            self.node.endpoints["store_tunnel"] = self.tunnel.endpoint
         # Multi-host gloo/NCCL out of the box: workers bind the interface we advertise, unless the user named one.
         socket_env, socket_note = socket_ifname_env(self.host, {**os.environ, **self.cfg.env})
         log.info("%s", socket_note)  # `elasticd start` logs INFO to stderr: one line by the startup line
@@ -104,6 +110,9 @@ class Daemon:
             self.zygote = Zygote(self.cfg.python or sys.executable, self.cfg.preload, base_env(self.cfg))
             await self.zygote.start()
             self.node.spawner = Spawner(self.cfg.python, self.zygote)
+        if self.keys is not None and self.tunnel is not None:  # a Python spawner even with --no-python
+            self.node.round_store = RoundStore(self.cfg, self.ctx, self.keys, self.tunnel,
+                                               Spawner(self.cfg.python, self.zygote))
         write_endpoints(self.cfg.job_id, self.cfg.node_id, {
             "job_id": self.cfg.job_id, "node_id": self.cfg.node_id, "pid": os.getpid(), "host": self.host,
             "coordinator": self.coordinator is not None, "version": __version__, **self.endpoints,
@@ -123,6 +132,8 @@ class Daemon:
             mesh_task = self.member_mesh.serve(lambda _sender, env: self.member.receive(env))
         self.tasks = [asyncio.create_task(mesh_task), asyncio.create_task(self.tick_loop()),
                       asyncio.create_task(self.channel.serve()), *self.plane.tasks()]
+        if self.tunnel is not None:
+            self.tasks.append(asyncio.create_task(self.tunnel.serve()))
         self.spawn(self.register_when_warm())
 
     async def register_when_warm(self) -> None:
@@ -153,6 +164,8 @@ class Daemon:
         if self.plane is not None:
             self.plane.close()
         self.channel.close()
+        if self.tunnel is not None:
+            self.tunnel.close()
         for mesh in (self.coord_mesh, self.member_mesh):
             if mesh is not None:
                 mesh.close()

@@ -22,6 +22,7 @@ class NodeRecord:
     ports: list[int] = field(default_factory=list)
     control: str = ""
     pub: str = ""
+    store_tunnel: str = ""  # with --keys: the ROUTER other nodes reach this node's round store through
     workers: list[dict[str, Any]] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
     restarts: dict[Cause, int] = field(default_factory=lambda: dict.fromkeys(RESTART_CAUSES, 0))  # its workers

@@ -55,6 +55,14 @@ class MeshOp(StrEnum):
     kill_worker = "kill_worker"
 
 
+class TunnelOp(StrEnum):
+    """The store tunnel's frames (`docs/protocol.md` §9.3): one TCP connection to the round's store, relayed."""
+
+    open = "open"
+    data = "data"
+    close = "close"
+
+
 CTL_PREFIX = "ctl."  # a member forwards an operator request as `ctl.<verb>`; the answer comes back as a `rep`
 
 

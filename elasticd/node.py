@@ -14,6 +14,7 @@ from typing import Any
 from elasticd.config import STOP_SLACK_S, JobConfig
 from elasticd.names import EventKind, JobState, MeshOp, NodeState
 from elasticd.output_metrics import compile_pattern, parse_line
+from elasticd.round_store import RoundStore, StoreError
 from elasticd.runtime import free_ports
 from elasticd.spawner import Spawner
 from elasticd.workers import Worker, WorkerGroup
@@ -29,6 +30,7 @@ class NodeAgent:
         self.cfg = cfg
         # The daemon swaps in a zygote-backed one at start (never with --no-python: cfg.zygote is off then).
         self.spawner = Spawner(cfg.python, None, no_python=cfg.no_python)
+        self.round_store: RoundStore | None = None  # with --keys: each round's store is loopback-only (daemon.py)
         self.host = host
         self.to_coord = to_coord
         self.event = event
@@ -92,10 +94,11 @@ class NodeAgent:
                 self.state = body["state"]
                 return
             self.state = NodeState.running
-            if not await self.wait_for_go(round_id):
-                return  # a newer round replaced this one while its old workers were being stopped
-            self.group = WorkerGroup(self.cfg, round_id, body, self.worker_env, self.on_worker_exit, self.spawner,
-                                     self.on_worker_line if self.output_pattern else None)
+            store_env = await self.open_store(round_id, body)  # while other nodes still stop their old workers
+            if store_env is None or not await self.wait_for_go(round_id):
+                return  # no store, or a newer round replaced this one while its old workers were being stopped
+            self.group = WorkerGroup(self.cfg, round_id, body, {**self.worker_env, **store_env}, self.on_worker_exit,
+                                     self.spawner, self.on_worker_line if self.output_pattern else None)
             try:
                 await self.group.spawn()
             except OSError as exc:
@@ -104,6 +107,16 @@ class NodeAgent:
             self.event(EventKind.workers_started, round=round_id, ranks=body["ranks"], world_size=body["world_size"],
                        pids=[w.proc.pid for w in self.group.workers])
             self.to_coord(MeshOp.round_progress, {"round": round_id, "spawned": time.time()})
+
+    async def open_store(self, round_id: int, body: dict[str, Any]) -> dict[str, str] | None:
+        """The env that points workers at the round's store; {} without keys (rank 0 hosts it); None: failed."""
+        if self.round_store is None:
+            return {}
+        try:
+            return await self.round_store.open(round_id, body)
+        except (OSError, StoreError) as exc:
+            self.report_failure(None, f"could not open round {round_id}'s store on node {self.cfg.node_id}: {exc}")
+            return None
 
     async def wait_for_go(self, round_id: int) -> bool:
         """Start this round's workers only once every node's old ones are gone (the coordinator says go)."""
@@ -122,6 +135,8 @@ class NodeAgent:
             await group.stop(self.cfg.grace_s)
             self.event(EventKind.workers_stopped, round=group.round_id,
                        exit_codes={w.rank: w.exit_code for w in group.workers})
+        if self.round_store is not None:
+            await self.round_store.close()  # the store goes with the round's workers
         return time.time()
 
     def on_worker_line(self, worker: Worker, text: str) -> None:

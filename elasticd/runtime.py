@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import zmq
+
+from elasticd.config import StartError
 
 
 def runtime_dir() -> Path:
@@ -74,6 +77,22 @@ def free_ports(count: int, host: str = "") -> list[int]:
         for sock in socks:
             sock.close()
     return ports
+
+
+def bind_in_range(sock: zmq.Socket, host: str, port_range: tuple[int, int] | None, what: str) -> str:
+    """Bind tcp://host on the first free port of --port-range (an ephemeral one without it); the endpoint bound."""
+    if port_range is None:
+        sock.bind(f"tcp://{host}:*")
+        return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    low, high = port_range
+    for port in range(low, high + 1):
+        try:
+            sock.bind(f"tcp://{host}:{port}")
+            return f"tcp://{host}:{port}"
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE:
+                raise StartError(f"cannot bind {what} on tcp://{host}:{port}: {exc}") from None
+    raise StartError(f"no free port for {what} in --port-range {low}-{high} on {host}")
 
 
 def is_local_host(host: str) -> bool:

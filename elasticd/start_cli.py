@@ -20,6 +20,7 @@ from elasticd.config import (
     default_node_id,
     parse_endpoint,
     parse_nnodes,
+    parse_port_range,
 )
 from elasticd.output_metrics import compile_pattern
 from elasticd.runtime import is_local_host
@@ -56,6 +57,9 @@ def add_start_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     flag("heartbeat", help="seconds between node heartbeats (lost after 3 misses)")
     flag("keys", default=os.environ.get("ELASTICD_KEYS", ""),
          help="CURVE key store (see `elasticd keys`): encrypts and authenticates every socket")
+    flag("port-range", default="", metavar="LOW-HIGH",
+         help="ports for what the daemon opens to other nodes beyond --rdzv-endpoint/--control/--pub (with --keys: "
+         "the store tunnel), so a firewall can admit them (default: ephemeral)")
     flag("insecure", action="store_true", help="allow binding a non-loopback address without --keys (dangerous)")
     flag("no-zygote", action="store_true", help="exec a fresh interpreter per worker instead of forking "
          "from one that pre-imported torch (slower restarts)")
@@ -92,13 +96,15 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
         local_addr=ns.local_addr or "", control_bind=ns.control, pub_bind=ns.pub,
         zygote=not (ns.no_zygote or ns.no_python), preload=ns.preload, keys_dir=ns.keys, insecure=ns.insecure,
         metrics_from_output=ns.metrics_from_output, role=ns.role, console_ranks=console, no_python=ns.no_python,
-        node_rank=max(ns.node_rank, -1),
-        host_coordinator=conf.get("is_host") is not False,
+        node_rank=max(ns.node_rank, -1), host_coordinator=conf.get("is_host") is not False,
+        port_range=parse_port_range(ns.port_range),
         leave_signals=parse_signals(ns.signals_to_handle) if ns.signals_to_handle else DEFAULT_LEAVE_SIGNALS,
     )
     if cfg.metrics_from_output:
         compile_pattern(cfg.metrics_from_output)
     check_exposure(cfg)
+    if cfg.port_range and not cfg.keys_dir:
+        notes.append("--port-range is unused without --keys: the store tunnel is the only port it places")
     for note in notes + conf_notes + std_notes:
         print(f"elasticd start: {note}", file=sys.stderr, flush=True)
     return cfg, timeouts["connect_timeout"]

@@ -33,6 +33,10 @@ def start(tmp: Path, *args: str, timeout: float = 30) -> subprocess.CompletedPro
     (["--standalone", "--metrics-from-output", "step=(\\d+", str(TICKER)], "is not a regular expression"),
     (["--standalone", "--metrics-from-output", "step=(\\d+)", str(TICKER)], "names no (?P<step>...)"),
     (["--standalone", "--max_restarts", "-2", str(TICKER)], "--max-restarts must be 0 or more"),
+    (["--standalone", "--port-range", "9000", str(TICKER)], "--port-range must be LOW-HIGH"),
+    (["--standalone", "--port-range", "9001-9000", str(TICKER)], "--port-range must be LOW-HIGH"),
+    (["--standalone", "--port-range", "0-10", str(TICKER)], "1 <= LOW <= HIGH <= 65535"),
+    (["--standalone", "--port-range", "9000-70000", str(TICKER)], "1 <= LOW <= HIGH <= 65535"),
 ])
 def test_bad_flags_get_one_clear_line(tmp_path: Path, args: list[str], message: str) -> None:
     result = start(tmp_path, *args)

@@ -1,17 +1,22 @@
 """Two hosts (network namespaces) with CURVE keys: a plain DDP script trains at world 2 with no *_SOCKET_IFNAME
-set by anyone, a node leaves and joins, and the CLI and the console on a third host (the root namespace) see both.
+set by anyone, a node leaves and joins, and the CLI and the console on a third host (the root namespace) see both;
+a stranger there reaches no socket of ours without the key, and the job's c10d store only on loopback.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
+import psutil
 import pytest
 from harness import PLAIN, DaemonProc, Job
 from netlab import Lab
@@ -22,6 +27,8 @@ from elasticd.client import Credentials
 from tui.app import ElasticApp
 from tui.session import LiveConnector
 
+ZMTP_SIGNATURE = b"\xff" + bytes(8) + b"\x7f" + b"\x03"  # ZMTP 3: the peer answers with its whole greeting
+WILDCARDS = ("0.0.0.0", "*", "::")
 IFNAMES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
 A, B = "gpu-node-017.example.internal", "gpu-node-018.example.internal"  # node ids are hostnames, dots and all
 
@@ -88,6 +95,64 @@ def test_status_from_a_third_host_sees_both_nodes(hosts: TwoHosts) -> None:
                               hosts.job.daemon(A).control, "--timeout", "2"],
                              env=hosts.job.env, capture_output=True, text=True, timeout=30)
     assert keyless.returncode != 0 and "Traceback" not in keyless.stderr  # a stranger gets nothing
+
+
+def listeners(lab: Lab, host: int) -> list[tuple[str, int, set[int]]]:
+    """Every listening TCP socket on that host: (address, port, owner pids)."""
+    out = subprocess.run([*lab.run_in(host), "ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    found = []
+    for line in out.splitlines():
+        addr, _, port = line.split()[3].rpartition(":")
+        found.append((addr.strip("[]"), int(port), {int(p) for p in re.findall(r"pid=(\d+)", line)}))
+    return found
+
+
+def zmtp_mechanism(addr: str, port: int) -> bytes:
+    """The security mechanism a ZeroMQ socket announces in its greeting (ours stops short of naming one)."""
+    with socket.create_connection((addr, port), timeout=5) as conn:
+        conn.sendall(ZMTP_SIGNATURE)
+        greeting = b""
+        while len(greeting) < 64 and (chunk := conn.recv(64 - len(greeting))):
+            greeting += chunk
+    return greeting[12:32].rstrip(b"\0")
+
+
+def store_answers(addr: str, port: int) -> bool:
+    """Whether a c10d store client from here can write and read a key there."""
+    from torch.distributed import TCPStore
+
+    try:
+        store = TCPStore(addr, port, None, is_master=False, timeout=timedelta(seconds=3))
+        store.set("stranger", "was here")
+        return store.get("stranger") == b"was here"
+    except Exception:  # refused, reset, or timed out: what a stranger should get
+        return False
+
+
+def ours(daemon: DaemonProc, workers: set[int]) -> dict[int, str]:
+    """The daemon, its zygote and its store host (pid -> command line); workers are torch's, not ours."""
+    tree = psutil.Process(daemon.proc.pid)
+    procs = [tree, *tree.children(recursive=True)]
+    return {p.pid: " ".join(p.cmdline()) for p in procs if p.pid not in workers and p.ppid() not in workers}
+
+
+def test_a_stranger_on_a_third_host_reaches_no_store_and_no_socket_of_ours(hosts: TwoHosts) -> None:
+    hosts.job.daemon(A).wait_line(r"step=\d+ world_size=2 ")
+    workers = hosts.job.worker_pids()
+    store_hosts, found = [], [listeners(hosts.lab, host) for host in (0, 1)]
+    for host, node in enumerate((A, B)):
+        mine = ours(hosts.job.daemon(node), workers)
+        store_hosts += [pid for pid, cmd in mine.items() if "elasticd.store_host" in cmd]
+        exposed = [(addr, port) for addr, port, pids in found[host]
+                   if not addr.startswith("127.") and pids & mine.keys()]
+        assert len(exposed) >= 3, exposed  # control, pub and the store tunnel at least
+        for addr, port in exposed:
+            assert zmtp_mechanism(addr, port) == b"CURVE", (node, addr, port)
+            assert not store_answers(addr, port), (node, addr, port)
+    # Rank 0 no longer hosts a store on every interface: workers listen only on their interface (gloo).
+    assert [entry for entries in found for entry in entries if entry[0] in WILDCARDS] == []
+    assert len(store_hosts) == 1  # on node a, which holds rank 0
+    assert [addr for entries in found for addr, _, pids in entries if store_hosts[0] in pids] == ["127.0.0.1"]
 
 
 @pytest.mark.asyncio
