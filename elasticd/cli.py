@@ -89,7 +89,8 @@ def run_verb(ns: argparse.Namespace) -> int:
                 return 0
             for past in result["events"]:
                 print(json.dumps(past) if ns.json else event(past), flush=True)
-            pub = (ns.connect and client.call("hello")["pub"]) or targets[0].pub
+            hello = client.call("hello")
+            pub = hello.get("events_pub") or hello["pub"]  # events are published by the coordinator's daemon
             kinds = args.get("kinds")
             for frame in client.subscribe(pub):
                 if frame.type == "ev" and (not kinds or frame.kind in kinds):

@@ -51,6 +51,8 @@ class ControlHost(Protocol):
 
     @property
     def coordinator(self) -> Coordinator | None: ...
+    @property
+    def events_pub(self) -> str: ...
     def node_event(self, kind: EventKind, **fields: Any) -> None: ...
     def forward(self, op: str, body: dict[str, Any], msg_id: str) -> bool: ...
     def answer_forward(self, node_id: str, op: str, body: dict[str, Any], msg_id: str) -> None: ...
@@ -216,6 +218,7 @@ class ControlPlane:
         return {"ok": True, "version": __version__, "protocol": PROTOCOL_VERSION, "capabilities": CAPABILITIES,
                 "node": d.cfg.node_id, "job_id": d.cfg.job_id, "coordinator": d.coordinator is not None,
                 "rendezvous": f"{d.cfg.rdzv_host}:{d.cfg.rdzv_port}", **d.endpoints,
+                "events_pub": d.events_pub,
                 "stats": {**self.stats, "refused_keys": self.refused_keys()}}
 
     # ---- forwarding between a member and the coordinator ------------------------------------------

@@ -83,6 +83,8 @@ class Coordinator:
         # empties (every old rank gone), so no global rank is ever alive in two worlds at once.
         self.stop_barrier: set[str] = set()
         self.used_ports: set[int] = set()
+        self.stopped_at: dict[str, float] = {}  # this round's members: when their old workers were gone
+        self.spawned_at: dict[str, float] = {}  # ... and when their new ones were up
         self._join_seq = 0
         self.ended_at = 0.0
         self.handlers: dict[str, Handler] = {
@@ -139,12 +141,32 @@ class Coordinator:
         return [n for n in self.nodes.values() if n.status == NodeStatus.alive]
 
     def on_register(self, sender: str, body: dict[str, Any], now: float) -> None:
+        node = self.nodes.get(sender)
+        if node is not None and node.status == NodeStatus.alive and node.instance == body.get("instance"):
+            self.catch_up(node, now)  # a repeat (our welcome was lost): the same answer, no new join, no round
+            return
         welcome = self.register({**body, "node_id": sender}, now)
         self.send(sender, MeshOp.welcome, welcome)
         node = self.nodes.get(sender)
         if welcome["ok"] and node and self.round and self.pending is None and node.role != Role.active:
             self.send(sender, MeshOp.round, {"round": None, "state": node.role,
                                              "reason": f"node is {node.role}; the job is at its target size"})
+
+    def catch_up(self, node: NodeRecord, now: float) -> None:
+        """A welcomed daemon that asks again missed what followed: its welcome, and its part of the round."""
+        node.last_seen = now
+        self.send(node.node_id, MeshOp.welcome, self.welcome(node))
+        rnd = self.round
+        if rnd is not None and self.state == JobState.running and rnd.has(node.node_id):
+            self.send(node.node_id, MeshOp.round, self.assignment(node.node_id))
+            if rnd.timeline.get("go"):
+                self.send(node.node_id, MeshOp.go, {"round": rnd.round_id})
+
+    def welcome(self, node: NodeRecord) -> dict[str, Any]:
+        """What a member needs to start: its role, the round, and where the job's events are published."""
+        ours = self.nodes.get(self.cfg.node_id)
+        return {"ok": True, "role": node.role, "round": self.round.round_id if self.round else 0,
+                "events_pub": ours.pub if ours else ""}
 
     def register(self, body: dict[str, Any], now: float) -> dict[str, Any]:
         node_id, instance = body["node_id"], body["instance"]
@@ -167,7 +189,7 @@ class Coordinator:
         self.emit(EventKind.node_joined, node_id, host=node.host, nproc=node.nproc, role=role)
         if role == Role.active:
             self.schedule(Cause.membership, f"node {node_id} joined", now)
-        return {"ok": True, "role": role, "job": self.status(now)}
+        return self.welcome(node)
 
     def announce(self, node_id: str, now: float) -> None:
         """A daemon started and is warming up (its zygote imports torch); it registers when ready."""
@@ -180,7 +202,18 @@ class Coordinator:
         return self.round is None and bool(coming) and members + len(coming) <= self.cfg.max_nodes
 
     def on_heartbeat(self, sender: str, body: dict[str, Any], now: float) -> None:
-        self.send(sender, MeshOp.hb if self.heartbeat(sender, body, now) else MeshOp.unknown, {})
+        if not self.heartbeat(sender, body, now):
+            self.send(sender, MeshOp.unknown, {})
+            return
+        rnd = self.round
+        self.send(sender, MeshOp.hb, {"seq": self.events.seq, "round": rnd.round_id if rnd else 0})
+        if rnd is None or self.state != JobState.running or not rnd.has(sender):
+            return
+        if int(body.get("assigned", rnd.round_id)) < rnd.round_id:  # its `round` was lost on the way
+            self.send(sender, MeshOp.round, self.assignment(sender))
+        elif rnd.timeline.get("go") and sender not in self.spawned_at and body.get("round") == rnd.round_id \
+                and now - rnd.timeline["go"] > self.cfg.heartbeat_s:  # ... or its `go`
+            self.send(sender, MeshOp.go, {"round": rnd.round_id})
 
     def heartbeat(self, node_id: str, body: dict[str, Any], now: float) -> bool:
         node = self.nodes.get(node_id)
@@ -203,7 +236,7 @@ class Coordinator:
     def drain_departing(self, node_id: str, reason: str) -> bool:
         """Fold a leaving node into the transition in flight, or drain it; False when no drain can be had."""
         rnd = self.round
-        if self.state != JobState.running or rnd is None or node_id not in rnd.node_ids() \
+        if self.state != JobState.running or rnd is None or not rnd.has(node_id) \
                 or node_id == self.cfg.node_id or self.nodes[node_id].status != NodeStatus.alive:
             return False
         trans = self.transition
@@ -227,7 +260,7 @@ class Coordinator:
             return
         node.status = status
         self.emit(EventKind.node_lost if status == NodeStatus.lost else EventKind.node_left, node_id, reason=detail)
-        if reform and self.round and node_id in self.round.node_ids():
+        if reform and self.round and self.round.has(node_id):
             self.suspect = None
             self.schedule(Cause.membership, detail, now)
         if node_id in self.stop_barrier:
@@ -351,6 +384,7 @@ class Coordinator:
         rnd = Round(round_id, entries, world, master.host, port, cause if previous else Cause.start, detail, now,
                     timeline={"detect": detected, "rendezvous": now})
         self.round, self.state, self.reason = rnd, JobState.running, ""
+        self.stopped_at, self.spawned_at = {}, {}
         self.done_nodes = set()
         self.stop_barrier = {n for n in (previous.node_ids() if previous else [])
                              if n in self.nodes and self.nodes[n].status == NodeStatus.alive}
@@ -397,14 +431,12 @@ class Coordinator:
             self.release_barrier(node_id)
         if rnd.entry(node_id) is None:
             return
-        for phase in ("stopped", "spawned"):
+        for phase, seen in (("stopped", self.stopped_at), ("spawned", self.spawned_at)):
             if phase in body:
-                rnd.timeline.setdefault(f"{phase}:{node_id}", float(body[phase]))
-        spawned = [rnd.timeline.get(f"spawned:{n}") for n in rnd.node_ids()]
-        if all(spawned) and "spawned" not in rnd.timeline:
-            stopped = [rnd.timeline.get(f"stopped:{n}", rnd.timeline["rendezvous"]) for n in rnd.node_ids()]
-            rnd.timeline["stopped"] = max(stopped)
-            rnd.timeline["spawned"] = max(s for s in spawned if s)
+                seen.setdefault(node_id, float(body[phase]))
+        if len(self.spawned_at) == len(rnd.members) and "spawned" not in rnd.timeline:
+            rnd.timeline["stopped"] = max(self.stopped_at.get(n, rnd.timeline["rendezvous"]) for n in rnd.node_ids())
+            rnd.timeline["spawned"] = max(self.spawned_at.values())
             self.emit(EventKind.round_complete, round=rnd.round_id, cause=rnd.cause, timeline=self.timeline(rnd))
 
     def first_step(self, node_id: str, round_id: int, at: float) -> None:

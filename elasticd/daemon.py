@@ -219,12 +219,13 @@ class Daemon:
         self.to_coord(MeshOp.event, {"kind": kind, "node": self.cfg.node_id, "ts": time.time(), **fields})
 
     def on_job_event(self, event: dict[str, Any]) -> None:
-        """The coordinator numbered an event: publish it here and fan it out to every member."""
+        """The coordinator numbered an event: it is published once, here (members get only what they act on)."""
         self.publish_event(event)
-        if self.coordinator is not None and self.coord_mesh is not None:
-            for node in self.coordinator.alive():
-                if node.node_id != self.cfg.node_id:
-                    self.coord_mesh.send(node.node_id, MeshOp.event, event, kind="ev")
+
+    @property
+    def events_pub(self) -> str:
+        """Where the job's events are published: the coordinator's PUB (a member learns it from its welcome)."""
+        return self.endpoints.get("pub", "") if self.coordinator is not None else self.member.events_pub
 
     def publish_event(self, event: dict[str, Any]) -> None:
         if self.plane is not None:

@@ -28,6 +28,10 @@ class EventLog:
         self.seq = max(self.seq, int(event.get("seq", 0)))
         self._events.append(event)
 
+    def note_seq(self, seq: int) -> None:
+        """A member learns the job's newest seq from the coordinator's heartbeat answer (its `hb` carries it)."""
+        self.seq = max(self.seq, seq)
+
     def query(self, kinds: list[str] | None = None, since_ts: float = 0.0, since_seq: int = 0,
               limit: int = 500) -> list[dict[str, Any]]:
         chosen = [

@@ -19,7 +19,7 @@ from elasticd.worker_channel import WorkerChannel
 log = logging.getLogger("elasticd")
 EXIT_COORDINATOR_LOST = 3
 # What a node on its way out still acts on: its workers' drain, and the word that it is out (or the job is over).
-LEAVING_OPS = frozenset({MeshOp.left, MeshOp.job_end, MeshOp.hb, MeshOp.probe, MeshOp.event, MeshOp.step_query,
+LEAVING_OPS = frozenset({MeshOp.left, MeshOp.job_end, MeshOp.hb, MeshOp.probe, MeshOp.step_query,
                          MeshOp.drain_workers, MeshOp.checkpoint_workers})
 
 
@@ -50,6 +50,7 @@ class Member:
         self.is_coordinator = is_coordinator  # this daemon also holds the coordinator role
         self.registered = False
         self.leaving = False  # set once: a leaving node never registers again, whatever it is told
+        self.events_pub = ""  # the coordinator's PUB, where the job's events are published (from the welcome)
         self.departed = False  # its last word (`leave` without grace) is sent: it only waits to exit now
         self.duplicate_since = 0.0
         self.last_coord = 0.0
@@ -58,7 +59,7 @@ class Member:
         self.last_beat = 0.0
         self.handlers: dict[str, Callable[[dict[str, Any]], object]] = {
             MeshOp.welcome: self.on_welcome,
-            MeshOp.hb: lambda _body: None,  # the answer to a heartbeat: arriving is all it has to say
+            MeshOp.hb: lambda body: events.note_seq(int(body.get("seq", 0))),  # also: the coordinator is there
             MeshOp.unknown: self.on_unknown,
             MeshOp.left: lambda body: self.exit_job(str(body.get("reason", "the coordinator let it go"))),
             MeshOp.round: lambda body: life.spawn(node.apply_round(body)),
@@ -66,7 +67,6 @@ class Member:
             MeshOp.job_end: lambda body: life.spawn(life.finish(str(body.get("state", "failed")),
                                                                 str(body.get("reason", "")))),
             MeshOp.probe: lambda body: to_coord(MeshOp.pong, {"round": body.get("round")}),
-            MeshOp.event: self.on_event,
             MeshOp.step_query: lambda body: to_coord(MeshOp.step_report, {
                 "op_id": body.get("op_id"), **local_answer(node.rank_metrics, node.round_id)}),
             MeshOp.drain_workers: lambda body: channel.request(StepRequest.drain, body),
@@ -91,6 +91,7 @@ class Member:
     def on_welcome(self, body: dict[str, Any]) -> None:
         if body.get("ok"):
             self.registered, self.duplicate_since = True, 0.0
+            self.events_pub = str(body.get("events_pub", ""))
             self.node.state = str(body.get("role", NodeState.active))
             return
         reason = str(body.get("reason", "registration refused"))
@@ -107,12 +108,6 @@ class Member:
                     self.cfg.node_id)
         self.registered = False
         self.life.spawn(self.rejoin())
-
-    def on_event(self, event: dict[str, Any]) -> None:
-        """The coordinator's numbered event, replicated here for this daemon's own subscribers."""
-        if not self.is_coordinator:
-            self.events.adopt(event)
-            self.publish(event)
 
     async def rejoin(self) -> None:
         await self.node.stop_workers()

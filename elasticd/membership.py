@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any, Protocol
 
 from elasticd.names import RESTART_CAUSES, Cause, NodeStatus, Role
@@ -54,11 +55,18 @@ class Round:
     started_at: float
     timeline: dict[str, float] = field(default_factory=dict)
 
+    @cached_property
+    def _by_node(self) -> dict[str, RankEntry]:  # members never change once a round is formed
+        return {e.node_id: e for e in self.members}
+
     def entry(self, node_id: str) -> RankEntry | None:
-        return next((e for e in self.members if e.node_id == node_id), None)
+        return self._by_node.get(node_id)
+
+    def has(self, node_id: str) -> bool:
+        return node_id in self._by_node
 
     def node_ids(self) -> list[str]:
-        return [e.node_id for e in self.members]
+        return list(self._by_node)
 
     def public(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,7 +76,8 @@ def sticky_order(previous: list[str], candidates: list[NodeRecord]) -> list[str]
     """Survivors keep their relative order; newcomers follow in the order they joined."""
     present = {n.node_id for n in candidates}
     kept = [node for node in previous if node in present]
-    newcomers = sorted((n for n in candidates if n.node_id not in kept), key=lambda n: n.joined_seq)
+    was = set(kept)
+    newcomers = sorted((n for n in candidates if n.node_id not in was), key=lambda n: n.joined_seq)
     return kept + [n.node_id for n in newcomers]
 
 

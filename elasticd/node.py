@@ -62,7 +62,7 @@ class NodeAgent:
 
     def heartbeat_body(self) -> dict[str, Any]:
         return {"instance": self.instance, "ports": free_ports(4), "workers": self.workers_info(),
-                "state": self.state, "round": self.round_id,
+                "state": self.state, "round": self.round_id, "assigned": self.latest_round,
                 "metrics": {str(rank): m for rank, m in self.rank_metrics.items() if m.get("round") == self.round_id}}
 
     def workers_info(self) -> list[dict[str, Any]]:

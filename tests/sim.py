@@ -129,7 +129,7 @@ class SimNode:
             MeshOp.round: self.on_round, MeshOp.go: lambda b: self.on_go(int(b["round"])),
             MeshOp.job_end: self.on_job_end, MeshOp.probe: lambda b: self.send(MeshOp.pong, {"round": b.get("round")}),
             MeshOp.step_query: self.on_step_query, MeshOp.drain_workers: self.on_drain,
-            MeshOp.checkpoint_workers: lambda _b: None, MeshOp.event: lambda _b: None,
+            MeshOp.checkpoint_workers: lambda _b: None,
             MeshOp.kill_worker: lambda b: self.fail_worker(int(b["rank"])),
             MeshOp.left: self.on_left,
         }
@@ -238,7 +238,8 @@ class SimNode:
 
     def heartbeat_body(self) -> dict[str, Any]:
         return {"instance": self.instance, "ports": self.sim.ports(), "workers": [], "state": self.state,
-                "round": self.round_id, "metrics": {str(r): m for r, m in self.rank_metrics().items()}}
+                "round": self.round_id, "assigned": self.latest_round,
+                "metrics": {str(r): m for r, m in self.rank_metrics().items()}}
 
     def step(self) -> int | None:
         """The newest step this node's shim ranks reported; None without the shim or running workers."""

@@ -19,6 +19,9 @@ K = EventKind
 MARGIN = 3  # docs: at_step = max + 1 + ceil(150 ms / step time); 0.1 s steps -> 3
 
 
+FRAMES_PER_NODE = 8  # see test_a_round_costs_the_coordinator_a_constant_number_of_frames_per_node
+
+
 def restarts(sim: Sim) -> dict[str, int]:
     return {str(k): v for k, v in sim.coordinator.restarts.items()}
 
@@ -397,3 +400,55 @@ def test_a_leave_with_plain_workers_or_when_the_grace_runs_out_still_goes() -> N
     assert K.drain_abandoned in slow.kinds(since=mark) and "c" not in slow.round.node_ids()
     assert slow.msgs(MeshOp.leave, src="c", since=mark)[-1].body.get("graceful") is None
     assert restarts(slow)["failure"] == 0
+
+
+def test_a_lost_round_or_go_is_resent_on_the_members_next_heartbeat() -> None:
+    """The mesh may drop a frame under a burst: a member learns what it missed from its heartbeat's answer."""
+    for lost in (MeshOp.round, MeshOp.go):
+        sim = Sim("abc", min_nodes=1)
+        sim.start()
+        sim.formed()
+        sim.nodes["c"].mute.add(lost)
+        mark = sim.mark()
+        REGISTRY["restart"].run(sim.coordinator, {})
+        sim.run(0.5)
+        sim.nodes["c"].mute.clear()  # the next one gets through
+        sim.formed(2, timeout=5.0)
+        assert sim.rank_map() == [("a", [0, 1]), ("b", [2, 3]), ("c", [4, 5])]
+        assert len(sim.msgs(lost, dst="c", since=mark)) == 2  # the lost one and the resent one, nothing more
+        assert sim.kinds(K.round_started, since=mark) == [K.round_started]
+
+
+def test_a_repeated_register_from_a_welcomed_daemon_is_answered_again_and_changes_nothing() -> None:
+    sim = Sim("abc", min_nodes=1)
+    sim.start()
+    sim.formed()
+    mark = sim.mark()
+    sim.nodes["b"].register()  # its welcome was lost, say: the same instance asks again
+    sim.run(1.0)
+    welcome, = sim.msgs(MeshOp.welcome, dst="b", since=mark)
+    assert welcome.body == {"ok": True, "role": Role.active, "round": 1, "events_pub": ""}
+    assert [m.op for m in sim.msgs(MeshOp.round, dst="b", since=mark)] == [MeshOp.round]  # its part, resent
+    assert sim.kinds(since=mark) == [] and sim.round.round_id == 1  # no join, no round
+
+
+@pytest.mark.parametrize("nodes", [64, 512])
+def test_a_round_costs_the_coordinator_a_constant_number_of_frames_per_node(nodes: int) -> None:
+    """Formation, a join, a node loss: each sends at most FRAMES_PER_NODE frames per node (O(N), not O(N²)).
+
+    A member's part of a round is its `welcome`, `round`, `go` and perhaps a `probe` or a resend: about 4, so
+    8 is a ceiling with room, and far below the N frames per node that relaying every event to everyone costs.
+    Heartbeat answers are steady traffic (one per node per second), not the round's: they are not counted.
+    """
+    sim = Sim(nodes, nproc=8, min_nodes=1, max_nodes=nodes + 1)
+    sim.start()
+    sim.formed(timeout=120)
+    for change in ("join", "loss"):
+        mark = sim.mark()
+        if change == "join":
+            sim.add("new").start()
+        else:
+            sim.nodes["n0003"].kill()
+        sim.formed(sim.round.round_id + 1, timeout=60)
+        sent = [m for m in sim.sent if m.order >= mark and m.src == "coordinator" and m.op != MeshOp.hb]
+        assert len(sent) <= FRAMES_PER_NODE * (nodes + 1), (change, len(sent))

@@ -19,7 +19,7 @@ def known_node(c: Coordinator, args: dict[str, Any]) -> str:
 
 def in_round(c: Coordinator, node: str) -> bool:
     """A node of the running round leaves it gracefully; any other is cordoned at once."""
-    return c.round is not None and node in c.round.node_ids() and c.state == JobState.running
+    return c.round is not None and c.round.has(node) and c.state == JobState.running
 
 
 def plan_cordon(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
