@@ -386,6 +386,7 @@ class Coordinator:
             "group_world_size": len(rnd.members), "ranks": entry.ranks if entry else [],
             "world_size": rnd.world_size, "master_addr": rnd.master_addr, "master_port": rnd.master_port,
             "restart_count": self.restarts[Cause.failure], "max_restarts": self.cfg.max_restarts,
+            "node_restarts": dict(node.restarts),  # for the node's own metrics (elasticd/exporter.py)
         }
 
     def round_progress(self, node_id: str, body: dict[str, Any]) -> None:
