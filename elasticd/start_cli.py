@@ -19,6 +19,7 @@ from elasticd.config import (
     check_node_id,
     default_node_id,
     parse_endpoint,
+    parse_metrics_port,
     parse_nnodes,
 )
 from elasticd.runtime import is_local_host
@@ -60,6 +61,8 @@ def add_start_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
          "from one that pre-imported torch (slower restarts)")
     flag("preload", default="torch,torch.distributed,torch.nn.parallel,torch._dynamo",
          help="modules the zygote imports once for every worker (comma-separated)")
+    flag("metrics-port", default=None, metavar="PORT", help="serve Prometheus metrics on this port (0: a free one, "
+         "printed at start) at the control socket's host; read-only and unauthenticated (docs/metrics.md)")
     p.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return p
@@ -91,6 +94,7 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
         role=ns.role, console_ranks=console, no_python=ns.no_python, node_rank=max(ns.node_rank, -1),
         host_coordinator=conf.get("is_host") is not False,
         leave_signals=parse_signals(ns.signals_to_handle) if ns.signals_to_handle else DEFAULT_LEAVE_SIGNALS,
+        metrics_port=parse_metrics_port(ns.metrics_port),
     )
     check_exposure(cfg)
     for note in notes + conf_notes + std_notes:
