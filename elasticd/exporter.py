@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import psutil
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
@@ -191,6 +191,7 @@ class MetricsExporter:
     """The scrape endpoint: prometheus_client's HTTP server on its own thread, serving one registry."""
 
     def __init__(self, host: MetricsHost, bind_host: str, port: int) -> None:
+        disable_created_metrics()  # no `_created` series beside the histogram: the text format has no use for it
         self.registry = CollectorRegistry(auto_describe=False)  # describing would collect: not from the loop
         self.registry.register(DaemonCollector(host, asyncio.get_running_loop()))
         ProcessCollector(registry=self.registry)  # the daemon's own process_cpu_seconds_total and memory
