@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from harness import ROOT, Job
@@ -14,6 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from elasticd.auth import KeyStore
 from elasticd.client import Credentials
+from elasticd.config import JobConfig
+from elasticd.exporter import DaemonCollector
+from elasticd.node import NodeAgent
 
 SHIM_TICKER = Path(__file__).resolve().parent / "workers" / "shim_ticker.py"
 DOC_ROW = re.compile(r"^\| `(elasticd_\w+)` \| (\w+) \| ([^|]+) \|", re.MULTILINE)
@@ -107,3 +112,26 @@ def test_the_values_are_the_daemons(job: tuple[Job, str]) -> None:
     assert (value(served, "elasticd_train_step", rank="1") or 0) >= 1
     assert 0 < (value(served, "elasticd_train_loss", rank="0") or 0) <= 1
     assert (value(served, "elasticd_worker_resident_memory_bytes", rank="0") or 0) > 1e6
+
+
+class BrokenCoordinator:
+    """A coordinator whose every read fails, as a bug in the job section would."""
+
+    def status(self, now: float) -> dict[str, object]:
+        raise RuntimeError("a bug in status")
+
+    def clock(self) -> float:
+        return time.time()
+
+
+@pytest.mark.asyncio
+async def test_a_failing_section_is_logged_and_the_rest_is_still_served(caplog: pytest.LogCaptureFixture) -> None:
+    cfg = JobConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, rdzv_host="127.0.0.1", rdzv_port=1, job_id="j",
+                    node_id="a", entry=["x.py"])
+    host = SimpleNamespace(cfg=cfg, node=NodeAgent(cfg, "127.0.0.1", lambda *_: None, lambda *_, **__: None, {}),
+                           gate=None, coordinator=BrokenCoordinator())
+    collector = DaemonCollector(host, asyncio.get_running_loop())  # type: ignore[arg-type]
+    names = {m.name for m in await asyncio.to_thread(lambda: list(collector.collect()))}  # a scrape thread's call
+    assert {"elasticd_node_state", "elasticd_workers", "elasticd_node_restarts"} <= names
+    assert not names & {"elasticd_world_size", "elasticd_job_state"}
+    assert "metrics: job_metrics failed; the scrape returns the rest" in caplog.text
