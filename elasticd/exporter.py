@@ -79,12 +79,15 @@ class DaemonCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         """On the scrape thread: the state is the loop's, so it is read there (never torn mid-update)."""
-        future = asyncio.run_coroutine_threadsafe(self._read(), self.loop)
+        future = None
         try:
+            future = asyncio.run_coroutine_threadsafe(self._read(), self.loop)
             return future.result(SCRAPE_TIMEOUT_S)
         except Exception as exc:  # a stuck or closing loop: an empty scrape, never an exception in the server
-            future.cancel()
-            log.warning("metrics: the daemon did not answer a scrape within %.0fs: %r", SCRAPE_TIMEOUT_S, exc)
+            if future is not None:
+                future.cancel()
+            log.warning("metrics: the daemon's loop did not answer a scrape within %.0fs (busy or closing): %r",
+                        SCRAPE_TIMEOUT_S, exc)
             return []
 
     async def _read(self) -> list[Metric]:
