@@ -54,6 +54,7 @@ class JobConfig:
     leave_signals: tuple[str, ...] = DEFAULT_LEAVE_SIGNALS  # torchrun's --signals-to-handle
     port_range: tuple[int, int] | None = None  # --port-range: where non-loopback ports we open go (the tunnel)
     host_coordinator: bool = True  # --rdzv-conf is_host=false: only ever a member, even on the endpoint's host
+    metrics_port: int | None = None  # --metrics-port: serve Prometheus metrics there (0: a free port); None: off
 
     @property
     def lost_after_s(self) -> float:
@@ -112,3 +113,11 @@ def check_job_id(job_id: str) -> str:
     if not _JOB_ID.fullmatch(job_id):
         raise ConfigError(f"--rdzv-id {job_id!r}: use 1-63 letters, digits, '_' or '-'")
     return job_id
+
+
+def parse_metrics_port(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not text.isdigit() or int(text) > 65535:
+        raise ConfigError(f"--metrics-port must be a port in 0..65535 (0: a free one), got {text!r}")
+    return int(text)

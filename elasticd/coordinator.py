@@ -421,6 +421,7 @@ class Coordinator:
             "world_size": rnd.world_size, "master_addr": rnd.master_addr, "master_port": rnd.master_port,
             "restart_count": self.restarts[Cause.failure], "max_restarts": self.cfg.max_restarts,
             "store_tunnel": self.nodes[rnd.members[0].node_id].store_tunnel,  # rank 0's node: it hosts the store
+            "node_restarts": dict(node.restarts),  # for the node's own metrics (elasticd/exporter.py)
         }
 
     def round_progress(self, node_id: str, body: dict[str, Any]) -> None:

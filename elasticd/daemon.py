@@ -23,6 +23,7 @@ from elasticd.config import JobConfig, StartError
 from elasticd.control import ControlPlane
 from elasticd.coordinator import Coordinator
 from elasticd.events import EventLog
+from elasticd.exporter import MetricsExporter, bind_host_of
 from elasticd.member import Member
 from elasticd.membership import MemoryStore
 from elasticd.mesh import CoordinatorMesh, MemberMesh
@@ -67,6 +68,7 @@ class Daemon:
         self.keys: NodeKeys | None = None
         self.gate: Gatekeeper | None = None
         self.tunnel: TunnelServer | None = None  # with --keys: how other nodes reach our round's store
+        self.exporter: MetricsExporter | None = None  # --metrics-port
 
     # ---- set-up ------------------------------------------------------------------------------
     def bind_mesh(self) -> None:
@@ -102,6 +104,8 @@ class Daemon:
         if self.keys is not None:
             self.tunnel = TunnelServer(self.ctx, self.keys, self.host, self.cfg.port_range)
             self.node.endpoints["store_tunnel"] = self.tunnel.endpoint
+        if self.cfg.metrics_port is not None:  # the scrape endpoint is exactly as reachable as the control socket
+            self.exporter = MetricsExporter(self, bind_host_of(self.endpoints["control"]), self.cfg.metrics_port)
         # Multi-host gloo/NCCL out of the box: workers bind the interface we advertise, unless the user named one.
         socket_env, socket_note = socket_ifname_env(self.host, {**os.environ, **self.cfg.env})
         log.info("%s", socket_note)  # `elasticd start` logs INFO to stderr: one line by the startup line
@@ -118,8 +122,9 @@ class Daemon:
             "coordinator": self.coordinator is not None, "version": __version__, **self.endpoints,
             "server_key": self.keys.public.decode() if self.keys else ""})
         role = "coordinator" if self.coordinator else "member"
+        metrics = f"metrics {self.exporter.url}; " if self.exporter else ""
         print(f"elasticd {__version__}: node {self.cfg.node_id} ({role}) of job {self.cfg.job_id}; "
-              f"control {self.endpoints['control']} pub {self.endpoints['pub']}; "
+              f"control {self.endpoints['control']} pub {self.endpoints['pub']}; {metrics}"
               f"logs {os.path.join(self.cfg.log_dir, self.cfg.job_id, self.cfg.node_id)}", file=sys.stderr,
               flush=True)
         loop = asyncio.get_running_loop()
@@ -163,6 +168,8 @@ class Daemon:
         await asyncio.gather(*self.tasks, return_exceptions=True)
         if self.plane is not None:
             self.plane.close()
+        if self.exporter is not None:
+            self.exporter.close()
         self.channel.close()
         if self.tunnel is not None:
             self.tunnel.close()

@@ -19,6 +19,7 @@ from elasticd.config import (
     check_node_id,
     default_node_id,
     parse_endpoint,
+    parse_metrics_port,
     parse_nnodes,
     parse_port_range,
 )
@@ -67,6 +68,8 @@ def add_start_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
          help="read step and loss from the workers' output lines, e.g. 'step=(?P<step>\\d+).*loss=(?P<loss>[\\d.]+)'")
     flag("preload", default="torch,torch.distributed,torch.nn.parallel,torch._dynamo",
          help="modules the zygote imports once for every worker (comma-separated)")
+    flag("metrics-port", default=None, metavar="PORT", help="serve Prometheus metrics on this port (0: a free one, "
+         "printed at start) at the control socket's host; read-only and unauthenticated (docs/metrics.md)")
     p.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return p
@@ -99,6 +102,7 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
         node_rank=max(ns.node_rank, -1), host_coordinator=conf.get("is_host") is not False,
         port_range=parse_port_range(ns.port_range),
         leave_signals=parse_signals(ns.signals_to_handle) if ns.signals_to_handle else DEFAULT_LEAVE_SIGNALS,
+        metrics_port=parse_metrics_port(ns.metrics_port),
     )
     if cfg.metrics_from_output:
         compile_pattern(cfg.metrics_from_output)

@@ -31,6 +31,10 @@ class Worker:
     ps: psutil.Process | None = None
     tail: list[str] = field(default_factory=list)
 
+    @property
+    def status(self) -> str:
+        return "running" if self.exit_code is None else ("succeeded" if self.exit_code == 0 else "failed")
+
     def info(self) -> dict[str, Any]:
         cpu = rss = 0.0
         if self.exit_code is None and self.ps is not None:
@@ -38,7 +42,7 @@ class Worker:
                 cpu, rss = self.ps.cpu_percent(), self.ps.memory_info().rss
         return {
             "pid": self.proc.pid, "local_rank": self.local_rank, "rank": self.rank,
-            "state": "running" if self.exit_code is None else ("succeeded" if self.exit_code == 0 else "failed"),
+            "state": self.status,
             "exit_code": self.exit_code, "cpu_percent": cpu, "rss": int(rss),
             "uptime_s": round(time.time() - self.started, 1), "log": str(self.log_path),
         }

@@ -13,16 +13,9 @@ import socket
 import subprocess
 from pathlib import Path
 
-import pytest
+from system_deps import unavailable
 
 ETC_NETNS = Path("/etc/netns")
-
-
-def unavailable(reason: str) -> None:
-    """Skip, except in CI, where a test that needs root must run: there it fails with the reason."""
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI must run this test, but {reason}")
-    pytest.skip(reason)
 
 
 class Lab:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -12,7 +13,8 @@ from harness import TICKER, free_port
 
 
 def start(tmp: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    env = {"ELASTICD_RUNTIME_DIR": str(tmp / "run"), "PATH": "/usr/bin:/bin"}
+    env = {"ELASTICD_RUNTIME_DIR": str(tmp / "run"), "PATH": "/usr/bin:/bin",
+           **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}}  # a worktree on PYTHONPATH tests itself
     return subprocess.run([sys.executable, "-m", "elasticd.cli", "start", *args], cwd=tmp, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -37,6 +39,8 @@ def start(tmp: Path, *args: str, timeout: float = 30) -> subprocess.CompletedPro
     (["--standalone", "--port-range", "9001-9000", str(TICKER)], "--port-range must be LOW-HIGH"),
     (["--standalone", "--port-range", "0-10", str(TICKER)], "1 <= LOW <= HIGH <= 65535"),
     (["--standalone", "--port-range", "9000-70000", str(TICKER)], "1 <= LOW <= HIGH <= 65535"),
+    (["--standalone", "--metrics-port", "x", str(TICKER)], "--metrics-port must be a port in 0..65535"),
+    (["--standalone", "--metrics-port", "70000", str(TICKER)], "--metrics-port must be a port in 0..65535"),
 ])
 def test_bad_flags_get_one_clear_line(tmp_path: Path, args: list[str], message: str) -> None:
     result = start(tmp_path, *args)
@@ -55,6 +59,16 @@ def test_control_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert f"tcp://127.0.0.1:{port}" in result.stderr and "in use" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_metrics_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = start(tmp_path, "--standalone", "--metrics-port", str(port), str(TICKER))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"elasticd start: cannot bind --metrics-port {port} on 127.0.0.1: address in use"
 
 
 def test_unreachable_endpoint_gives_up_with_a_reason(tmp_path: Path) -> None:

@@ -1,0 +1,137 @@
+"""`elasticd start --metrics-port`: every family docs/metrics.md lists is served, with its type and labels."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from harness import ROOT, Job
+from prometheus_client.parser import text_string_to_metric_families
+
+from elasticd.auth import KeyStore
+from elasticd.client import Credentials
+from elasticd.config import JobConfig
+from elasticd.exporter import DaemonCollector
+from elasticd.node import NodeAgent
+
+SHIM_TICKER = Path(__file__).resolve().parent / "workers" / "shim_ticker.py"
+DOC_ROW = re.compile(r"^\| `(elasticd_\w+)` \| (\w+) \| ([^|]+) \|", re.MULTILINE)
+
+
+def documented() -> dict[str, tuple[str, set[str]]]:
+    """docs/metrics.md's tables: family name (as the parser names it) -> (type, labels)."""
+    rows = DOC_ROW.findall((ROOT / "docs" / "metrics.md").read_text())
+    return {name.removesuffix("_total") if kind == "counter" else name: (kind, set(re.findall(r"`(\w+)`", labels)))
+            for name, kind, labels in rows}
+
+
+def scrape(url: str) -> dict[str, tuple[str, set[str], dict[tuple[tuple[str, str], ...], float]]]:
+    """Our families: name -> (type, label names, {sorted labels of a sample (its name too): value})."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    found = {}
+    for family in text_string_to_metric_families(text):
+        if family.name.startswith("elasticd_"):
+            labels = {k for s in family.samples for k in s.labels if k != "le"}
+            values = {tuple(sorted({**s.labels, "__name__": s.name}.items())): s.value for s in family.samples}
+            found[family.name] = (family.type, labels, values)
+    return found
+
+
+def value(families: dict, name: str, **labels: str) -> float | None:  # type: ignore[type-arg]
+    """The value of the first sample of `name` (a family, or a histogram's `_count` and such) with these labels."""
+    family = re.sub(r"_(total|count|sum|bucket)$", "", name)
+    for key, found in families.get(family, families.get(name, ("", set(), {})))[2].items():
+        sample = dict(key)
+        if sample["__name__"] == name and labels.items() <= sample.items():
+            return found
+    return None
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Job, str]]:
+    """One keyed node (so the refusal counter is there too) with two shim ranks, after an operator restart."""
+    tmp = tmp_path_factory.mktemp("metrics")
+    store = KeyStore(tmp / "keys")
+    store.init()
+    ops = store.create_client("ops", "operator")
+    job = Job(tmp, nnodes="1:1", nproc=2, extra=["--keys", str(store.root), "--metrics-port", "0"])
+    job.credentials = Credentials.load(str(ops), str(store.node_dir / "node.key"))
+    try:
+        daemon = job.start("a", SHIM_TICKER)
+        url = daemon.wait_line(r"; metrics (http://\S+);").group(1)
+        job.wait_event("first_step")
+        with job.client() as client:
+            client.call("restart")
+        job.wait_event("first_step", lambda e: e["round"] == 2)
+        yield job, url
+    finally:
+        job.close()
+
+
+def test_metrics_port_0_picks_a_free_port_and_prints_it(job: tuple[Job, str]) -> None:
+    _job, url = job
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/metrics", url) and not url.endswith(":0/metrics")
+
+
+def test_every_documented_family_is_served_with_its_type_and_labels(job: tuple[Job, str]) -> None:
+    _job, url = job
+    docs = documented()
+    assert len(docs) >= 18  # both tables were read
+    deadline = time.monotonic() + 30
+    while True:  # the new round's first checkpoint report may still be on its way
+        served = scrape(url)
+        missing = sorted(docs.keys() - served.keys())
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert missing == []
+    assert sorted(served.keys() - docs.keys()) == [], "served but not in docs/metrics.md"
+    for name, (kind, labels) in docs.items():
+        assert (served[name][0], served[name][1]) == (kind, labels), name
+
+
+def test_the_values_are_the_daemons(job: tuple[Job, str]) -> None:
+    the_job, url = job
+    served = scrape(url)
+    assert value(served, "elasticd_world_size") == 2
+    assert value(served, "elasticd_round") == 2
+    assert value(served, "elasticd_job_state", status="running") == 1
+    assert value(served, "elasticd_nodes", role="active", status="alive") == 1
+    assert value(served, "elasticd_restarts_total", job=the_job.job_id, cause="operator") == 1
+    assert value(served, "elasticd_node_restarts_total", node="a", cause="operator") == 1
+    assert value(served, "elasticd_workers", status="running") == 2
+    assert value(served, "elasticd_recovery_seconds_count", cause="operator", phase="spawned") == 1
+    assert value(served, "elasticd_refused_keys_total") == 0
+    assert (value(served, "elasticd_train_step", rank="1") or 0) >= 1
+    assert 0 < (value(served, "elasticd_train_loss", rank="0") or 0) <= 1
+    assert (value(served, "elasticd_worker_resident_memory_bytes", rank="0") or 0) > 1e6
+
+
+class BrokenCoordinator:
+    """A coordinator whose every read fails, as a bug in the job section would."""
+
+    def status(self, now: float) -> dict[str, object]:
+        raise RuntimeError("a bug in status")
+
+    def clock(self) -> float:
+        return time.time()
+
+
+@pytest.mark.asyncio
+async def test_a_failing_section_is_logged_and_the_rest_is_still_served(caplog: pytest.LogCaptureFixture) -> None:
+    cfg = JobConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, rdzv_host="127.0.0.1", rdzv_port=1, job_id="j",
+                    node_id="a", entry=["x.py"])
+    host = SimpleNamespace(cfg=cfg, node=NodeAgent(cfg, "127.0.0.1", lambda *_: None, lambda *_, **__: None, {}),
+                           gate=None, coordinator=BrokenCoordinator())
+    collector = DaemonCollector(host, asyncio.get_running_loop())  # type: ignore[arg-type]
+    names = {m.name for m in await asyncio.to_thread(lambda: list(collector.collect()))}  # a scrape thread's call
+    assert {"elasticd_node_state", "elasticd_workers", "elasticd_node_restarts"} <= names
+    assert not names & {"elasticd_world_size", "elasticd_job_state"}
+    assert "metrics: job_metrics failed; the scrape returns the rest" in caplog.text
