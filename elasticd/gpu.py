@@ -14,7 +14,7 @@ log = logging.getLogger("elasticd")
 
 # A worker's record: index, util_percent, mem_used_bytes, mem_total_bytes, temp_c, power_w, proc_mem_bytes.
 GpuRecord = dict[str, Any]
-ParentOf = Callable[[int], "int | None"]
+ParentOf = Callable[[int], int | None]
 ANCESTRY_DEPTH = 6  # a process a worker started (a CUDA subprocess, a loader) is a few forks down at most
 
 
@@ -95,7 +95,8 @@ class GpuSampler:
 
     def worker_memory(self, handle: Any, pids: set[int]) -> dict[int, int | None]:
         """Each worker's GPU memory on one device: its own processes and its descendants', compute and graphics."""
-        nvml, by_process = self.nvml, dict[int, "int | None"]()
+        nvml = self.nvml
+        by_process: dict[int, int | None] = {}  # pid -> its memory on this device
         for listing in ("ComputeRunningProcesses", "GraphicsRunningProcesses"):
             call = getattr(nvml, f"nvmlDeviceGet{listing}_v3", None) or getattr(nvml, f"nvmlDeviceGet{listing}")
             # A process in both lists is counted once; None where the driver does not say (NVML_VALUE_NOT_AVAILABLE).
