@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
+from elasticd.config import JobConfig
 from elasticd.gpu import GpuSampler
+from elasticd.node import NodeAgent
 
 GIB = 1 << 30
 
@@ -196,3 +198,15 @@ def test_this_machine_has_no_nvml_and_the_real_loader_says_so_without_raising() 
         assert all(r is None or "index" in r for r in (gpu.for_workers([1]) or {}).values())
     else:
         assert gpu.for_workers([1]) is None
+
+
+def test_the_heartbeats_worker_records_carry_gpu_only_with_nvml() -> None:
+    cfg = JobConfig(1, 1, 2, "127.0.0.1", 1, "job", "a", ["train.py"])
+    agent = NodeAgent(cfg, "host", lambda op, body: None, lambda kind, **fields: None, {})
+    records = [{"pid": 101, "state": "running"}, {"pid": 104, "state": "running"}, {"pid": 102, "state": "failed"}]
+    agent.group = SimpleNamespace(info=lambda: records)  # type: ignore[assignment]
+    agent.gpu = sampler(two_gpus())
+    with_gpu = agent.workers_info()
+    assert [r["gpu"] and r["gpu"]["index"] for r in with_gpu] == [0, None, None]  # an exited worker is not matched
+    agent.gpu = sampler(FakeNvml([], init_error=True))
+    assert agent.workers_info() == records  # no NVML: no gpu field at all
