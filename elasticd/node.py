@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from elasticd.config import STOP_SLACK_S, JobConfig
+from elasticd.gpu import GpuSampler
 from elasticd.names import EventKind, JobState, MeshOp, NodeState
 from elasticd.output_metrics import compile_pattern, parse_line
 from elasticd.round_store import RoundStore, StoreError
@@ -54,6 +55,7 @@ class NodeAgent:
         self._go: dict[int, asyncio.Event] = {}  # round -> set when the coordinator says its workers may start
         self.output_pattern = compile_pattern(cfg.metrics_from_output) if cfg.metrics_from_output else None
         self.output_step: Callable[[int, dict[str, Any]], None] = lambda _rank, _fields: None  # the daemon wires it
+        self.gpu = GpuSampler(cfg.heartbeat_s)  # NVML read once per heartbeat for all workers
 
     def register_body(self) -> dict[str, Any]:
         return {"node_id": self.cfg.node_id, "instance": self.instance, "host": self.host,
@@ -66,7 +68,10 @@ class NodeAgent:
                 "metrics": {str(rank): m for rank, m in self.rank_metrics.items() if m.get("round") == self.round_id}}
 
     def workers_info(self) -> list[dict[str, Any]]:
-        return self.group.info() if self.group else []
+        """Worker records; with NVML each has `gpu` (null when on no GPU), without it the field is absent."""
+        records = self.group.info() if self.group else []
+        gpu = self.gpu.for_workers([r["pid"] for r in records if r["state"] == "running"]) if records else None
+        return records if gpu is None else [{**r, "gpu": gpu.get(r["pid"])} for r in records]
 
     # ---- rounds -------------------------------------------------------------------------------
     async def apply_round(self, body: dict[str, Any]) -> None:

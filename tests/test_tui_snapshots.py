@@ -25,13 +25,18 @@ def test_view(snap_compare, view: str) -> None:  # type: ignore[no-untyped-def]
     assert snap_compare(fake_app(), terminal_size=SIZE, run_before=go(view))
 
 
-def test_node_detail(snap_compare) -> None:  # type: ignore[no-untyped-def]
-    async def run_before(pilot: Pilot) -> None:
-        await settle(pilot)
-        await pilot.press("enter")
-        await until(pilot, lambda: "rank 1" in str(pilot.app.screen.query_one("#tails").render()))
+async def open_node_detail(pilot: Pilot) -> None:
+    await settle(pilot)
+    await pilot.press("enter")
+    await until(pilot, lambda: "rank 1" in str(pilot.app.screen.query_one("#tails").render()))
 
-    assert snap_compare(fake_app(), terminal_size=SIZE, run_before=run_before)
+
+def test_node_detail(snap_compare) -> None:  # type: ignore[no-untyped-def]
+    assert snap_compare(fake_app(), terminal_size=SIZE, run_before=open_node_detail)
+
+
+def test_node_detail_with_gpus(snap_compare) -> None:  # type: ignore[no-untyped-def]
+    assert snap_compare(fake_app(gpu=True), terminal_size=SIZE, run_before=open_node_detail)
 
 
 def test_drain_confirmation_states_the_plan(snap_compare) -> None:  # type: ignore[no-untyped-def]

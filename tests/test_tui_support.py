@@ -13,9 +13,10 @@ from tui.fake import NOW, FakeLink, fixed_clock
 SIZE = (120, 36)
 
 
-def fake_app(readonly: bool = False) -> ElasticApp:
-    return ElasticApp({"demo": ["fake://a"]}, readonly=readonly, connect=FakeLink, clock=fixed_clock,
-                      seed_pubs={"fake://a": "fake-pub://a"})
+def fake_app(readonly: bool = False, gpu: bool = False) -> ElasticApp:
+    """`gpu`: the fake daemons have NVML, so worker records carry GPU fields."""
+    return ElasticApp({"demo": ["fake://a"]}, readonly=readonly, connect=lambda control: FakeLink(control, gpu),
+                      clock=fixed_clock, seed_pubs={"fake://a": "fake-pub://a"})
 
 
 async def until(pilot: Pilot, condition: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:

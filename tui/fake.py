@@ -13,6 +13,16 @@ NOW = 1_700_000_000.0
 NODES = {"a": ("node-a.example", [0, 1], "active"), "b": ("node-b.example", [2, 3], "active"),
          "c": ("node-c.example", [], "standby")}
 LAST_SEEN_AGE = {"a": 0.2, "b": 0.4, "c": 2.0}  # c: one late heartbeat, stale
+GIB = 1 << 30
+
+
+def gpu_of(rank: int) -> dict[str, Any] | None:
+    """A worker's GPU record as a daemon with NVML reports it; rank 3 runs on no GPU (null)."""
+    if rank == 3:
+        return None
+    return {"index": rank % 2, "util_percent": 90 - 5 * rank, "mem_used_bytes": (30 + rank) * GIB,
+            "mem_total_bytes": 80 * GIB, "temp_c": 60 + rank, "power_w": 300.0 - 10 * rank,
+            "proc_mem_bytes": (24 + rank) * GIB}
 
 
 def fixed_clock() -> float:
@@ -57,10 +67,13 @@ def history_events() -> list[dict[str, Any]]:
 
 
 class FakeLink:
-    """Answers like a daemon of the fake job; `drain a` is refused without force, like the real interlock."""
+    """Answers like a daemon of the fake job; `drain a` is refused without force, like the real interlock.
 
-    def __init__(self, control: str) -> None:
-        self.control = control
+    With `gpu`, its daemons have NVML: every worker record carries `gpu` (a record, or null).
+    """
+
+    def __init__(self, control: str, gpu: bool = False) -> None:
+        self.control, self.gpu = control, gpu
         self.calls: list[tuple[str, dict[str, Any]]] = []
 
     async def call(self, op: str, timeout_s: float | None = None, **args: Any) -> dict[str, Any]:
@@ -95,7 +108,8 @@ class FakeLink:
         def worker(node: str, local: int, rank: int) -> dict[str, Any]:
             return {"pid": 1003 + rank, "local_rank": local, "rank": rank, "state": "running", "exit_code": None,
                     "cpu_percent": 97.0, "rss": 512 * 1024 * 1024, "uptime_s": 300.0,
-                    "log": f"/nonexistent/logs/demo/{node}/round-0002/rank-{rank}.log", "round": 2}
+                    "log": f"/nonexistent/logs/demo/{node}/round-0002/rank-{rank}.log", "round": 2,
+                    **({"gpu": gpu_of(rank)} if self.gpu else {})}
 
         return {"ok": True, "nodes": {"a": [worker("a", 0, 0), worker("a", 1, 1)],
                                       "b": [worker("b", 0, 2), worker("b", 1, 3)], "c": []}}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from elasticd.render import format_bytes as format_bytes  # where the console has always found it
+
 # Daemons beat every second (docs/protocol.md §6.4): one late beat is stale, three missed are missing,
 # the same rule by which the coordinator declares a node lost.
 STALE_AFTER_S = 1.5
@@ -28,18 +30,6 @@ def format_age(age_s: float | None) -> str:
     if age_s < 3600:
         return f"{int(age_s // 60)}m{int(age_s % 60):02d}s"
     return f"{int(age_s // 3600)}h{int(age_s % 3600 // 60):02d}m"
-
-
-def format_bytes(count: float | None) -> str:
-    """Bytes in binary units: 512B, 3.1M, 1.2G."""
-    if count is None:
-        return "-"
-    value = float(count)
-    for unit in ("B", "K", "M", "G", "T"):
-        if value < 1024 or unit == "T":
-            return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
-        value /= 1024
-    return f"{value:.1f}T"
 
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"

@@ -14,12 +14,14 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from elasticd.render import GPU_COLUMNS, gpu_cells, has_gpu
 from tui.liveness import format_age, format_bytes
 from tui.model import JobModel
 from tui.rows import Row
 from tui.views.table import SyncedTable
 
 WORKER_COLUMNS = ("rank", "local", "pid", "state", "exit", "cpu%", "rss", "uptime", "log")
+GPU_TABLE_COLUMNS = ("rank", *GPU_COLUMNS)  # its own table, shown only when the node's daemon has NVML
 TAIL_LINES = 8
 
 
@@ -46,7 +48,7 @@ class NodeDetailScreen(Screen[None]):
     BINDINGS = [Binding("escape", "app.pop_screen", "Back", id="detail.back")]
     DEFAULT_CSS = """
     NodeDetailScreen #detail-title { padding: 0 1; text-style: bold; background: $primary-darken-2; }
-    NodeDetailScreen #workers { height: auto; max-height: 12; }
+    NodeDetailScreen #workers, NodeDetailScreen #gpus { height: auto; max-height: 12; }
     """
 
     @dataclass
@@ -60,6 +62,7 @@ class NodeDetailScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Static(id="detail-title")
         yield SyncedTable(WORKER_COLUMNS, id="workers")
+        yield SyncedTable(GPU_TABLE_COLUMNS, id="gpus")
         with VerticalScroll():
             yield Static(id="tails")
         yield Footer()
@@ -80,6 +83,10 @@ class NodeDetailScreen(Screen[None]):
                  f"{float(w.get('cpu_percent') or 0):.0f}", format_bytes(w.get("rss")),
                  format_age(w.get("uptime_s")), str(w.get("log", ""))]) for w in node.workers]
         self.query_one("#workers", SyncedTable).sync(rows)
+        gpus = self.query_one("#gpus", SyncedTable)
+        gpus.display = has_gpu(node.workers)
+        if gpus.display:
+            gpus.sync([(str(w.get("pid")), [str(w.get("rank")), *gpu_cells(w.get("gpu"))]) for w in node.workers])
 
     @work(thread=True, exclusive=True, group="tails")
     def read_tails(self) -> None:

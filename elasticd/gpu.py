@@ -1,0 +1,139 @@
+"""GPU stats per worker from NVML (nvidia-ml-py), read at most once per heartbeat; absent where NVML is not."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psutil
+
+log = logging.getLogger("elasticd")
+
+# A worker's record: index, util_percent, mem_used_bytes, mem_total_bytes, temp_c, power_w, proc_mem_bytes.
+GpuRecord = dict[str, Any]
+ParentOf = Callable[[int], int | None]
+ANCESTRY_DEPTH = 6  # a process a worker started (a CUDA subprocess, a loader) is a few forks down at most
+
+
+def load_pynvml() -> Any:
+    import pynvml  # lazily: the first heartbeat pays for it, once
+
+    return pynvml
+
+
+def parent_pid(pid: int) -> int | None:
+    try:
+        return int(psutil.Process(pid).ppid())
+    except psutil.Error:
+        return None
+
+
+class GpuSampler:
+    """All workers' GPU records from one NVML reading per interval; NVML that fails to start is never retried."""
+
+    def __init__(self, interval_s: float, load: Callable[[], Any] = load_pynvml, parent_of: ParentOf = parent_pid,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s, self.load, self.parent_of, self.clock = interval_s, load, parent_of, clock
+        self.nvml: Any = None
+        self.started: bool | None = None  # None: not tried yet
+        self.sampled_at = -math.inf
+        self.sampled: tuple[tuple[int, ...], dict[int, GpuRecord | None]] = ((), {})
+
+    def available(self) -> bool:
+        """NVML initialised; tried once, at the first call: a node without GPUs says so in one debug line."""
+        if self.started is None:
+            self.nvml = self.start_nvml()
+            self.started = self.nvml is not None
+        return self.started
+
+    def start_nvml(self) -> Any:
+        try:
+            nvml = self.load()
+        except ImportError as exc:
+            log.debug("no GPU stats: %s", exc)
+            return None
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:  # no libnvidia-ml, no driver
+            log.debug("no GPU stats: NVML did not start (%s)", exc)
+            return None
+        return nvml
+
+    def for_workers(self, pids: Sequence[int]) -> dict[int, GpuRecord | None] | None:
+        """Each worker pid's GPU record (None: it uses no GPU); None without NVML: no GPU fields at all."""
+        if not self.available():
+            return None
+        now, key = self.clock(), tuple(sorted(pids))
+        # Once per interval, or when the workers changed (a new round): their pids key the reading.
+        if now - self.sampled_at >= self.interval_s or key != self.sampled[0]:
+            self.sampled_at, self.sampled = now, (key, self.read(set(key)))
+        return dict(self.sampled[1])
+
+    def read(self, pids: set[int]) -> dict[int, GpuRecord | None]:
+        nvml, records = self.nvml, dict.fromkeys(pids)
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError:
+            return records
+        best: dict[int, tuple[int, Any, int | None]] = {}  # worker -> (device, handle, its memory there)
+        for index in range(count):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                on_device = self.worker_memory(handle, pids)
+            except nvml.NVMLError:
+                continue  # this device's processes are unknown: no worker is matched to it
+            for worker, used in on_device.items():
+                if worker not in best or (used or 0) > (best[worker][2] or 0):
+                    best[worker] = (index, handle, used)  # a stray context elsewhere does not win
+        devices = {index: self.device(index, handle) for index, handle, _ in best.values()}
+        for worker, (index, _, used) in best.items():
+            records[worker] = {**devices[index], "proc_mem_bytes": used}
+        return records
+
+    def worker_memory(self, handle: Any, pids: set[int]) -> dict[int, int | None]:
+        """Each worker's GPU memory on one device: its own processes and its descendants', compute and graphics."""
+        nvml = self.nvml
+        by_process: dict[int, int | None] = {}  # pid -> its memory on this device
+        for listing in ("ComputeRunningProcesses", "GraphicsRunningProcesses"):
+            call = getattr(nvml, f"nvmlDeviceGet{listing}_v3", None) or getattr(nvml, f"nvmlDeviceGet{listing}")
+            # A process in both lists is counted once; None where the driver does not say (NVML_VALUE_NOT_AVAILABLE).
+            by_process.update({int(proc.pid): proc.usedGpuMemory for proc in call(handle)})
+        used: dict[int, int | None] = {}
+        for pid, memory in by_process.items():
+            worker = self.worker_of(pid, pids)
+            if worker is not None:
+                known = [m for m in (used.get(worker), memory) if m is not None]
+                used[worker] = sum(known) if known else None
+        return used
+
+    def worker_of(self, pid: int, pids: set[int]) -> int | None:
+        """The worker that is this process or its ancestor; only GPU processes are looked up, so it stays cheap."""
+        for _ in range(ANCESTRY_DEPTH):
+            if pid in pids:
+                return pid
+            parent = self.parent_of(pid)
+            if parent is None or parent <= 1:
+                return None
+            pid = parent
+        return None
+
+    def device(self, index: int, handle: Any) -> GpuRecord:
+        """Device-wide fields; one that NVML cannot read (unsupported, an error) is null, the others stay."""
+        nvml = self.nvml
+
+        def field(read: Callable[[], Any]) -> Any:
+            try:
+                return read()
+            except nvml.NVMLError:
+                return None
+
+        memory = field(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
+        power_mw = field(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
+        return {"index": index, "util_percent": field(lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+                "mem_used_bytes": None if memory is None else int(memory.used),
+                "mem_total_bytes": None if memory is None else int(memory.total),
+                "temp_c": field(lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
+                "power_w": None if power_mw is None else round(power_mw / 1000, 1)}
