@@ -22,6 +22,7 @@ from elasticd.config import JobConfig, StartError
 from elasticd.coordinator import Coordinator
 from elasticd.names import RESTART_CAUSES, JobState, NodeState, NodeStatus, Role
 from elasticd.node import NodeAgent
+from elasticd.workers import Worker
 
 log = logging.getLogger("elasticd")
 SCRAPE_TIMEOUT_S = 5.0  # a daemon loop busy this long gets an empty scrape (logged) rather than a stuck scraper
@@ -125,11 +126,24 @@ class DaemonCollector(Collector):
                                 "process", cpu.user + cpu.system, rank=rank)
                     out.gauge("elasticd_worker_resident_memory_bytes", "Resident memory of the worker process",
                               rss, rank=rank)
+        self.gpu_metrics(out, workers)
         self.shim_metrics(out)
         if self.host.gate is not None:
             out.counter("elasticd_refused_keys_total", "CURVE handshakes this daemon refused",
                         self.host.gate.refusals.total)
         return list(out.built.values())
+
+    def gpu_metrics(self, out: Families, workers: list[Worker]) -> None:
+        """NVML's view of each running worker's GPU (elasticd/gpu.py; nothing without NVML)."""
+        running = {w.proc.pid: str(w.rank) for w in workers if w.exit_code is None}
+        by_pid = self.host.node.gpu.for_workers(list(running)) if running else None
+        for pid, gpu in (by_pid or {}).items():
+            if gpu is None:
+                continue
+            labels = {"rank": running[pid], "gpu": str(gpu["index"])}
+            for name, key, scale, doc in GPU_GAUGES:
+                if _is_number(gpu.get(key)):
+                    out.gauge(name, doc, gpu[key] * scale, **labels)
 
     def shim_metrics(self, out: Families) -> None:
         """What trainer_shim ranks of the current round reported (`elasticd metrics` shows the same)."""
@@ -184,6 +198,16 @@ class DaemonCollector(Collector):
                 if phase != "detect" and phase not in seen:
                     seen.add(phase)
                     self.recovery.labels(c.cfg.job_id, rnd.cause, phase).observe(seconds)
+
+
+GPU_GAUGES = (  # (metric, worker-record key, scale to base units, help)
+    ("elasticd_gpu_utilization_ratio", "util_percent", 0.01, "Utilisation of the worker's GPU (0-1)"),
+    ("elasticd_gpu_memory_used_bytes", "mem_used_bytes", 1, "Memory used on the worker's GPU, all processes"),
+    ("elasticd_gpu_memory_total_bytes", "mem_total_bytes", 1, "Memory of the worker's GPU"),
+    ("elasticd_gpu_process_memory_bytes", "proc_mem_bytes", 1, "GPU memory the worker process itself uses"),
+    ("elasticd_gpu_temperature_celsius", "temp_c", 1, "Temperature of the worker's GPU"),
+    ("elasticd_gpu_power_watts", "power_w", 1, "Power draw of the worker's GPU"),
+)
 
 
 def _is_number(value: Any) -> bool:

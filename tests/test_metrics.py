@@ -21,6 +21,7 @@ from elasticd.exporter import DaemonCollector
 from elasticd.node import NodeAgent
 
 SHIM_TICKER = Path(__file__).resolve().parent / "workers" / "shim_ticker.py"
+NVML_ONLY = "elasticd_gpu_"  # served only where NVML is present (not on this machine): see test_gpu_families
 DOC_ROW = re.compile(r"^\| `(elasticd_\w+)` \| (\w+) \| ([^|]+) \|", re.MULTILINE)
 
 
@@ -87,14 +88,15 @@ def test_every_documented_family_is_served_with_its_type_and_labels(job: tuple[J
     deadline = time.monotonic() + 30
     while True:  # the new round's first checkpoint report may still be on its way
         served = scrape(url)
-        missing = sorted(docs.keys() - served.keys())
+        missing = sorted(n for n in docs.keys() - served.keys() if not n.startswith(NVML_ONLY))
         if not missing or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     assert missing == []
     assert sorted(served.keys() - docs.keys()) == [], "served but not in docs/metrics.md"
     for name, (kind, labels) in docs.items():
-        assert (served[name][0], served[name][1]) == (kind, labels), name
+        if name in served:
+            assert (served[name][0], served[name][1]) == (kind, labels), name
 
 
 def test_the_values_are_the_daemons(job: tuple[Job, str]) -> None:
@@ -135,3 +137,36 @@ async def test_a_failing_section_is_logged_and_the_rest_is_still_served(caplog: 
     assert {"elasticd_node_state", "elasticd_workers", "elasticd_node_restarts"} <= names
     assert not names & {"elasticd_world_size", "elasticd_job_state"}
     assert "metrics: job_metrics failed; the scrape returns the rest" in caplog.text
+
+
+class FakeGpus:
+    """NVML's answer for one worker on GPU 1 (elasticd/gpu.py GpuSampler.for_workers)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def for_workers(self, pids: list[int]) -> dict[int, dict[str, float] | None]:
+        return {pid: {"index": 1, "util_percent": 50.0, "mem_used_bytes": 2e9, "mem_total_bytes": 8e9,
+                      "proc_mem_bytes": 1e9, "temp_c": 61.0, "power_w": 180.0} if pid == self.pid else None
+                for pid in pids}
+
+
+@pytest.mark.asyncio
+async def test_gpu_families_carry_nvmls_view_of_each_worker_in_base_units() -> None:
+    cfg = JobConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_host="127.0.0.1", rdzv_port=1, job_id="j",
+                    node_id="a", entry=["x.py"])
+    node = NodeAgent(cfg, "127.0.0.1", lambda *_: None, lambda *_, **__: None, {})
+    on_gpu, off_gpu = (SimpleNamespace(pid=pid, rank=rank, exit_code=None, ps=None, status="running",
+                                       proc=SimpleNamespace(pid=pid)) for pid, rank in ((101, 0), (102, 1)))
+    node.group = SimpleNamespace(workers=[on_gpu, off_gpu])  # type: ignore[assignment]
+    node.gpu = FakeGpus(101)  # type: ignore[assignment]
+    host = SimpleNamespace(cfg=cfg, node=node, gate=None, coordinator=None)
+    collector = DaemonCollector(host, asyncio.get_running_loop())  # type: ignore[arg-type]
+    metrics = {m.name: m for m in await asyncio.to_thread(lambda: list(collector.collect()))}
+    docs = {n for n in documented() if n.startswith(NVML_ONLY)}
+    assert docs and docs <= metrics.keys()
+    for name in docs:
+        sample, = metrics[name].samples  # rank 1 is on no GPU: no sample
+        assert (sample.labels["rank"], sample.labels["gpu"]) == ("0", "1")
+    assert metrics["elasticd_gpu_utilization_ratio"].samples[0].value == 0.5
+    assert metrics["elasticd_gpu_memory_total_bytes"].samples[0].value == 8e9
