@@ -24,6 +24,7 @@ log = logging.getLogger("elasticd")
 Send = Callable[[str, MeshOp, dict[str, Any]], None]  # (node_id, op, body)
 Handler = Callable[[str, dict[str, Any], float], None]  # (sender, body, now)
 SETTLE_S = 0.1  # batch simultaneous joins/losses into one round; no fixed last-call wait
+STALL_S = 1.0  # a tick this late means the coordinator's own loop stood still
 FIRST_ROUND_WAIT_S = 15.0  # the first round waits at most this long for nodes that announced themselves
 # A member's connection that closes and is back within this long (a reset link; the DEALER reconnects in
 # ~100 ms) costs nothing; one still closed then is a dead daemon. docs/architecture.md, "Noticing a dead node".
@@ -55,8 +56,11 @@ class Suspect:
 class Coordinator:
     def __init__(self, cfg: JobConfig, store: MembershipStore, send: Send, events: EventLog,
                  on_event: Callable[[dict[str, Any]], None], clock: Callable[[], float] = time.time,
-                 connected: Callable[[str], bool] = lambda _node_id: False) -> None:
+                 connected: Callable[[str], bool] = lambda _node_id: False,
+                 backlog: Callable[[], bool] = lambda: False) -> None:
         self.cfg = cfg
+        self.backlog = backlog  # frames from members not yet read: liveness waits for them
+        self.last_tick = 0.0
         self.clock = clock  # injected so that scenario tests run on a fake clock
         self.store = store
         self.send = send
@@ -110,6 +114,9 @@ class Coordinator:
         if handler is None:
             log.warning("mesh: unknown op %r from %s dropped", env.op, sender)
             return
+        node = self.nodes.get(sender)
+        if node is not None and node.status == NodeStatus.alive and env.op not in (MeshOp.register, MeshOp.announce):
+            node.last_seen = max(node.last_seen, now)  # any frame is a sign of life, not only a heartbeat
         try:
             handler(sender, env.body, now)
         except Exception as exc:  # one frame, however odd, must never end the coordinator's mesh loop
@@ -266,6 +273,16 @@ class Coordinator:
         if node_id in self.stop_barrier:
             self.release_barrier(node_id)  # a lost daemon's workers died with it (PDEATHSIG)
 
+    def credit_stall(self, now: float) -> None:
+        """Our own loop stood still (a GC pause, SIGSTOP, a long burst): the members' silence then is not theirs."""
+        gap = now - self.last_tick if self.last_tick else 0.0
+        self.last_tick = now
+        if gap > STALL_S:
+            log.warning("[%s] the coordinator did not run for %.1fs; members get that time back before any of "
+                        "them is judged lost", self.cfg.node_id, gap)
+            for node in self.alive():
+                node.last_seen += gap
+
     def check_liveness(self, now: float) -> None:
         """A closed connection not back within the grace, or (a frozen or cut-off node) missed heartbeats."""
         for node_id, since in list(self.closed.items()):
@@ -301,7 +318,9 @@ class Coordinator:
         """Everything time decides: lost nodes, a settled round, a finished transition, expired queries."""
         if self.state in ENDED:
             return
-        self.check_liveness(now)
+        self.credit_stall(now)
+        if not self.backlog():  # heartbeats may be waiting in the queue: judge only once it is drained
+            self.check_liveness(now)
         self.start_pending_round(now)
         if self.stop_barrier and self.round and now - self.round.started_at > self.cfg.grace_s + STOP_SLACK_S:
             self.release_barrier(None, forced=True)

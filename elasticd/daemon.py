@@ -83,7 +83,8 @@ class Daemon:
                     raise StartError(f"cannot bind rendezvous endpoint {endpoint}: {exc}") from None
         if self.coord_mesh is not None:
             self.coordinator = Coordinator(self.cfg, MemoryStore(), self.send_to_node, self.events,
-                                           self.on_job_event, connected=self.coord_mesh.connected)
+                                           self.on_job_event, connected=self.coord_mesh.connected,
+                                           backlog=self.coord_mesh.backlog)
             self.member.is_coordinator = True
         else:
             self.member_mesh = MemberMesh(self.ctx, endpoint, self.cfg.node_id, self.node.instance, self.keys)

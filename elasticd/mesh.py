@@ -56,6 +56,10 @@ class CoordinatorMesh:
         if ident is not None:
             self._send_to(ident, op, body, kind, msg_id)
 
+    def backlog(self) -> bool:
+        """Frames from members wait to be read (a burst): liveness is judged only once they are."""
+        return bool(int(self.sock.get(zmq.EVENTS)) & zmq.POLLIN)  # pyzmq re-arms its wakeup on `get`
+
     def connected(self, node_id: str) -> bool:
         """Whether the node's welcomed daemon has a live connection now: a no-op `hb` to it is routed."""
         ident = self.identities.get(node_id)

@@ -378,7 +378,9 @@ class Sim:
         self.order = itertools.count()
         self._ports = itertools.count(20000)
         self.coordinator = Coordinator(self.cfg, MemoryStore(), self.to_node, EventLog(100_000), self.on_event,
-                                       clock=self.clock, connected=self.connected)
+                                       clock=self.clock, connected=self.connected, backlog=lambda: bool(self.held))
+        self.stalled = False  # the coordinator's loop stands still: frames wait for it in `held`
+        self.held: deque[tuple[SimNode, str, dict[str, Any]]] = deque()
         self.nodes = {n: SimNode(self, n, nproc) for n in ids}
         self.sched.later(tick_s, self.tick)
 
@@ -396,7 +398,24 @@ class Sim:
         self.sched.later(node.delay, self._coordinator_receives, node, op, body)
 
     def _coordinator_receives(self, node: SimNode, op: str, body: dict[str, Any]) -> None:
+        if self.stalled:
+            self.held.append((node, op, body))
+            return
         self.coordinator.receive(node.node_id, Envelope("req", op, body, node=node.node_id), self.clock.now)
+
+    def stall_coordinator(self, seconds: float, lose_waiting: bool = False) -> None:
+        """Its loop stands still (GC, SIGSTOP); then a tick runs before the waiting frames, the worst order.
+
+        `lose_waiting`: the frames sent meanwhile are gone (a full queue), so no backlog shows at that tick.
+        """
+        self.stalled = True
+        self.run(seconds)
+        self.stalled = False
+        if lose_waiting:
+            self.held.clear()
+        self.coordinator.tick(self.clock.now)
+        while self.held:
+            self._coordinator_receives(*self.held.popleft())
 
     def to_node(self, node_id: str, op: MeshOp, body: dict[str, Any]) -> None:
         """The coordinator's `send`; a message to a node the simulation does not know is only recorded."""
@@ -418,7 +437,8 @@ class Sim:
         self.events.append({**event, "at": self.clock.now, "order": next(self.order)})
 
     def tick(self) -> None:
-        self.coordinator.tick(self.clock.now)
+        if not self.stalled:
+            self.coordinator.tick(self.clock.now)
         self.sched.later(self.tick_s, self.tick)
 
     # ---- driving --------------------------------------------------------------------------------

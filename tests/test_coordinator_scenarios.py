@@ -452,3 +452,26 @@ def test_a_round_costs_the_coordinator_a_constant_number_of_frames_per_node(node
         sim.formed(sim.round.round_id + 1, timeout=60)
         sent = [m for m in sim.sent if m.order >= mark and m.src == "coordinator" and m.op != MeshOp.hb]
         assert len(sent) <= FRAMES_PER_NODE * (nodes + 1), (change, len(sent))
+
+
+def test_a_5s_stall_of_the_coordinators_loop_declares_nobody_lost() -> None:
+    """Members kept beating while the coordinator stood still: their silence was its own."""
+    sim = Sim("abcd", min_nodes=1)
+    sim.start()
+    sim.formed()
+    mark = sim.mark()
+    sim.stall_coordinator(5.0)
+    sim.run(5.0)
+    assert sim.kinds(K.node_lost, K.round_started, since=mark) == []
+    assert sim.round.round_id == 1
+
+
+def test_a_stall_with_nothing_waiting_still_gives_the_members_their_time_back() -> None:
+    """Even with no frame queued (the members' beats were lost too), a stall is not charged to them."""
+    sim = Sim("abcd", min_nodes=1)
+    sim.start()
+    sim.formed()
+    mark = sim.mark()
+    sim.stall_coordinator(5.0, lose_waiting=True)
+    sim.run(0.5)
+    assert sim.kinds(K.node_lost, since=mark) == []
