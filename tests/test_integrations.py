@@ -36,7 +36,8 @@ class Recorder:
     enabled = True
 
     def __init__(self, due: dict[str, int]) -> None:
-        self.due, self.reports, self.last_request_id = due, [], None  # type: ignore[var-annotated]
+        self.due, self.last_request_id = due, None
+        self.reports: list[tuple[int, float | None, int]] = []
 
     def report(self, step: int, loss: float | None = None, samples: int = 0) -> None:
         self.reports.append((step, loss, samples))
@@ -55,8 +56,8 @@ class Recorder:
 
 
 def test_the_core_reports_optimizer_steps_and_takes_requests_only_there() -> None:
-    core = ElasticCore()
-    core._session = session = Recorder({"checkpoint": 5, "drain": 6})  # type: ignore[assignment]
+    session = Recorder({"checkpoint": 5, "drain": 6})
+    core = ElasticCore(session)  # type: ignore[arg-type]  # a duck-typed stand-in
     core.begin(4)
     assert core.on_batch(4, 8, lambda: 1.0) is None  # a micro-batch of step 5: no boundary yet
     due = core.on_batch(5, 8, lambda: 2.0)
@@ -64,6 +65,14 @@ def test_the_core_reports_optimizer_steps_and_takes_requests_only_there() -> Non
     assert session.reports == [(5, 2.0, 16)]  # the step's micro-batches add up
     core.due = None
     assert core.on_batch(6, 8, lambda: 3.0) is core.drain and core.drain is not None and core.drain.op == "drain"
+
+
+def test_outside_elasticd_the_core_is_a_quiet_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ELASTICD_WORKER_ADDR", raising=False)
+    core = ElasticCore()
+    core.begin(0)
+    assert not core.enabled and core.on_batch(1, 8, lambda: 1.0) is None
+    core.end()
 
 
 @pytest.mark.parametrize("blocked", [("transformers",), ("lightning", "lightning.pytorch", "pytorch_lightning")])

@@ -43,8 +43,8 @@ class ElasticCore:
     the framework's collective save runs everywhere at once.
     """
 
-    def __init__(self) -> None:
-        self._session: Session | NullSession | None = None
+    def __init__(self, session: Session | NullSession | None = None) -> None:
+        self._session = session  # None: trainer_shim.init() at first use
         self._step: int | None = None  # the last step boundary seen; None before training starts
         self._samples = 0  # this rank's samples since the last boundary (micro-batches of one step add up)
         self._step_ended = time.perf_counter()  # a save's duration counts from the end of the step it follows
