@@ -39,7 +39,8 @@ class ElasticCallback(pl.Callback):
     """Reports step, loss and samples; saves `FILENAME` on `elasticd checkpoint`; saves and stops on a drain.
 
     `dirpath`: where the elastic checkpoint goes; by default the first ModelCheckpoint's folder, or
-    `<default_root_dir>/checkpoints`. Resume with `trainer.fit(..., ckpt_path="last")` or `ckpt_path=callback.path`.
+    `<default_root_dir>/checkpoints`. Resume with `trainer.fit(..., ckpt_path="last")`, or pass the file
+    `path(trainer)` names.
     """
 
     def __init__(self, dirpath: str | None = None) -> None:
