@@ -88,8 +88,10 @@ def margin(step_times: list[float]) -> int:
 
 def local_answer(rank_metrics: dict[int, dict[str, Any]], round_id: int) -> dict[str, Any]:
     """A node's reply: the highest step its shim workers reported in this round, and their step time."""
-    current = [m for m in rank_metrics.values() if m.get("round") == round_id and m.get("step") is not None
-               and m.get("source") != OUTPUT]  # steps read from output have no shim to stop at one
+    # A shim rank that said hello but whose first step report is still on its way counts as step 0: it is
+    # a shim rank, so it must stop at the agreed step rather than be restarted (and lose what it trained).
+    current = [m for m in rank_metrics.values() if m.get("round") == round_id and m.get("source") != OUTPUT
+               and (m.get("step") is not None or "hello" in m)]  # steps read from output have no shim behind
     times = [float(m["step_time"]) for m in current if isinstance(m.get("step_time"), int | float)]
-    return {"step": max((int(m["step"]) for m in current), default=None),
+    return {"step": max((int(m.get("step") or 0) for m in current), default=None),
             "step_time": statistics.median(times) if times else None}
