@@ -619,8 +619,15 @@ class Coordinator:
             self.send(node_id, WORKER_OPS[query.request], {"request_id": query.op_id, "at_step": at_step})
 
     # ---- reading ------------------------------------------------------------------------------
-    def status(self, now: float) -> dict[str, Any]:
+    def status(self, now: float, offset: int = 0, limit: int | None = None) -> dict[str, Any]:
+        """The job summary, and one page of the node list in join order (all of it when `limit` is None)."""
         rnd = self.round
+        ordered = sorted(self.nodes.values(), key=lambda n: n.joined_seq)
+        page = ordered[offset:] if limit is None else ordered[offset:offset + limit]
+        counts: dict[str, int] = {}
+        for node in ordered:
+            key = f"{node.status}/{node.role}" if node.status == NodeStatus.alive else str(node.status)
+            counts[key] = counts.get(key, 0) + 1
         return {
             "job_id": self.cfg.job_id, "state": self.state, "reason": self.reason,
             "round": rnd.round_id if rnd else 0, "world_size": rnd.world_size if rnd else 0,
@@ -629,6 +636,7 @@ class Coordinator:
             "max_restarts": self.cfg.max_restarts,
             "last_recovery": self.timeline(rnd) if rnd else {},
             "rank_map": rnd.public()["members"] if rnd else [],
-            "nodes": [n.public(now) for n in sorted(self.nodes.values(), key=lambda n: n.joined_seq)],
+            "nodes": [n.public(now) for n in page], "nodes_total": len(ordered), "nodes_offset": offset,
+            "node_counts": counts,
             "seq": self.events.seq,
         }

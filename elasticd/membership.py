@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from typing import Any, Protocol
 
@@ -29,8 +29,10 @@ class NodeRecord:
     restarts: dict[Cause, int] = field(default_factory=lambda: dict.fromkeys(RESTART_CAUSES, 0))  # its workers
 
     def public(self, now: float) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("ports")
+        """The record as `status` shows it: shallow (it is encoded at once), not asdict's deep copy of every
+        worker record and metric, which cost most of a `status` at thousands of nodes."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "ports"}
+        data["restarts"] = dict(self.restarts)
         data["last_seen_age_s"] = round(max(0.0, now - self.last_seen), 3)
         return data
 

@@ -475,3 +475,20 @@ def test_a_stall_with_nothing_waiting_still_gives_the_members_their_time_back() 
     sim.stall_coordinator(5.0, lose_waiting=True)
     sim.run(0.5)
     assert sim.kinds(K.node_lost, since=mark) == []
+
+
+def test_status_pages_the_node_list_and_counts_every_node() -> None:
+    sim = Sim(6, min_nodes=1)
+    sim.start()
+    sim.formed()
+    sim.nodes["n0005"].kill()
+    sim.formed(2)
+    whole = REGISTRY["status"].run(sim.coordinator, {})
+    page = REGISTRY["status"].run(sim.coordinator, {"nodes_offset": 2, "nodes_limit": 3})
+    assert [n["node_id"] for n in whole["nodes"]] == [f"n{i:04d}" for i in range(6)]
+    assert [n["node_id"] for n in page["nodes"]] == ["n0002", "n0003", "n0004"]
+    assert (page["nodes_total"], page["nodes_offset"]) == (6, 2)
+    assert page["node_counts"] == {"alive/active": 5, "lost": 1} == whole["node_counts"]
+    assert "nodes 3-5 of 6 (5 alive/active, 1 lost)" in REGISTRY["status"].render(page)
+    with pytest.raises(ProtocolError):
+        REGISTRY["status"].run(sim.coordinator, {"nodes_limit": -1})

@@ -2,12 +2,16 @@
 
 from typing import Any
 
-from elasticd.commands import Command
+from elasticd.commands import Arg, Command
 from elasticd.coordinator import Coordinator
+from elasticd.protocol import ErrorCode, ProtocolError, arg
 
 
 def read(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
-    return {"ok": True, **c.status(c.clock())}
+    offset, limit = arg(args, "nodes_offset", int, 0), arg(args, "nodes_limit", int, None)
+    if offset < 0 or (limit is not None and limit < 0):
+        raise ProtocolError(ErrorCode.BAD_ARGUMENT, "nodes_offset and nodes_limit must be 0 or more")
+    return {"ok": True, **c.status(c.clock(), offset, limit)}
 
 
 def render(s: dict[str, Any]) -> str:
@@ -28,7 +32,17 @@ def render(s: dict[str, Any]) -> str:
     for n in s["nodes"]:
         lines.append(f"{n['node_id']:<12} {n['host']:<16} {n['role']:<9} {n['status']:<7} "
                      f"{','.join(map(str, ranks.get(n['node_id'], []))) or '-':<12} {n['last_seen_age_s']:.1f}s ago")
+    shown, total = len(s["nodes"]), s.get("nodes_total", len(s["nodes"]))
+    if shown < total:
+        first = s.get("nodes_offset", 0)
+        lines.append(f"nodes {first + 1}-{first + shown} of {total} "
+                     f"({', '.join(f'{v} {k}' for k, v in sorted(s.get('node_counts', {}).items()))}); "
+                     "--nodes-offset/--nodes-limit page through them")
     return "\n".join(lines)
 
 
-COMMANDS = [Command("status", "job state, round, nodes, restarts by cause", order=10, read=read, render=render)]
+COMMANDS = [Command(
+    "status", "job state, round, nodes, restarts by cause", order=10, read=read, render=render,
+    args=(Arg("nodes_offset", "first node of the page (join order)", type=int, flags=("--nodes-offset",)),
+          Arg("nodes_limit", "at most this many nodes (default: all)", type=int, flags=("--nodes-limit",))),
+)]
