@@ -47,7 +47,7 @@ class Daemon:
     def __init__(self, cfg: JobConfig, connect_timeout_s: float = 60.0) -> None:
         self.cfg = cfg
         self.ctx = zmq.asyncio.Context()
-        self.events = EventLog()
+        self.events = EventLog(EventLog.capacity_for(cfg.max_nodes))
         self.host = advertised_addr(cfg.rdzv_host, cfg.local_addr)
         self.connect_timeout_s = connect_timeout_s
         self.coordinator: Coordinator | None = None

@@ -13,6 +13,13 @@ log = logging.getLogger("elasticd")
 class EventLog:
     """Bounded, sequence-numbered history; the coordinator's copy is the job's authoritative one."""
 
+    EVENTS_PER_NODE = 25  # a round logs about 2 per node (workers stopped, started): ~10 rounds of history
+
+    @classmethod
+    def capacity_for(cls, max_nodes: int) -> int:
+        """The bound grows with the job: a fixed 5,000 is less than one round at 2,500 nodes."""
+        return max(5000, cls.EVENTS_PER_NODE * max_nodes)
+
     def __init__(self, capacity: int = 5000) -> None:
         self._events: deque[dict[str, Any]] = deque(maxlen=capacity)
         self.seq = 0
