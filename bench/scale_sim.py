@@ -10,7 +10,9 @@ the steady CPU per simulated second with nothing happening.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import platform
 import sys
 import time
@@ -83,13 +85,21 @@ def run(nodes: int) -> dict[str, Any]:
     return result
 
 
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", default="256,1024,2048", help="comma-separated node counts")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     runs = [run(int(n)) for n in args.nodes.split(",")]
-    report = {"machine": f"{platform.processor() or platform.machine()}, {platform.python_version()}", "runs": runs}
+    report = {"machine": f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}", "runs": runs}
     text = json.dumps(report, indent=1)
     print(text)
     if args.out:
