@@ -66,3 +66,8 @@ def test_readonly_help(snap_compare) -> None:  # type: ignore[no-untyped-def]
         await pilot.pause()
 
     assert snap_compare(fake_app(readonly=True), terminal_size=SIZE, run_before=run_before)
+
+
+@pytest.mark.parametrize("view", ["nodes", "events"])
+def test_hostname_node_ids(snap_compare, view: str) -> None:  # type: ignore[no-untyped-def]
+    assert snap_compare(fake_app(hostnames=True), terminal_size=SIZE, run_before=go(view))

@@ -45,6 +45,7 @@ LOCAL: tuple[ActionSpec, ...] = (
     ActionSpec("view_ckpt", "4", "View: checkpoints", show=False),
     ActionSpec("view_loss", "5", "View: loss plot", show=False),
     ActionSpec("next_job", "right_square_bracket", "Next job", show=False),
+    ActionSpec("log_scale", "l", "Loss plot: log scale on or off", show=False),
 )
 
 

@@ -150,7 +150,8 @@ class ElasticApp(App[None]):
             self.screen.redraw()
 
     def draw_main(self) -> None:
-        self.main.query_one(JobHeader).show(header_text(self.model, self.readonly, list(self.sessions), self.view))
+        header = self.main.query_one(JobHeader)
+        header.show(header_text(self.model, self.readonly, list(self.sessions), self.view, header.size.width))
         view = self.main.query_one(f"#{self.view}")
         view.show(self.model, self.marks, self.pattern)  # type: ignore[attr-defined]
 
@@ -204,6 +205,14 @@ class ElasticApp(App[None]):
             self.close_bar()
         self.pattern, self.marks = "", set()
         self.redraw()
+
+    def do_log_scale(self) -> None:
+        plot = self.main.query_one(LossView)
+        plot.log_scale = not plot.log_scale
+        if self.view != "loss":
+            self.switch_view("loss")  # the key says what it is for: show the plot it changed
+        else:
+            self.redraw()
 
     def do_mark(self) -> None:
         node_id = self.cursor_node()

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from elasticd.client import ClientError, Event
@@ -23,6 +24,9 @@ def gpu_of(rank: int) -> dict[str, Any] | None:
     return {"index": rank % 2, "util_percent": 90 - 5 * rank, "mem_used_bytes": (30 + rank) * GIB,
             "mem_total_bytes": 80 * GIB, "temp_c": 60 + rank, "power_w": 300.0 - 10 * rank,
             "proc_mem_bytes": (24 + rank) * GIB}
+
+
+ROUND_2_STEP = 120  # rank 3 failed here: round 2 restarts the workers
 
 
 def fixed_clock() -> float:
@@ -149,7 +153,7 @@ class FakeLink:
             for step in range(0, 241, 4):
                 ranks = [{"rank": r, "step": step, "loss": loss_at(r, step), "throughput": 128.0, "samples": 8,
                           "step_time": 0.1, "last_step_at": NOW} for r in NODES[node][1]]
-                yield Event("st", "steps", node, 17, NOW, {"round": 2, "ranks": ranks})
+                yield Event("st", "steps", node, 17, NOW, {"round": 1 if step < ROUND_2_STEP else 2, "ranks": ranks})
         while node in ("a", "b"):
             yield Event("hb", "heartbeat", node, 17, NOW, {"state": "running", "round": 2})
             await asyncio.sleep(0.5)
@@ -158,3 +162,36 @@ class FakeLink:
 
     def close(self) -> None:
         pass
+
+
+HOSTNAMES = {"a": "gpu-node-017.example.internal", "b": "gpu-node-018.example.internal",
+             "c": "gpu-node-117.example.internal"}
+
+
+def renamed(value: Any, names: dict[str, str]) -> Any:
+    """A reply or event body with every node id (a string or a key equal to one) replaced by its new name."""
+    if isinstance(value, str):
+        return names.get(value, value)
+    if isinstance(value, list):
+        return [renamed(v, names) for v in value]
+    if isinstance(value, dict):
+        return {names.get(k, k): renamed(v, names) for k, v in value.items()}
+    return value
+
+
+def hostname_link(names: dict[str, str] = HOSTNAMES) -> Callable[[str], FakeLink]:
+    """The fake job with real-cluster node ids (`gpu-node-017.example.internal`) instead of a, b and c."""
+
+    class HostnameLink(FakeLink):
+        async def call(self, op: str, timeout_s: float | None = None, **args: Any) -> dict[str, Any]:
+            inverse = {new: old for old, new in names.items()}
+            return dict(renamed(await super().call(op, timeout_s, **renamed(args, inverse)), names))
+
+        async def events(self, pub: str, since_seq: int | None = None, topics: tuple[str, ...] = ("",),
+                         idle_timeout_s: float | None = None) -> AsyncGenerator[Event, None]:
+            async for event in super().events(pub, since_seq, topics, idle_timeout_s):
+                yield dataclasses.replace(event, node=names.get(event.node, event.node),
+                                          body=renamed(event.body, names))
+
+    return HostnameLink
+

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tui.liveness import liveness
+from tui.names import short_names
 
 Clock = Callable[[], float]
 EVENT_HISTORY = 2000
@@ -94,6 +95,10 @@ class JobModel:
         self.step_seen_at: dict[tuple[str, int], float] = {}
         self.ranks_by_node: dict[str, dict[int, RankView]] = {}  # node id -> rank -> its metrics
         self.node_order: dict[str, int] = {}  # node id -> position in `nodes` (nodes are never removed)
+        self.round_first_step: dict[int, int] = {}  # round -> the first step this console saw in it
+        self.round_sizes: dict[int, int] = {}  # round -> world size, from round_started events
+        self.newest_checkpoint: RankView | None = None  # the rank whose checkpoint is the job's newest
+        self.names: dict[int, tuple[int, dict[str, str]]] = {}  # width -> (node count, short names)
 
     def changed(self) -> None:
         self.version += 1
@@ -146,6 +151,7 @@ class JobModel:
             if item.get("rank") is None:
                 continue
             metrics = self.rank(int(item["rank"]), str(item.get("node", "")))
+            self.saw_step(item.get("round"), item.get("step"))
             if metrics.pushed_at is None or now - metrics.pushed_at > PUSHED_FRESH_S:  # `st` is newer: keep it
                 self.update_rank(metrics.rank, metrics.node, item.get("step"), item.get("loss"), item.get("throughput"))
             if item.get("checkpoint_step") is not None:
@@ -153,6 +159,7 @@ class JobModel:
                 metrics.checkpoint_path = item.get("checkpoint_path")
                 if item.get("checkpoint_age_s") is not None:
                     metrics.checkpoint_at = now - float(item["checkpoint_age_s"])
+                    self.saw_checkpoint(metrics)
         self.changed()
 
     def apply_workers(self, reply: dict[str, Any]) -> None:
@@ -206,6 +213,7 @@ class JobModel:
             self.node(node_id).status = "lost" if kind == "node_lost" else "left"
         elif kind == "round_started":
             self.job.round, self.job.world_size = int(event.get("round", 0)), int(event.get("world_size", 0))
+            self.round_sizes[self.job.round] = self.job.world_size
         elif kind == "checkpoint_saved" and event.get("rank") is not None:
             self.apply_checkpoint(event)
         elif kind == "job_end":
@@ -221,6 +229,13 @@ class JobModel:
         metrics.checkpoint_bytes = event.get("bytes")
         metrics.checkpoint_duration_s = event.get("duration_s")
         metrics.checkpoint_path = event.get("path") or metrics.checkpoint_path
+        self.saw_checkpoint(metrics)
+
+    def saw_checkpoint(self, metrics: RankView) -> None:
+        """Keep the job's newest checkpoint at hand: the header shows its age every frame."""
+        newest = self.newest_checkpoint
+        if newest is None or newest is metrics or (metrics.checkpoint_at or 0.0) >= (newest.checkpoint_at or 0.0):
+            self.newest_checkpoint = metrics
 
     def apply_steps(self, node_id: str, body: dict[str, Any], sent: float | None = None) -> None:
         """Step telemetry (`st.<node>`, op `steps`, protocol §6.3): every shim rank of one daemon.
@@ -230,6 +245,7 @@ class JobModel:
         for item in body.get("ranks") or ():
             if item.get("rank") is None:
                 continue
+            self.saw_step(body.get("round"), item.get("step"))
             metrics = self.update_rank(int(item["rank"]), node_id, item.get("step"), item.get("loss"),
                                        item.get("throughput"))
             metrics.samples = item.get("samples", metrics.samples)
@@ -237,6 +253,14 @@ class JobModel:
             metrics.last_step_at = item.get("last_step_at", metrics.last_step_at)
             metrics.pushed_at = metrics.updated_at
         self.changed()
+
+    def saw_step(self, round_id: Any, step: Any) -> None:
+        """Keep the first step of each round: the loss plot marks where rounds began."""
+        if round_id is None or step is None:
+            return
+        first = self.round_first_step.get(int(round_id))
+        if first is None or int(step) < first:
+            self.round_first_step[int(round_id)] = int(step)
 
     def disconnected(self, node_id: str) -> None:
         if node_id in self.nodes:
@@ -249,6 +273,26 @@ class JobModel:
 
     def node_liveness(self, node: NodeView) -> str:
         return liveness(self.heartbeat_age(node), node.connected, node.status)
+
+    def short_names(self, width: int) -> dict[str, str]:
+        """Every node's name in about `width` cells (tui/names.py), computed again only when a node joins."""
+        cached = self.names.get(width)
+        if cached is None or cached[0] != len(self.nodes):  # nodes are never removed: the count is a version
+            cached = self.names[width] = (len(self.nodes), short_names(list(self.nodes), width))
+        return cached[1]
+
+    def short_name(self, node_id: str, width: int) -> str:
+        return self.short_names(width).get(node_id) or short_names([node_id], width)[node_id]
+
+    def checkpoint_age(self) -> float | None:
+        """The age of the job's newest checkpoint (the least over its ranks), whichever node wrote it."""
+        newest = self.newest_checkpoint
+        at = newest.checkpoint_at if newest is not None else None
+        return None if at is None else max(0.0, self.clock() - at)
+
+    def in_round(self, node: NodeView) -> bool:
+        """Whether the node's workers train in the current round: only then are its step and rates live."""
+        return bool(node.ranks) and node.role not in ("standby", "draining") and node.status not in ("lost", "left")
 
     def node_ranks(self, node_id: str) -> list[RankView]:
         found = self.ranks_by_node.get(node_id)

@@ -8,10 +8,13 @@ from typing import Any
 
 from rich.text import Text
 
+from tui.details import event_fields, format_seconds, short_path
+from tui.details import span as span_text
 from tui.liveness import SPARK_WIDTH, format_age, format_bytes, sparkline
 from tui.model import JobModel, NodeView
 
 Row = tuple[str, list[Text | str]]
+Names = dict[str, str]  # node id -> the name shown (tui/names.py)
 LIVENESS_STYLE = {"live": "green", "stale": "yellow", "missing": "bold red", "lost": "red", "left": "dim"}
 ROLE_STYLE = {"active": "green", "standby": "cyan", "draining": "yellow", "cordoned": "magenta"}
 NODE_COLOURS = ("dodger_blue2", "dark_orange", "medium_purple", "spring_green3", "deep_pink3", "gold3",
@@ -23,18 +26,18 @@ NODE_WIDTHS = (1, 6, 12, 15, 3, 5, 6, 6, 10, 6, 6, 11, 4, 6, 3)
 CKPT_COLUMNS = ("rank", "node", "saved step", "age", "size", "took", "path")
 EVENT_COLUMNS = ("seq", "time", "node", "kind", "details")
 PHASES = ("detect", "rendezvous", "stopped", "spawned", "first_step")
+NAME_SHARE = 6  # a node column of the events and ckpt tables gets a sixth of the width, 12 cells at least
+NAME_MIN = 12
+
+
+def name_width(total: int) -> int:
+    """How wide node names may be in a column (or a line) that shares `total` cells with others."""
+    return max(NAME_MIN, total // NAME_SHARE)
 
 
 def node_colour(model: JobModel, node_id: str) -> str:
     index = model.node_order.get(node_id)
     return NODE_COLOURS[index % len(NODE_COLOURS)] if index is not None else "white"
-
-
-def span_text(ranks: list[int]) -> str:
-    if not ranks:
-        return "-"
-    contiguous = ranks[-1] - ranks[0] == len(ranks) - 1
-    return f"{ranks[0]}-{ranks[-1]}" if contiguous and len(ranks) > 1 else ",".join(map(str, ranks))
 
 
 def matches(pattern: str, *cells: object) -> bool:
@@ -50,12 +53,13 @@ def matches(pattern: str, *cells: object) -> bool:
     return found != invert
 
 
-def node_row(model: JobModel, node: NodeView, marked: bool) -> list[Text | str]:
-    ranks = model.node_ranks(node.node_id)
+def node_row(model: JobModel, node: NodeView, marked: bool, names: Names) -> list[Text | str]:
+    # a node out of the round (standby, draining, lost) keeps its ranks' last reports: they are not live
+    ranks = model.node_ranks(node.node_id) if model.in_round(node) else []
     steps = [m.step for m in ranks if m.step is not None]
     losses = [m.loss for m in ranks if m.loss is not None]
     throughput = sum(m.throughput or 0.0 for m in ranks)
-    saved = [m.checkpoint_at for m in ranks if m.checkpoint_at is not None]
+    saved = [m.checkpoint_at for m in model.node_ranks(node.node_id) if m.checkpoint_at is not None]
     ckpt_age = model.clock() - min(saved) if saved else None
     live = model.node_liveness(node)
     running = sum(1 for w in node.workers if w.get("state") == "running")
@@ -65,7 +69,7 @@ def node_row(model: JobModel, node: NodeView, marked: bool) -> list[Text | str]:
     state = node.daemon_state or node.status
     return [
         Text("●" if marked else " ", style="bold yellow"),
-        Text(node.node_id, style=f"bold {node_colour(model, node.node_id)}"),
+        Text(names.get(node.node_id, node.node_id), style=f"bold {node_colour(model, node.node_id)}"),
         node.host or "-",
         Text(f"{role}/{state}", style=ROLE_STYLE.get(role, "")),
         f"{running}/{len(node.workers)}" if node.workers else "-",
@@ -88,11 +92,11 @@ def recent_losses(node: NodeView, count: int = SPARK_WIDTH) -> list[float]:
     return [history[i][1] for i in range(max(0, len(history) - count), len(history))]
 
 
-def node_rows(model: JobModel, marks: set[str], pattern: str = "") -> list[Row]:
+def node_rows(model: JobModel, marks: set[str], names: Names, pattern: str = "") -> list[Row]:
     rows: list[Row] = []
     for node in model.nodes.values():
-        cells = node_row(model, node, node.node_id in marks)
-        if matches(pattern, *cells):
+        cells = node_row(model, node, node.node_id in marks, names)
+        if matches(pattern, node.node_id, *cells):  # the whole id: a filter may name what the column elides
             rows.append((node.node_id, cells))
     return rows
 
@@ -102,25 +106,37 @@ def node_keys(model: JobModel) -> list[str]:
     return list(model.nodes)
 
 
-def node_cells(model: JobModel, marks: set[str]) -> Callable[[str], list[Text | str]]:
+def node_cells(model: JobModel, marks: set[str], names: Names) -> Callable[[str], list[Text | str]]:
     def cells(node_id: str) -> list[Text | str]:
-        return node_row(model, model.node(node_id), node_id in marks)
+        return node_row(model, model.node(node_id), node_id in marks, names)
 
     return cells
 
 
-def checkpoint_rows(model: JobModel, pattern: str = "") -> list[Row]:
-    rows: list[Row] = []
+def age_text(age: float | None) -> Text:
+    return Text(format_age(age), style="bold red" if age and age > CKPT_STALE_S else "")
+
+
+def job_checkpoint_row(model: JobModel, names: Names) -> Row:
+    """The job's line: its newest checkpoint, whichever rank and node wrote it."""
+    newest = model.newest_checkpoint
+    if newest is None:
+        return "job", [Text("job", style="bold"), "-", "-", age_text(None), "-", "-", "no checkpoint yet"]
+    return "job", [Text("job", style="bold"), Text(names.get(newest.node, newest.node), style="bold"),
+                   "-" if newest.checkpoint_step is None else str(newest.checkpoint_step),
+                   age_text(model.checkpoint_age()), "-", "-", f"newest: rank {newest.rank}"]
+
+
+def checkpoint_rows(model: JobModel, names: Names, pattern: str = "") -> list[Row]:
+    rows: list[Row] = [job_checkpoint_row(model, names)]
     for metrics in sorted(model.rank_metrics.values(), key=lambda m: m.rank):
         age = model.clock() - metrics.checkpoint_at if metrics.checkpoint_at is not None else None
         cells: list[Text | str] = [
-            str(metrics.rank), Text(metrics.node, style=node_colour(model, metrics.node)),
-            "-" if metrics.checkpoint_step is None else str(metrics.checkpoint_step),
-            Text(format_age(age), style="bold red" if age and age > CKPT_STALE_S else ""),
-            format_bytes(metrics.checkpoint_bytes),
-            "-" if metrics.checkpoint_duration_s is None else f"{metrics.checkpoint_duration_s:.2f}s",
-            metrics.checkpoint_path or "-"]
-        if matches(pattern, *cells):
+            str(metrics.rank), Text(names.get(metrics.node, metrics.node), style=node_colour(model, metrics.node)),
+            "-" if metrics.checkpoint_step is None else str(metrics.checkpoint_step), age_text(age),
+            format_bytes(metrics.checkpoint_bytes), format_seconds(metrics.checkpoint_duration_s),
+            short_path(metrics.checkpoint_path) if metrics.checkpoint_path else "-"]
+        if matches(pattern, metrics.node, *cells):
             rows.append((str(metrics.rank), cells))
     return rows
 
@@ -130,14 +146,13 @@ def timeline_text(timeline: dict[str, Any]) -> str:
     return " → ".join(f"{p} {float(timeline[p]):.2f}" for p in PHASES if p in timeline)
 
 
-def event_details(event: dict[str, Any]) -> str:
+def event_details(event: dict[str, Any], names: Names) -> str:
     if event.get("timeline"):
         return f"round {event.get('round')} ({event.get('cause')}): {timeline_text(event['timeline'])}s"
-    skip = {"seq", "ts", "kind", "node", "timeline"}
-    return " ".join(f"{k}={v}" for k, v in event.items() if k not in skip)
+    return event_fields(event, lambda node_id: names.get(node_id, node_id))
 
 
-def event_rows(model: JobModel, pattern: str = "", limit: int = 500) -> list[Row]:
+def event_rows(model: JobModel, names: Names, pattern: str = "", limit: int = 500) -> list[Row]:
     import time as _time
 
     rows: list[Row] = []
@@ -146,19 +161,21 @@ def event_rows(model: JobModel, pattern: str = "", limit: int = 500) -> list[Row
         style = ("bold red" if "fail" in kind or "lost" in kind or kind == "interlock_refused"
                  else "green" if kind in ("round_complete", "first_step") else "")
         stamp = _time.strftime("%H:%M:%S", _time.gmtime(float(event.get("ts", 0))))
-        cells: list[Text | str] = [str(event.get("seq", "")), stamp, str(event.get("node", "")),
-                                   Text(kind, style=style), event_details(event)[:160]]
-        if matches(pattern, *cells):
+        node_id = str(event.get("node", ""))
+        cells: list[Text | str] = [str(event.get("seq", "")), stamp, names.get(node_id, node_id),
+                                   Text(kind, style=style), event_details(event, names)[:160]]
+        if matches(pattern, node_id, *cells):
             rows.append((str(event.get("seq", len(rows))), cells))
         if len(rows) >= limit:
             break
     return rows
 
 
-def history_rows(model: JobModel) -> list[Row]:
+def history_rows(model: JobModel, names: Names) -> list[Row]:
     rows: list[Row] = []
     for rnd in reversed(model.round_history):
-        members = " ".join(f"{m.get('node_id')}:{span_text(list(m.get('ranks', [])))}" for m in rnd.get("members", []))
+        members = " ".join(f"{names.get(str(m.get('node_id')), m.get('node_id'))}:{span_text(list(m.get('ranks', [])))}"
+                           for m in rnd.get("members", []))
         timeline = {k: float(v) - float(rnd["timeline"].get("detect", 0)) for k, v in rnd.get("timeline", {}).items()
                     if k in PHASES}
         rows.append((str(rnd.get("round_id")), [str(rnd.get("round_id")), str(rnd.get("cause", "")),

@@ -1,9 +1,11 @@
-"""Node detail: the node's worker processes and the last lines of each worker's log."""
+"""Node detail: the node's worker processes, its recent events and the last lines of each worker's log."""
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
+from typing import Any
 
 from rich.text import Text
 from textual import work
@@ -15,14 +17,16 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from elasticd.render import GPU_COLUMNS, gpu_cells, has_gpu
+from tui.details import event_fields, short_path
 from tui.liveness import format_age, format_bytes
 from tui.model import JobModel
-from tui.rows import Row
+from tui.rows import Row, name_width
 from tui.views.table import SyncedTable
 
 WORKER_COLUMNS = ("rank", "local", "pid", "state", "exit", "cpu%", "rss", "uptime", "log")
 GPU_TABLE_COLUMNS = ("rank", *GPU_COLUMNS)  # its own table, shown only when the node's daemon has NVML
 TAIL_LINES = 8
+RECENT_EVENTS = 5
 
 
 def read_tail(path: str, lines: int = TAIL_LINES, max_bytes: int = 16384) -> str:
@@ -49,6 +53,7 @@ class NodeDetailScreen(Screen[None]):
     DEFAULT_CSS = """
     NodeDetailScreen #detail-title { padding: 0 1; text-style: bold; background: $primary-darken-2; }
     NodeDetailScreen #workers, NodeDetailScreen #gpus { height: auto; max-height: 12; }
+    NodeDetailScreen #node-events { height: auto; padding: 0 1; border-bottom: solid $primary-darken-2; }
     """
 
     @dataclass
@@ -63,6 +68,7 @@ class NodeDetailScreen(Screen[None]):
         yield Static(id="detail-title")
         yield SyncedTable(WORKER_COLUMNS, id="workers")
         yield SyncedTable(GPU_TABLE_COLUMNS, id="gpus")
+        yield Static(id="node-events")
         with VerticalScroll():
             yield Static(id="tails")
         yield Footer()
@@ -74,19 +80,38 @@ class NodeDetailScreen(Screen[None]):
 
     def redraw(self) -> None:
         node = self.model.node(self.node_id)
+        names = self.model.short_names(name_width(self.size.width or self.app.size.width) * 2)
+        name = names.get(node.node_id, node.node_id)
         self.query_one("#detail-title", Static).update(
-            f"node {node.node_id} · host {node.host or '?'} · {node.role}/{node.daemon_state or node.status} · "
+            f"node {name} · host {node.host or '?'} · {node.role}/{node.daemon_state or node.status} · "
             f"{self.model.node_liveness(node)} {format_age(self.model.heartbeat_age(node))}")
         rows: list[Row] = [(str(w.get("pid")), [str(w.get("rank")), str(w.get("local_rank")), str(w.get("pid")),
                  Text(str(w.get("state")), style="green" if w.get("state") == "running" else "red"),
                  "-" if w.get("exit_code") is None else str(w.get("exit_code")),
                  f"{float(w.get('cpu_percent') or 0):.0f}", format_bytes(w.get("rss")),
-                 format_age(w.get("uptime_s")), str(w.get("log", ""))]) for w in node.workers]
+                 format_age(w.get("uptime_s")), short_path(str(w.get("log", "")))]) for w in node.workers]
         self.query_one("#workers", SyncedTable).sync(rows)
         gpus = self.query_one("#gpus", SyncedTable)
         gpus.display = has_gpu(node.workers)
         if gpus.display:
             gpus.sync([(str(w.get("pid")), [str(w.get("rank")), *gpu_cells(w.get("gpu"))]) for w in node.workers])
+        self.query_one("#node-events", Static).update(self.recent_events(names))
+
+    def recent_events(self, names: dict[str, str]) -> Text:
+        """The node's last few events, newest first, their fields formatted for reading."""
+        found: list[dict[str, Any]] = []
+        for event in reversed(self.model.events):
+            if event.get("node") == self.node_id:
+                found.append(event)
+                if len(found) == RECENT_EVENTS:
+                    break
+        text = Text("recent events\n", style="bold")
+        for event in found:
+            stamp = time.strftime("%H:%M:%S", time.gmtime(float(event.get("ts", 0))))
+            text.append(f"{stamp} ", style="dim").append(f"{event.get('kind')} ", style="cyan")
+            text.append(event_fields(event, lambda node_id: names.get(node_id, node_id)) + "\n")
+        text.rstrip()
+        return text if found else text.append("none", style="dim")
 
     @work(thread=True, exclusive=True, group="tails")
     def read_tails(self) -> None:

@@ -8,7 +8,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from tui.model import JobModel
-from tui.rows import EVENT_COLUMNS, PHASES, event_rows
+from tui.rows import EVENT_COLUMNS, PHASES, event_rows, name_width
 from tui.views.table import SyncedTable
 
 PHASE_STYLE = {"rendezvous": "cyan", "stopped": "yellow", "spawned": "magenta", "first_step": "green"}
@@ -51,4 +51,5 @@ class EventsView(Vertical):
 
     def show(self, model: JobModel, marks: set[str], pattern: str) -> None:
         self.query_one("#recoveries", Static).update(recovery_bars(model))
-        self.query_one("#event-log", SyncedTable).sync(event_rows(model, pattern))
+        log = self.query_one("#event-log", SyncedTable)
+        log.sync(event_rows(model, model.short_names(name_width(log.size.width or self.app.size.width)), pattern))

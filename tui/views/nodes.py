@@ -2,9 +2,31 @@
 
 from __future__ import annotations
 
+from textual import events
+
 from tui.model import JobModel
-from tui.rows import NODE_COLUMNS, NODE_WIDTHS, node_cells, node_keys, node_rows
-from tui.views.table import SyncedTable
+from tui.rows import NAME_MIN, NODE_COLUMNS, NODE_WIDTHS, Names, node_cells, node_keys, node_rows
+from tui.views.table import PADDING, SyncedTable
+
+NAME_COLUMN = NODE_COLUMNS.index("node")
+OPTIONAL_COLUMNS = ("host", "rss", "cpu%", "trend", "rst")  # hidden in this order when node names need room
+
+
+def column_widths(width: int, longest: int) -> list[int]:
+    """Content widths of the columns in `width` cells: the node column takes what is left, up to the longest
+    name; optional columns give way before a name is cut under NAME_MIN."""
+    widths = list(NODE_WIDTHS)
+    least = max(len("node"), min(longest, NAME_MIN))
+
+    def others() -> int:
+        return sum(w + 2 * PADDING for i, w in enumerate(widths) if w and i != NAME_COLUMN)
+
+    for name in OPTIONAL_COLUMNS:
+        if others() + least + 2 * PADDING <= width:
+            break
+        widths[NODE_COLUMNS.index(name)] = 0
+    widths[NAME_COLUMN] = max(least, min(longest, width - others() - 2 * PADDING))
+    return widths
 
 
 class NodesView(SyncedTable):
@@ -12,9 +34,29 @@ class NodesView(SyncedTable):
 
     def __init__(self) -> None:
         super().__init__(NODE_COLUMNS, NODE_WIDTHS, id="nodes")
+        self.fitted: tuple[tuple[int, int, int], Names] = ((0, -1, -1), {})
+        self.last: tuple[JobModel, set[str], str] | None = None
+
+    def names(self, model: JobModel) -> Names:
+        """Fit the columns to the width; names are cut again only when a node joins or the width changes."""
+        width = self.scrollable_content_region.width or self.app.size.width
+        key = (id(model), len(model.nodes), width)  # another job (`]`) is another model
+        if key != self.fitted[0]:
+            widths = column_widths(width, max(map(len, model.nodes), default=0))
+            names = model.short_names(widths[NAME_COLUMN])
+            widths[NAME_COLUMN] = max([widths[NAME_COLUMN], *map(len, names.values())])  # grown to stay distinct
+            self.fit(widths)
+            self.fitted = (key, names)
+        return self.fitted[1]
 
     def show(self, model: JobModel, marks: set[str], pattern: str) -> None:
+        self.last = (model, marks, pattern)
+        names = self.names(model)
         if pattern:  # the filter looks at every cell of every node
-            self.sync(node_rows(model, marks, pattern))
+            self.sync(node_rows(model, marks, names, pattern))
         else:  # hundreds of nodes: only the rows on screen are computed and drawn
-            self.sync_lazy(node_keys(model), node_cells(model, marks))
+            self.sync_lazy(node_keys(model), node_cells(model, marks, names))
+
+    def on_resize(self, _: events.Resize) -> None:
+        if self.last is not None:
+            self.show(*self.last)

@@ -70,6 +70,8 @@ class Painter:
         for index, column_width in enumerate(widths):
             if position >= end:
                 break  # off screen to the right
+            if not column_width:
+                continue  # a hidden column
             position += column_width
             cell = cells[index] if index < len(cells) else ""
             inner = max(0, column_width - 2 * self.padding)

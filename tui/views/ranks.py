@@ -8,26 +8,28 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from tui.model import JobModel
-from tui.rows import node_colour
+from tui.rows import history_rows, matches, name_width, node_colour
 from tui.views.table import SyncedTable
 
 HISTORY_COLUMNS = ("round", "cause", "world", "members", "recovery timeline (s)")
+CELL_NAME = 6  # cells of a node's name in a grid cell
 
 
-def rank_grid(model: JobModel, per_line: int = 16) -> Text:
+def rank_grid(model: JobModel, per_line: int = 16, width: int = 120) -> Text:
     """One cell per global rank, background = its node, dim when the node is not live."""
     text = Text(f"round {model.job.round}: world {model.job.world_size}\n", style="bold")
+    short, legend = model.short_names(CELL_NAME), model.short_names(name_width(width))
     cells = sorted((rank, str(entry.get("node_id"))) for entry in model.rank_map for rank in entry.get("ranks", []))
     for index, (rank, node_id) in enumerate(cells):
         node = model.nodes.get(node_id)
         live = model.node_liveness(node) if node else "missing"
         mark = {"live": "", "stale": "?", "missing": "!"}.get(live, "x")
         style = f"black on {node_colour(model, node_id)}" + ("" if live == "live" else " dim strike")
-        text.append(f" {rank:>3}{mark:1} {node_id[:6]:<6}", style=style)
+        text.append(f" {rank:>3}{mark:1} {short.get(node_id, node_id):<{CELL_NAME}}", style=style)
         text.append("\n" if (index + 1) % per_line == 0 else " ")
     text.append("\n")
     for node_id in model.nodes:
-        text.append("■ ", style=node_colour(model, node_id)).append(f"{node_id}  ")
+        text.append("■ ", style=node_colour(model, node_id)).append(f"{legend[node_id]}  ")
     text.append("  (? stale, ! missing)", style="dim")
     return text
 
@@ -44,8 +46,8 @@ class RanksView(Vertical):
         yield SyncedTable(HISTORY_COLUMNS, id="round-history")
 
     def show(self, model: JobModel, marks: set[str], pattern: str) -> None:
-        from tui.rows import history_rows, matches
-
-        self.query_one("#rank-grid", Static).update(rank_grid(model))
-        rows = [row for row in history_rows(model) if matches(pattern, *row[1])]
+        width = self.size.width or self.app.size.width
+        self.query_one("#rank-grid", Static).update(rank_grid(model, width=width))
+        rows = [row for row in history_rows(model, model.short_names(name_width(width)))
+                if matches(pattern, *row[1])]
         self.query_one("#round-history", SyncedTable).sync(rows)

@@ -113,7 +113,17 @@ class SyncedTable(ScrollView, can_focus=True):
 
     @property
     def column_widths(self) -> list[int]:
-        return [width + 2 * PADDING for width in self.content_widths]
+        """Cells per column, padding included; a column of width 0 is hidden."""
+        return [width + 2 * PADDING if width else 0 for width in self.content_widths]
+
+    def fit(self, widths: Sequence[int]) -> None:
+        """New fixed widths for the first columns (0 hides one): the view fits them to the screen."""
+        if tuple(widths) == self.widths:
+            return
+        self.widths = tuple(widths)
+        self.content_widths[:len(widths)] = widths
+        self.virtual_size = Size(sum(self.column_widths), HEADER + len(self.keys))
+        self.refresh()  # the epoch (column widths) changed: every strip is drawn again
 
     # ---- feeding ------------------------------------------------------------------------------------
     def sync(self, rows: list[Row]) -> None:

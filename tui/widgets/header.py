@@ -5,13 +5,15 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from tui.liveness import format_age
 from tui.model import JobModel
+from tui.rows import CKPT_STALE_S, name_width
 
 STATE_STYLE = {"running": "bold green", "waiting": "bold yellow", "succeeded": "bold cyan", "failed": "bold red",
                "stopped": "bold magenta", "connecting": "yellow"}
 
 
-def header_text(model: JobModel, readonly: bool, jobs: list[str], view: str) -> Text:
+def header_text(model: JobModel, readonly: bool, jobs: list[str], view: str, width: int = 120) -> Text:
     job = model.job
     text = Text()
     if len(jobs) > 1:
@@ -20,7 +22,8 @@ def header_text(model: JobModel, readonly: bool, jobs: list[str], view: str) -> 
         text.append("  ([ ] or :job ID)\n", style="dim")
     text.append(f"job {job.job_id or '?'} ", style="bold").append(job.state, STATE_STYLE.get(job.state, "")).append(" ")
     text.append(f"  round {job.round}  world {job.world_size}  target {job.target} nodes  "
-                f"min:max {job.min_nodes}:{job.max_nodes}  coordinator {job.coordinator or '?'}")
+                f"min:max {job.min_nodes}:{job.max_nodes}  "
+                f"coordinator {model.short_name(job.coordinator, name_width(width)) if job.coordinator else '?'}")
     if readonly:
         text.append("  READ-ONLY", style="bold reverse yellow")
     restarts = " ".join(f"{cause} {count}" for cause, count in job.restarts.items())
@@ -28,6 +31,9 @@ def header_text(model: JobModel, readonly: bool, jobs: list[str], view: str) -> 
     if job.last_recovery:
         phase, total = max(job.last_recovery.items(), key=lambda kv: kv[1])
         text.append(f"last recovery {total:.2f}s (to {phase})  ")
+    age = model.checkpoint_age()
+    text.append("ckpt ").append(format_age(age), "bold red" if age is not None and age > CKPT_STALE_S else "")
+    text.append(" ago  " if age is not None else "  ")
     counts: dict[str, int] = {}
     for node in model.nodes.values():
         live = model.node_liveness(node)
