@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import socket
@@ -28,8 +29,27 @@ def runtime_dir() -> Path:
     return path
 
 
+NAME_MAX = 200  # bytes of a runtime file name, below the file system's 255 with room for suffixes
+
+
+def node_file_stem(job_id: str, node_id: str) -> str:
+    """`JOB--NODE` names this node's runtime files; a node id too long for a file name (a hostname may have
+    253 characters) is replaced by its digest. The files' contents carry the ids themselves."""
+    stem = f"{job_id}--{node_id}"
+    return stem if len(stem.encode()) <= NAME_MAX else f"{job_id}--{id_digest(node_id)}"
+
+
+def id_digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def worker_socket(job_id: str, node_id: str, pid: int) -> str:
+    """The worker channel's ipc:// path: short whatever the ids, since a Unix socket path has 107 bytes at most."""
+    return str(runtime_dir() / f"w-{id_digest(f'{job_id}--{node_id}')}-{pid}.sock")
+
+
 def endpoint_file(job_id: str, node_id: str) -> Path:
-    return runtime_dir() / f"{job_id}--{node_id}.json"
+    return runtime_dir() / f"{node_file_stem(job_id, node_id)}.json"
 
 
 def write_endpoints(job_id: str, node_id: str, info: dict[str, Any]) -> Path:

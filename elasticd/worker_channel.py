@@ -16,7 +16,7 @@ from elasticd.config import JobConfig, StartError
 from elasticd.names import EventKind, MeshOp, NodeState
 from elasticd.output_metrics import OUTPUT
 from elasticd.protocol import Envelope, decode, encode, new_id
-from elasticd.runtime import runtime_dir
+from elasticd.runtime import worker_socket
 
 if TYPE_CHECKING:
     from elasticd.node import NodeAgent
@@ -36,7 +36,7 @@ class WorkerChannel:
         self.dropped_frames = 0
 
     def bind(self) -> dict[str, str]:
-        self.path = str(runtime_dir() / f"{self.cfg.job_id}--{self.cfg.node_id}--{os.getpid()}.workers")
+        self.path = worker_socket(self.cfg.job_id, self.cfg.node_id, os.getpid())
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 100)

@@ -14,9 +14,13 @@ from pathlib import Path
 import pytest
 from harness import TICKER, Job, job_processes, wait_gone
 
+from elasticd.runtime import id_digest
+
 
 def runtime_files(job: Job, node: str) -> list[Path]:
-    return sorted((job.tmp / "run").glob(f"{job.job_id}--{node}*"))
+    """That node's endpoint file and worker-channel sockets (named by a digest of the ids: short paths)."""
+    run = job.tmp / "run"
+    return sorted([*run.glob(f"{job.job_id}--{node}*"), *run.glob(f"w-{id_digest(f'{job.job_id}--{node}')}-*")])
 
 
 def test_a_sigkilled_member_restarted_on_the_same_node_rejoins(tmp_path: Path) -> None:
@@ -29,7 +33,7 @@ def test_a_sigkilled_member_restarted_on_the_same_node_rejoins(tmp_path: Path) -
         pids = job.daemons["b"].kill_with_workers()
         assert wait_gone(pids) == []
         left = [p.name for p in runtime_files(job, "b")]
-        assert f"{job.job_id}--b.json" in left and any(p.endswith(".workers") for p in left), left  # stale
+        assert f"{job.job_id}--b.json" in left and any(p.endswith(".sock") for p in left), left  # stale
 
         mark = job.seq()
         again = job.start("b", TICKER)  # at once: inside the window where the old b is not yet declared lost
@@ -65,7 +69,7 @@ def test_stale_runtime_files_never_block_a_start(tmp_path: Path) -> None:
             (run / f"{job.job_id}--a.tmp").write_text("{half")  # a crash inside write_endpoints
             if attempt:
                 (run / f"{job.job_id}--a.json").write_text("not json")  # a torn endpoint file
-            (run / f"{job.job_id}--a--1.workers").write_text("")  # a worker socket of a long-gone pid
+            (run / f"w-{id_digest(f'{job.job_id}--a')}-1.sock").write_text("")  # a worker socket of a dead pid
         a = job.start("a", TICKER, extra=["--control", control])  # the SIGKILLed daemon's own control port
         job.wait_event("workers_started")
         assert a.control == control and a.proc.poll() is None

@@ -110,3 +110,12 @@ def test_an_ipc_endpoint_in_a_folder_others_can_enter_is_refused(tmp_path: Path)
     ok = start(tmp_path, "--standalone", "--control", f"ipc://{private}/ctl", str(TICKER), "--ticks", "1",
                "--interval", "0.01")
     assert ok.returncode == 0, ok.stderr
+
+
+def test_the_longest_hostname_is_a_node_id_that_starts_and_finishes(tmp_path: Path) -> None:
+    """253 characters: its runtime files (an ipc:// socket has 107 bytes at most) must still fit."""
+    node = ".".join(["n" * 63] * 3 + ["n" * 61])
+    assert len(node) == 253
+    result = start(tmp_path, "--standalone", "--node-id", node, "--preload", "json", str(TICKER), "--ticks", "3")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"node {node} (coordinator)" in result.stderr

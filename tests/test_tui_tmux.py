@@ -6,7 +6,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,13 +33,10 @@ def wait_pane(socket: str, done: Callable[[str], bool], timeout: float = 30.0) -
     return text
 
 
-def test_host_name_node_ids_are_told_apart_at_120_columns() -> None:
+def test_host_name_node_ids_are_told_apart_at_120_columns(tmp_path: Path) -> None:
     if shutil.which("tmux") is None:
         unavailable("tmux is not installed")
-    # a short runtime directory: elasticd's worker channel is an ipc path that holds the node id, and such
-    # paths must stay under 108 bytes (sun_path)
-    tmp = Path(tempfile.mkdtemp(prefix="et-", dir="/tmp"))
-    job = Job(tmp, nnodes="1:2", nproc=1)
+    job = Job(tmp_path, nnodes="1:2", nproc=1)
     socket = f"elastic-tui-{os.getpid()}"
     try:
         for node in NODES:
@@ -61,4 +57,3 @@ def test_host_name_node_ids_are_told_apart_at_120_columns() -> None:
     finally:
         tmux(socket, "kill-server")
         job.close()
-        shutil.rmtree(tmp, ignore_errors=True)
