@@ -24,11 +24,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_node(node: str, port: int, workdir: Path, script: Path, steps: int) -> subprocess.Popen[bytes]:
+PLAIN_LOSS = r"step=(?P<step>\d+) world_size=\d+ loss=(?P<loss>[-\d.e]+)"  # what train_plain.py prints
+
+
+def start_node(node: str, port: int, metrics_port: int, workdir: Path, script: Path,
+               steps: int) -> subprocess.Popen[bytes]:
     log = open(workdir / f"elasticd-{node}.log", "ab")  # noqa: SIM115 - lives as long as the daemon
+    output = ["--metrics-from-output", PLAIN_LOSS] if script.name == "train_plain.py" else []  # loss of a plain script
     cmd = [sys.executable, "-m", "elasticd.cli", "start", "--nnodes", "1:2", "--nproc-per-node", "2",
            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "demo", "--node-id", node,
-           "--max-restarts", "3", "--log-dir", str(workdir / "logs"), str(script), *script_args(script, workdir, steps)]
+           "--max-restarts", "3", "--log-dir", str(workdir / "logs"), "--metrics-port", str(metrics_port), *output,
+           str(script), *script_args(script, workdir, steps)]
     return subprocess.Popen(cmd, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -61,8 +67,10 @@ def main() -> int:
     shim = HERE / "train_shim.py"
     script = HERE / "train_plain.py" if args.plain or not shim.exists() else shim
     port = free_port()
-    nodes = [start_node(n, port, workdir, script, args.steps) for n in ("a", "b")]
-    print(f"demo: job 'demo', nodes a and b on 127.0.0.1:{port}, running {script.name}; files in {workdir}")
+    metrics = {n: free_port() for n in ("a", "b")}
+    nodes = [start_node(n, port, metrics[n], workdir, script, args.steps) for n in metrics]
+    print(f"demo: job 'demo', nodes a and b on 127.0.0.1:{port}, running {script.name}; files in {workdir}; "
+          "Prometheus metrics: " + ", ".join(f"http://127.0.0.1:{p}/metrics ({n})" for n, p in metrics.items()))
     try:
         wait_for_daemons("demo", 2)
         if args.events:

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from harness import PLAIN, Job
+from test_tui_support import SIZE, until
 
 from elasticd.output_metrics import compile_pattern, parse_line
+from tui.app import ElasticApp
 
 PLAIN_LINE = r"step=(?P<step>\d+) world_size=\d+ loss=(?P<loss>[-\d.e]+)"  # what examples/train_plain.py prints
 
@@ -35,5 +38,21 @@ def test_a_plain_script_shows_step_and_loss_and_is_never_taken_for_a_hung_shim(t
             kinds = {e["kind"] for e in client.call("events", limit=0)["events"]}
         assert "first_step" in kinds and "worker_hung" not in kinds
         assert job.status()["restarts"] == {"failure": 0, "membership": 0, "operator": 0, "hang": 0}
+    finally:
+        job.close()
+
+
+@pytest.mark.asyncio
+async def test_the_console_shows_a_plain_scripts_printed_step_and_loss(tmp_path: Path) -> None:
+    job = Job(tmp_path, nnodes="1:1", nproc=1, extra=["--metrics-from-output", PLAIN_LINE])
+    try:
+        a = job.start("a", PLAIN, "--steps", "100000", "--snapshot", str(tmp_path / "snap.pt"), "--step-time", "0.1")
+        a.wait_line(r"\[a:0\] step=2 ")
+        app = ElasticApp({job.job_id: [a.control]})
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: (r := app.model.rank_metrics.get(0)) is not None and (r.step or 0) > 2
+                        and isinstance(r.loss, float), what="rank 0's step and loss in the console")
+            await pilot.press("colon", *"loss", "enter")
+            await until(pilot, lambda: app.view == "loss", what="the loss view")
     finally:
         job.close()
