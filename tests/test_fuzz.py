@@ -42,6 +42,7 @@ from elasticd.events import EventLog
 from elasticd.membership import MemoryStore
 from elasticd.names import MeshOp
 from elasticd.protocol import Envelope, ProtocolError, arg, decode, encode
+from elasticd.runtime import id_digest
 from tui.feeds import ingest
 from tui.session import JobSession
 
@@ -464,9 +465,8 @@ class Live:
         raise AssertionError(f"the workers stopped stepping: {ranks} vs {after}")
 
     def worker_addr(self, node: str) -> str:
-        found = list((self.job.tmp / "run").glob(f"{self.job.job_id}--{node}--*.workers"))
-        pid = self.daemons[node].proc.pid
-        return "ipc://" + str(next(p for p in found if p.name.endswith(f"--{pid}.workers")))
+        digest = id_digest(f"{self.job.job_id}--{node}")  # elasticd/runtime.py worker_socket, in the job's folder
+        return f"ipc://{self.job.tmp / 'run'}/w-{digest}-{self.daemons[node].proc.pid}.sock"
 
     def check(self) -> None:
         """The daemons are up, membership and the round unchanged, and the workers still step."""
