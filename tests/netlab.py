@@ -13,7 +13,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from system_deps import unavailable
+from system_deps import require_binary, unavailable
 
 ETC_NETNS = Path("/etc/netns")
 
@@ -32,8 +32,7 @@ class Lab:
     def __enter__(self) -> Lab:
         if os.geteuid() != 0:
             unavailable("network namespaces need root")
-        if shutil.which("ip") is None:
-            unavailable("`ip` (iproute2) is not installed")
+        require_binary("ip", "iproute2")
         try:
             self._create()
         except subprocess.CalledProcessError as err:

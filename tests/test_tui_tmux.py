@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -11,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness import TICKER, Job
-from netlab import unavailable
+from system_deps import require_binary
 
 NODES = ("gpu-node-017.example.internal", "gpu-node-018.example.internal")
 REPO = Path(__file__).resolve().parent.parent
@@ -34,8 +33,7 @@ def wait_pane(socket: str, done: Callable[[str], bool], timeout: float = 30.0) -
 
 
 def test_host_name_node_ids_are_told_apart_at_120_columns(tmp_path: Path) -> None:
-    if shutil.which("tmux") is None:
-        unavailable("tmux is not installed")
+    require_binary("tmux", "tmux")
     job = Job(tmp_path, nnodes="1:2", nproc=1)
     socket = f"elastic-tui-{os.getpid()}"
     try:
