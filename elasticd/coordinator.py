@@ -562,7 +562,7 @@ class Coordinator:
                   duration_s=round(now - trans.started, 3))
         self.let_go(trans, now)
         if trans.then == After.end:
-            self.end(JobState.stopped, f"stopped by operator ({trans.op_id})", now)
+            self.end(JobState.stopped, f"{trans.detail} ({trans.op_id})", now)
         else:
             self.schedule(trans.cause, trans.detail, trans.started, due=now)
             self.reformed = True

@@ -27,13 +27,14 @@ from elasticd.exporter import MetricsExporter, bind_host_of
 from elasticd.member import Member
 from elasticd.membership import MemoryStore
 from elasticd.mesh import CoordinatorMesh, MemberMesh
-from elasticd.names import CTL_PREFIX, EventKind, JobState, MeshOp, NodeState
+from elasticd.names import CTL_PREFIX, EventKind, JobState, MeshOp, NodeState, Role
 from elasticd.node import NodeAgent
 from elasticd.protocol import Envelope
 from elasticd.round_store import RoundStore
 from elasticd.runtime import advertised_addr, is_local_host, remove_endpoints, socket_ifname_env, write_endpoints
 from elasticd.spawner import Spawner, Zygote
 from elasticd.store_tunnel import TunnelServer
+from elasticd.transitions import After, TransitionKind
 from elasticd.worker_channel import WorkerChannel
 from elasticd.workers import base_env
 
@@ -57,6 +58,7 @@ class Daemon:
         self.started = time.time()
         self.done = asyncio.Event()
         self.exit_message = ""
+        self.signalled = False  # the coordinator's node got its first leave signal: the job is stopping gracefully
         self.tasks: list[asyncio.Task[Any]] = []
         self.endpoints: dict[str, str] = {}
         self.plane: ControlPlane | None = None  # the operator sockets, bound in start()
@@ -274,12 +276,27 @@ class Daemon:
         self.leave(f"node {self.cfg.node_id}'s elasticd received {signal.Signals(sig).name}")
 
     def leave(self, reason: str) -> None:
-        """SIGTERM/SIGINT/HUP: a member leaves; the coordinator's node ends the job."""
-        if self.coordinator is not None:
-            self.coordinator.end(JobState.stopped, f"{reason}; it is the coordinator, so the job ends "
-                                 "(no coordinator HA yet)", time.time())
-        else:
+        """SIGTERM/SIGINT/HUP: a member leaves; the coordinator's node ends the job (no coordinator HA yet).
+
+        Both are graceful the first time: shim ranks stop at one agreed step with a checkpoint (a member's
+        drain, the coordinator's `stop`), bounded by --grace-period; a second signal ends it at once.
+        """
+        if self.coordinator is None:
             self.member.leave(reason)
+            return
+        why = f"{reason}; it is the coordinator, so the job ends (no coordinator HA yet)"
+        c = self.coordinator
+        if self.signalled or c.state != JobState.running or c.transition is not None:
+            c.end(JobState.stopped, why, time.time())
+            return
+        self.signalled = True
+        c.begin_transition(TransitionKind.stop, [], Role.standby, After.end, why)
+        self.spawn(self.end_after_grace(why))
+
+    async def end_after_grace(self, why: str) -> None:
+        await asyncio.sleep(self.cfg.grace_s)
+        if self.coordinator is not None:
+            self.coordinator.end(JobState.stopped, f"{why}; --grace-period {self.cfg.grace_s:g}s ran out", time.time())
 
     async def finish(self, state: str, reason: str, code: int | None = None, message: str = "") -> None:
         if self.node.state == NodeState.ending:

@@ -187,3 +187,24 @@ def test_sigterm_of_a_member_drains_it_and_loses_no_step(tmp_path: Path) -> None
         assert job.status()["restarts"]["failure"] == 0
     finally:
         job.close()
+
+
+def test_sigterm_of_the_coordinators_node_stops_the_job_at_one_step_with_a_checkpoint(tmp_path: Path) -> None:
+    """No coordinator failover yet, so the job ends; but it ends as `elasticd stop` does: nothing is lost."""
+    job = Job(tmp_path, nnodes="1:2", nproc=1)
+    args = ("--steps", "100000", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "0", "--step-time", "0.05",
+            "--batch", "16", "--micro", "8")
+    try:
+        a = job.start("a", SHIM, *args)
+        b = job.start("b", SHIM, *args)
+        grown = job.wait_event("round_started", lambda e: e["world_size"] == 2)
+        job.wait_event("first_step", since=grown["seq"])
+        a.signal(signal.SIGTERM)
+        assert a.wait_exit(30) == 0 and b.wait_exit(30) == 0
+        saved = re.search(r"\[a:0\] drained at step=(\d+) checkpoint=(\S+)", a.output())  # rank 0 writes it
+        assert saved is not None and os.path.exists(saved.group(2)), a.output()[-2000:]
+        # every rank said `drained` at that step (no timeout): the checkpoint is the job's last step
+        assert re.search(r"stop_complete .*timed_out=False", a.output()), a.output()[-2000:]
+        assert "job_end state=stopped reason=node a's elasticd received SIGTERM" in a.output()
+    finally:
+        job.close()

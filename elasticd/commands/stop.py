@@ -15,7 +15,7 @@ def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def apply(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
-    return steer.begin(c, TransitionKind.stop, [], Role.standby, After.end, "operator stop")
+    return steer.begin(c, TransitionKind.stop, [], Role.standby, After.end, "stopped by operator")
 
 
 COMMANDS = [Command("stop", "graceful end of the job", order=130, plan=plan, apply=apply,
