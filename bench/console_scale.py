@@ -1,8 +1,9 @@
 """Console scale benchmark: N simulated daemons publish heartbeats, steps and events; measure elastic-tui CPU, latency.
 
-Usage: python bench/console_scale.py [--nodes 64 256] [--rate 5] [--seconds 10]
-The simulated daemons run in a child process (ROUTER + PUB each on 127.0.0.1, answering hello, status, metrics,
-workers, ranks and events); the console runs headless in this process and follows all of them.
+Usage: python bench/console_scale.py [--nodes 256 2048] [--rate 5] [--seconds 10] [--scroll-every 0]
+The simulated daemons run in a child process (ROUTER + XPUB each on 127.0.0.1, answering hello, status with
+pages and node_counts, metrics, workers, ranks and events); the console runs headless in this process. Above 64
+nodes it follows the job through `status` pages and subscribes only to the daemons on screen and the coordinator.
 CPU is the console process's CPU time over the window (not wall: the host may be shared). Latency is from a
 step message's publish time (envelope ts) to the model (model) and to the first frame written after the redraw
 that took it (screen).
@@ -29,23 +30,31 @@ import zmq.asyncio
 
 from elasticd.protocol import Envelope, decode, encode
 
+TICK_S = 0.05  # the publishing loop's period; each daemon checks its step every 0.25 s, as the real one
+
 
 class FakeDaemons:
-    """N daemons of one job `bench` in one asyncio loop; node i runs global rank i.
+    """N daemons of one job `bench` in one asyncio loop; node i runs global rank i; node 0 is the coordinator.
 
-    Each publishes like the real daemon (docs/protocol.md §6): `st.<node>` (op `steps`, every rank of the node in
-    one message) at most every 0.25 s and only when a step moved, `hb.<node>` every second, and every job event
-    (`ev.<node>.<kind>`, numbered by the coordinator) on every PUB.
+    Each publishes like the real daemon (docs/protocol.md §6): `st.<node>/` (op `steps`, every rank of the node in
+    one message) at most every 0.25 s and only when a step moved, `hb.<node>/` every second; job events
+    (`ev.<node>/<kind>`) only on the coordinator's PUB. Every socket is bound, but a PUB is an XPUB here: a daemon
+    nobody subscribes to encodes nothing (a real one would publish and its PUB drop the messages unsent), so
+    2,048 of them cost the machine only what the console asks for.
     """
 
     def __init__(self, count: int, rate_hz: float, event_every_s: float = 2.0) -> None:
         self.addrs: list[tuple[str, str]] = []
         self.count, self.rate_hz, self.event_every_s = count, rate_hz, event_every_s
         self.ctx = zmq.asyncio.Context()
+        self.ctx.setsockopt(zmq.LINGER, 0)
+        self.ctx.set(zmq.MAX_SOCKETS, 4 * count + 64)
         self.started = time.time()
         self.pubs: list[zmq.asyncio.Socket] = []
+        self.listened: dict[int, set[bytes]] = {}  # node index -> topics its PUB has subscribers for
         self.events: list[dict[str, Any]] = []
         self.saved: dict[int, tuple[int, float]] = {}
+        self.ids = [f"n{i:04d}" for i in range(count)]
 
     @property
     def seq(self) -> int:
@@ -62,26 +71,35 @@ class FakeDaemons:
         return {"rank": index, "step": step, "loss": 1.0 / (1 + step), "throughput": 100.0, "samples": 8,
                 "step_time": 1.0 / self.rate_hz, "last_step_at": at}
 
-    def status(self) -> dict[str, Any]:
-        nodes = [{"node_id": f"n{i:03d}", "host": "127.0.0.1", "nproc": 1, "role": "active", "status": "alive",
-                  "control": c, "pub": p, "last_seen_age_s": 0.3} for i, (c, p) in enumerate(self.addrs)]
-        return {"ok": True, "job_id": "bench", "state": "running", "reason": "", "round": 1,
-                "world_size": len(nodes), "min_nodes": 1, "max_nodes": len(nodes), "target": len(nodes),
-                "coordinator": "n000", "restarts": {"failure": 0, "membership": 0, "operator": 0, "hang": 0},
-                "max_restarts": 3, "last_recovery": {}, "seq": self.seq, "nodes": nodes,
-                "rank_map": [{"node_id": n["node_id"], "group_rank": i, "host": "127.0.0.1", "ranks": [i]}
-                             for i, n in enumerate(nodes)]}
+    def node(self, index: int) -> dict[str, Any]:
+        control, pub = self.addrs[index]
+        return {"node_id": self.ids[index], "host": "127.0.0.1", "nproc": 1, "role": "active", "status": "alive",
+                "control": control, "pub": pub, "last_seen_age_s": 0.3, "workers": []}
 
-    def answer(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+    def status(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The summary, and the page of nodes asked for (`nodes_offset`, `nodes_limit`; all by default)."""
+        offset, limit = int(args.get("nodes_offset") or 0), args.get("nodes_limit")
+        end = self.count if limit is None else min(self.count, offset + int(limit))
+        return {"ok": True, "job_id": "bench", "state": "running", "reason": "", "round": 1,
+                "world_size": self.count, "min_nodes": 1, "max_nodes": self.count, "target": self.count,
+                "coordinator": self.ids[0], "restarts": {"failure": 0, "membership": 0, "operator": 0, "hang": 0},
+                "max_restarts": 3, "last_recovery": {}, "seq": self.seq,
+                "nodes": [self.node(i) for i in range(offset, end)], "nodes_total": self.count,
+                "nodes_offset": offset, "node_counts": {"alive/active": self.count},
+                "rank_map": [{"node_id": n, "group_rank": i, "host": "127.0.0.1", "ranks": [i]}
+                             for i, n in enumerate(self.ids)]}
+
+    def answer(self, index: int, op: str, args: dict[str, Any]) -> dict[str, Any]:
         now = time.time()
         if op == "hello":
-            return {"ok": True, "job_id": "bench", "node": "n000"}
+            return {"ok": True, "job_id": "bench", "node": self.ids[index], "coordinator": index == 0,
+                    "control": self.addrs[index][0], "pub": self.addrs[index][1], "events_pub": self.addrs[0][1]}
         if op == "status":
-            return self.status()
+            return self.status(args)
         if op == "metrics":
             rows = []
             for i in range(self.count):
-                row = {**self.rank(i, now), "node": f"n{i:03d}", "round": 1, "dropped": 0, "checkpoint_step": None,
+                row = {**self.rank(i, now), "node": self.ids[i], "round": 1, "dropped": 0, "checkpoint_step": None,
                        "checkpoint_path": None, "checkpoint_bytes": None, "checkpoint_duration_s": None,
                        "checkpoint_age_s": None}
                 row["step_age_s"] = now - row.pop("last_step_at")
@@ -93,67 +111,95 @@ class FakeDaemons:
         if op == "events":
             since, limit = int(args.get("since_seq") or 0), int(args.get("limit", 100))
             found = [e for e in self.events if e["seq"] > since]
-            return {"ok": True, "events": found[-limit:] if limit else found, "seq": self.seq}
+            return {"ok": True, "events": found[-limit:] if limit > 0 else found, "seq": self.seq}
         if op == "ranks":
             return {"ok": True, "round": None, "history": []}
         if op == "workers":
             return {"ok": True, "nodes": {}}
         return {"ok": False, "code": "unknown_op", "reason": op, "errno": 3}
 
-    async def serve(self, router: zmq.asyncio.Socket) -> None:
+    async def serve(self, index: int, router: zmq.asyncio.Socket) -> None:
         while True:
             ident, frame = await router.recv_multipart()
             env = decode(frame)
-            body = self.answer(env.op, env.body)
+            body = self.answer(index, env.op, env.body)
             await router.send_multipart([ident, encode(Envelope("rep", env.op, body, id=env.id))])
 
-    async def publish(self, index: int, pub: zmq.asyncio.Socket) -> None:
-        """Like the daemon's publish_steps and heartbeat: steps at most every 0.25 s when one moved; hb at 1 Hz."""
-        node, next_hb, sent_step = f"n{index:03d}", 0.0, -1
-        await asyncio.sleep(random.random())
+    async def watch(self, index: int, pub: zmq.asyncio.Socket) -> None:
+        """Subscriptions to this daemon's PUB come and go as the console scrolls."""
+        while True:
+            message = await pub.recv()
+            topics = self.listened.setdefault(index, set())
+            (topics.add if message[:1] == b"\x01" else topics.discard)(message[1:])
+            if not topics:
+                del self.listened[index]
+
+    async def publish(self) -> None:
+        """Like each daemon's publish_steps and heartbeat: steps every 0.25 s when one moved; hb at 1 Hz."""
+        next_st = [random.random() * 0.25 for _ in range(self.count)]
+        next_hb = [random.random() for _ in range(self.count)]
+        sent_step = [-1] * self.count
         while True:
             now = time.time()
-            if now >= next_hb:
-                env = Envelope("hb", "heartbeat", {"state": "running", "round": 1, "job_state": None,
-                                                   "coordinator": index == 0}, node=node, seq=self.seq, ts=now)
-                await pub.send_multipart([f"hb.{node}".encode(), encode(env)])
-                next_hb = now + 1.0
-            rank = self.rank(index, now)
-            if rank["step"] != sent_step:
-                sent_step = rank["step"]
-                env = Envelope("st", "steps", {"round": 1, "ranks": [rank]}, node=node, seq=self.seq, ts=now)
-                await pub.send_multipart([f"st.{node}".encode(), encode(env)])
-            await asyncio.sleep(0.25)
+            elapsed = now - self.started
+            for index in list(self.listened):
+                node, pub = self.ids[index], self.pubs[index]
+                if elapsed >= next_hb[index]:
+                    env = Envelope("hb", "heartbeat", {"state": "running", "round": 1, "job_state": None,
+                                                       "coordinator": index == 0}, node=node, seq=self.seq, ts=now)
+                    await pub.send_multipart([f"hb.{node}/".encode(), encode(env)])
+                    next_hb[index] = elapsed + 1.0
+                if elapsed >= next_st[index]:
+                    next_st[index] = elapsed + 0.25
+                    rank = self.rank(index, now)
+                    if rank["step"] != sent_step[index]:
+                        sent_step[index] = rank["step"]
+                        env = Envelope("st", "steps", {"round": 1, "ranks": [rank]}, node=node, seq=self.seq, ts=now)
+                        await pub.send_multipart([f"st.{node}/".encode(), encode(env)])
+            await asyncio.sleep(TICK_S)
 
     async def emit_events(self) -> None:
-        """A periodic checkpoint of a random rank every `event_every_s`, published on every daemon's PUB."""
+        """A periodic checkpoint of a random rank every `event_every_s`, published on the coordinator's PUB."""
         while True:
             await asyncio.sleep(self.event_every_s)
             now, rank = time.time(), random.randrange(self.count)
             step = self.step_of(rank, now)[0]
             self.saved[rank] = (step, now)
-            event = {"seq": self.seq + 1, "ts": now, "kind": "checkpoint_saved", "node": f"n{rank:03d}",
+            event = {"seq": self.seq + 1, "ts": now, "kind": "checkpoint_saved", "node": self.ids[rank],
                      "rank": rank, "step": step, "path": f"/ckpt/step-{step}/rank-{rank}.pt", "bytes": 48_000_000,
                      "duration_s": 0.5, "request_id": None}
             self.events.append(event)
             frame = encode(Envelope("ev", "checkpoint_saved", event, node=event["node"], seq=event["seq"], ts=now))
-            for pub in self.pubs:
-                await pub.send_multipart([f"ev.{event['node']}.checkpoint_saved".encode(), frame])
+            await self.pubs[0].send_multipart([f"ev.{event['node']}/checkpoint_saved".encode(), frame])
 
     async def run(self) -> None:
         tasks = []
         for index in range(self.count):
-            router, pub = self.ctx.socket(zmq.ROUTER), self.ctx.socket(zmq.PUB)
+            router, pub = self.ctx.socket(zmq.ROUTER), self.ctx.socket(zmq.XPUB)
             ports = router.bind_to_random_port("tcp://127.0.0.1"), pub.bind_to_random_port("tcp://127.0.0.1")
             self.addrs.append((f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}"))
             self.pubs.append(pub)
-            tasks += [asyncio.create_task(self.serve(router)), asyncio.create_task(self.publish(index, pub))]
-        tasks.append(asyncio.create_task(self.emit_events()))
+            tasks += [asyncio.create_task(self.serve(index, router)), asyncio.create_task(self.watch(index, pub))]
+        tasks += [asyncio.create_task(self.publish()), asyncio.create_task(self.emit_events())]
         print(json.dumps(self.addrs[0]), flush=True)
         await asyncio.gather(*tasks)
 
 
-async def measure(control: str, pub: str, count: int, seconds: float) -> dict[str, float]:
+def on_screen(app: Any) -> list[str]:
+    """The nodes the console follows: every node of a small job; the rows on screen of a paged one."""
+    session = app.sessions["bench"]
+    return session.shown_nodes() if session.model.paged else list(session.model.nodes)
+
+
+def all_live(app: Any, count: int) -> bool:
+    model, shown = app.model, on_screen(app)
+    wanted = len(shown) if model.paged else count
+    return model.nodes_total == count and len(shown) == wanted > 0 and all(
+        model.node_liveness(model.nodes[n]) == "live" for n in shown)
+
+
+async def measure(control: str, pub: str, count: int, seconds: float, scroll_every_s: float) -> dict[str, float]:
+    import tui.feeds
     from tui.app import ElasticApp
 
     app = ElasticApp({"bench": [control]}, seed_pubs={control: pub})
@@ -161,9 +207,10 @@ async def measure(control: str, pub: str, count: int, seconds: float) -> dict[st
     screen_lat: list[float] = []
     applied: list[float] = []  # publish times (envelope ts) of steps folded into the model, not yet redrawn
     drawn: list[float] = []  # ... redrawn into the widgets, not yet on screen
+    received = [0]  # telemetry messages folded into the model while recording
     recording = False
     session = app.sessions["bench"]
-    apply_steps, redraw, display = session.model.apply_steps, app.redraw, app._display
+    apply_steps, redraw, display, ingest = session.model.apply_steps, app.redraw, app._display, tui.feeds.ingest
 
     def timed_steps(node_id: str, body: dict[str, Any], sent: float | None = None) -> None:
         apply_steps(node_id, body, sent)
@@ -185,40 +232,52 @@ async def measure(control: str, pub: str, count: int, seconds: float) -> dict[st
         if renderable is not None:
             drawn.clear()
 
+    def counted_ingest(session: Any, event: Any) -> None:
+        received[0] += recording
+        ingest(session, event)
+
     session.model.apply_steps = timed_steps  # type: ignore[method-assign]
     app.redraw = timed_redraw  # type: ignore[method-assign]
     app._display = timed_display  # type: ignore[method-assign]
+    tui.feeds.ingest = counted_ingest  # type: ignore[assignment]
     async with app.run_test(headless=True, size=(120, 36)) as pilot:
-        deadline = time.monotonic() + 60
-        while sum(1 for n in app.model.nodes.values() if app.model.node_liveness(n) == "live") < count:
+        deadline = time.monotonic() + 90
+        while not all_live(app, count):
             if time.monotonic() > deadline:
-                raise SystemExit(f"only {len(app.model.nodes)} of {count} daemons live after 60 s")
+                raise SystemExit(f"only {len(app.model.nodes)} of {count} daemons known (not all live) after 90 s")
             await pilot.pause(0.2)
         await pilot.pause(2.0)
         recording = True
         cpu0, wall0 = time.process_time(), time.monotonic()
-        await asyncio.sleep(seconds)
+        while time.monotonic() - wall0 < seconds:
+            await asyncio.sleep(min(scroll_every_s or seconds, seconds - (time.monotonic() - wall0)))
+            if scroll_every_s:  # a page down: the console fetches that page and follows its daemons instead
+                app.nodes_table.action_cursor_page(1)
         cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
         recording = False
-        live = sum(1 for n in app.model.nodes.values() if app.model.node_liveness(n) == "live")
-    return {"cpu_pct": 100 * cpu / wall, "steps": len(model_lat), "live": live,
-            "model_p50": pct(model_lat, 50), "model_p99": pct(model_lat, 99),
+        followed = len(on_screen(app))
+        live = sum(1 for n in on_screen(app) if app.model.node_liveness(app.model.nodes[n]) == "live")
+    tui.feeds.ingest = ingest
+    return {"cpu_pct": 100 * cpu / wall, "steps": len(model_lat), "live": live, "followed": followed,
+            "msgs_per_s": received[0] / wall, "model_p50": pct(model_lat, 50), "model_p99": pct(model_lat, 99),
             "screen_p50": pct(screen_lat, 50), "screen_p99": pct(screen_lat, 99)}
 
 
 def pct(values: list[float], q: int) -> float:
     if not values:
         return float("nan")
-    return 1000 * statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+    if len(values) == 1:
+        return 1000 * values[0]
+    return 1000 * statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
-def run_case(count: int, rate: float, seconds: float) -> dict[str, float]:
+def run_case(count: int, rate: float, seconds: float, scroll_every_s: float = 0.0) -> dict[str, float]:
     child = subprocess.Popen([sys.executable, __file__, "--serve", str(count), "--rate", str(rate)],
                              stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None
         control, pub = json.loads(child.stdout.readline())
-        return asyncio.run(measure(control, pub, count, seconds))
+        return asyncio.run(measure(control, pub, count, seconds, scroll_every_s))
     finally:
         child.kill()
         child.wait()
@@ -226,25 +285,26 @@ def run_case(count: int, rate: float, seconds: float) -> dict[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nodes", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[64, 256, 2048])
     parser.add_argument("--rate", type=float, default=5.0, help="steps per second per daemon")
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--scroll-every", type=float, default=0.0, help="seconds between page downs (0: none)")
     parser.add_argument("--serve", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.serve:
         asyncio.run(FakeDaemons(args.serve, args.rate).run())
         return 0
-    print(f"console_scale: {os.cpu_count()} cores; {args.rate:g} steps/s per daemon, st.<node> at <= 4 Hz + "
-          f"1 heartbeat/s + a job event every 2 s; "
-          f"{args.seconds:g} s window; console headless at 120x36 on the nodes view")
-    print(f"{'daemons':>8} {'live':>5} {'msgs/s':>7} {'console CPU %':>14} {'model p50/p99 ms':>17} "
-          f"{'screen p50/p99 ms':>18}")
+    print(f"console_scale: {os.cpu_count()} cores; {args.rate:g} steps/s per daemon, st.<node>/ at <= 4 Hz + "
+          f"1 heartbeat/s + a job event every 2 s; {args.seconds:g} s window; console headless at 120x36 on the "
+          f"nodes view" + (f", a page down every {args.scroll_every:g} s" if args.scroll_every else ""))
+    print(f"{'daemons':>8} {'followed':>8} {'live':>5} {'msgs/s in':>9} {'console CPU %':>14} "
+          f"{'model p50/p99 ms':>17} {'screen p50/p99 ms':>18}")
     results = []
     for count in args.nodes:
-        r = run_case(count, args.rate, args.seconds)
+        r = run_case(count, args.rate, args.seconds, args.scroll_every)
         results.append({"daemons": count, **r})
-        print(f"{count:>8} {int(r['live']):>5} {count * (min(args.rate, 4.0) + 1):>7.0f} {r['cpu_pct']:>14.1f} "
+        print(f"{count:>8} {int(r['followed']):>8} {int(r['live']):>5} {r['msgs_per_s']:>9.0f} {r['cpu_pct']:>14.1f} "
               f"{r['model_p50']:>8.1f}/{r['model_p99']:<8.1f} {r['screen_p50']:>8.1f}/{r['screen_p99']:<9.1f}")
     if args.json:
         print(json.dumps(results))

@@ -19,6 +19,7 @@ from tui.commands import ActionsProvider
 from tui.feeds import poll_job
 from tui.messages import ModelChanged, PlanReady, SteerDone
 from tui.model import Clock, JobModel
+from tui.paging import is_placeholder
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.help import HelpScreen
 from tui.screens.node_detail import NodeDetailScreen
@@ -227,7 +228,8 @@ class ElasticApp(App[None]):
         self.redraw()
 
     def cursor_node(self) -> str | None:
-        return self.nodes_table.cursor_key() if self.view == "nodes" else None
+        key = self.nodes_table.cursor_key() if self.view == "nodes" else None
+        return None if key is None or is_placeholder(key) else key
 
     def targets(self) -> list[str]:
         if self.marks:
@@ -315,5 +317,9 @@ class ElasticApp(App[None]):
 
     @on(SyncedTable.RowSelected, "#nodes")
     def open_node(self, event: SyncedTable.RowSelected) -> None:
-        self.push_screen(NodeDetailScreen(self.model, event.key))
+        if not is_placeholder(event.key):
+            self.push_screen(NodeDetailScreen(self.model, event.key))
+
+    def on_nodes_view_rows_shown(self, message: NodesView.RowsShown) -> None:
+        self.session.show_rows(message.first, message.count)
 

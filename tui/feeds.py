@@ -1,9 +1,9 @@
-"""The I/O loops behind the console: poll a job's replies and follow every daemon's PUB, with backoff.
+"""The I/O loops behind the console: poll a job's replies and follow its daemons' PUBs, with backoff.
 
-Steps arrive pushed (`st.<node>`, protocol §6.3) and heartbeats too (`hb.<node>`), one subscription per daemon.
-Every PUB carries all job events, so only one daemon (the coordinator when known) is followed for `ev.`; the
-others are subscribed to `hb.` and `st.` alone. The replies (status, workers, metrics for checkpoint ages) are
-polled, the big ones slowly.
+Steps arrive pushed (`st.<node>/`, protocol §6.3) and heartbeats too (`hb.<node>/`), from each daemon's own PUB;
+job events (`ev.`) only from the coordinator's. The replies (status, workers, metrics for checkpoint ages) are
+polled, the big ones slowly. A large job (tui/paging.py) is followed through its summary: `status` brings the
+page of nodes around the rows on screen, and only the daemons on screen and the coordinator are followed.
 """
 
 from __future__ import annotations
@@ -42,16 +42,17 @@ async def poll_job(session: JobSession, changed: Changed, interval_s: float = PO
     try:
         while True:
             try:
-                model.apply_status(await session.call("status"))
+                await poll_status(session)
                 if not history_loaded:
                     model.apply_history((await session.call("events", limit=500))["events"])
                     history_loaded = True
                 if model.job.round != ranks_round:
                     model.apply_ranks(await session.call("ranks", history=20))
                     ranks_round = model.job.round
-                if tick % METRICS_EVERY == 0:
+                # every rank and every worker of a large job: its pages carry their nodes' workers instead
+                if tick % METRICS_EVERY == 0 and not model.paged:
                     model.apply_metrics(await session.call("metrics"))
-                if tick % WORKERS_EVERY == 0:
+                if tick % WORKERS_EVERY == 0 and not model.paged:
                     model.apply_workers(await session.call("workers"))
             except IO_ERRORS as err:
                 model.connection = f"reconnecting ({getattr(err, 'reason', err)})"
@@ -59,13 +60,14 @@ async def poll_job(session: JobSession, changed: Changed, interval_s: float = PO
             start_followers(session, followers, changed, history_loaded, hub)
             if hub is not None and hub_task is not None and hub_task.done():  # like a follower: restarted
                 hub_task = asyncio.create_task(follow_telemetry(session, hub, changed))
-            for node_id in session.followed():
-                since.setdefault(node_id, model.clock())
+            follow_since(session, since)
             if hub is not None:
                 mark_silent(session, since)
             changed()
             tick += 1
-            await asyncio.sleep(interval_s)
+            session.page_wanted.clear()
+            with contextlib.suppress(asyncio.TimeoutError):  # a scroll past the page wakes it early
+                await asyncio.wait_for(session.page_wanted.wait(), interval_s)
     finally:
         for task, _ in followers.values():
             task.cancel()
@@ -75,9 +77,34 @@ async def poll_job(session: JobSession, changed: Changed, interval_s: float = PO
         session.close()
 
 
-def events_source(session: JobSession, followed: dict[str, tuple[str, str]]) -> str:
-    """The pub to take job events from: the coordinator's, else a connected daemon's, else the first."""
+async def poll_status(session: JobSession) -> None:
+    """The job summary with a page of its nodes (all of a small job); a large job's events PUB from `hello`."""
     model = session.model
+    reply = await session.call("status", **session.status_args())
+    model.apply_status(reply)
+    session.fetched(reply)
+    if model.paged and (not session.events_pub or session.events_coordinator != model.job.coordinator):
+        session.events_pub = str((await session.call("hello")).get("events_pub") or "")
+        session.events_coordinator = model.job.coordinator
+
+
+def follow_since(session: JobSession, since: dict[str, float]) -> None:
+    """Note when each followed daemon began to be followed; one no longer followed (scrolled off) is shown
+    from `status` again, not as disconnected."""
+    followed = session.followed()
+    for node_id in followed:
+        since.setdefault(node_id, session.model.clock())
+    for node_id in set(since) - set(followed):
+        del since[node_id]
+        session.model.unfollowed(node_id)
+
+
+def events_source(session: JobSession, followed: dict[str, tuple[str, str]]) -> str:
+    """The pub to take job events from: a large job's events PUB; the coordinator's, else a connected
+    daemon's, else the first."""
+    model = session.model
+    if model.paged and session.events_pub:
+        return session.events_pub
     coordinator = model.nodes.get(model.job.coordinator)
     if coordinator is not None and coordinator.connected and coordinator.node_id in followed:
         return followed[coordinator.node_id][1]
@@ -132,12 +159,15 @@ async def follow_telemetry(session: JobSession, hub: TelemetryHub, changed: Chan
 
 
 def mark_silent(session: JobSession, since: dict[str, float]) -> None:
-    """With a hub there is no per-daemon stream to time out: a daemon this console has not heard from for
-    IDLE_TIMEOUT_S (since it began following it) is marked disconnected until its next heartbeat."""
+    """With a hub there is no per-daemon stream to time out: a followed daemon this console has not heard from
+    for IDLE_TIMEOUT_S (since it began following it) is marked disconnected until its next heartbeat."""
     model = session.model
     now = model.clock()
-    for node in model.nodes.values():
-        heard = node.heard_at if node.heard_at is not None else since.get(node.node_id)
+    for node_id, began in since.items():
+        node = model.nodes.get(node_id)
+        if node is None:
+            continue
+        heard = node.heard_at if node.heard_at is not None else began
         if node.connected and heard is not None and now - heard > IDLE_TIMEOUT_S:
             model.disconnected(node.node_id)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from tui.liveness import liveness
 from tui.names import short_names
+from tui.paging import PAGED_ABOVE, placeholder
 
 Clock = Callable[[], float]
 EVENT_HISTORY = 2000
@@ -99,6 +100,12 @@ class JobModel:
         self.round_sizes: dict[int, int] = {}  # round -> world size, from round_started events
         self.newest_checkpoint: RankView | None = None  # the rank whose checkpoint is the job's newest
         self.names: dict[int, tuple[int, dict[str, str]]] = {}  # width -> (node count, short names)
+        self.nodes_total = 0  # nodes in the job, from `status` (more than `nodes` holds when it is paged)
+        self.node_counts: dict[str, int] = {}  # `alive/active`, `alive/standby`, `lost`, `left` -> nodes
+        self.joined: list[str | None] = []  # join order -> node id; None where no page has brought it yet
+        self.layout = 0  # +1 whenever `joined` changes: the nodes table's keys are cached until then
+        self.keys_cache: tuple[tuple[int, int, bool], list[str]] = ((-1, -1, False), [])
+        self.rank_cells_cache: list[tuple[int, str]] | None = None  # the rank map as sorted (rank, node)
 
     def changed(self) -> None:
         self.version += 1
@@ -131,19 +138,39 @@ class JobModel:
         job.max_nodes, job.coordinator = int(reply.get("max_nodes", 0)), str(reply.get("coordinator", ""))
         job.restarts, job.max_restarts = dict(reply.get("restarts", {})), int(reply.get("max_restarts", 0))
         job.last_recovery, job.seq = dict(reply.get("last_recovery") or {}), int(reply.get("seq", 0))
-        self.rank_map = list(reply.get("rank_map", []))
+        rank_map = list(reply.get("rank_map", []))
+        if rank_map != self.rank_map:
+            self.rank_map, self.rank_cells_cache = rank_map, None
         ranks = {str(e.get("node_id")): list(e.get("ranks", [])) for e in self.rank_map}
-        for record in reply.get("nodes", []):
+        records = list(reply.get("nodes", []))
+        self.nodes_total = int(reply.get("nodes_total", len(records)))
+        self.node_counts = {str(k): int(v) for k, v in (reply.get("node_counts") or {}).items()}
+        if self.paged:
+            self.place(int(reply.get("nodes_offset", 0)), [str(r.get("node_id")) for r in records])
+        for record in records:
             node = self.node(str(record.get("node_id")))
             node.host, node.role = str(record.get("host", "")), str(record.get("role", ""))
             node.status, node.nproc = str(record.get("status", "alive")), int(record.get("nproc", 0))
             node.control, node.pub = str(record.get("control", "")), str(record.get("pub", ""))
             node.ranks = ranks.get(node.node_id, [])
+            if "workers" in record:  # a page carries its nodes' workers: no `workers` call for all of them
+                node.workers = list(record.get("workers") or [])
             age = record.get("last_seen_age_s")
             if age is not None and node.status == "alive":
                 node.last_seen = max(node.last_seen or 0.0, now - float(age))
         self.connection = "connected"
         self.changed()
+
+    def place(self, offset: int, node_ids: list[str]) -> None:
+        """A page of the node list: its nodes take their rows (join order); colours follow the rows."""
+        if len(self.joined) != self.nodes_total:
+            self.joined = (self.joined + [None] * self.nodes_total)[:self.nodes_total]
+            self.layout += 1
+        for index, node_id in enumerate(node_ids, offset):
+            if index < len(self.joined) and self.joined[index] != node_id:
+                self.joined[index] = node_id
+                self.node_order[node_id] = index
+                self.layout += 1
 
     def apply_metrics(self, reply: dict[str, Any]) -> None:
         now = self.clock()
@@ -262,12 +289,40 @@ class JobModel:
         if first is None or int(step) < first:
             self.round_first_step[int(round_id)] = int(step)
 
+    def unfollowed(self, node_id: str) -> None:
+        """This console no longer hears the node itself (scrolled off): its age comes from `status` again."""
+        node = self.nodes.get(node_id)
+        if node is not None:
+            node.heard_at, node.connected = None, True
+
     def disconnected(self, node_id: str) -> None:
         if node_id in self.nodes:
             self.nodes[node_id].connected = False
             self.changed()
 
     # ---- derived -----------------------------------------------------------------------------------
+    @property
+    def paged(self) -> bool:
+        """A large job: `status` is asked for a page, and only the daemons on screen are followed."""
+        return self.nodes_total > PAGED_ABOVE
+
+    def row_keys(self) -> list[str]:
+        """The nodes table's keys, the same list until a node joins or a page fills rows: a paged job has one
+        row per node in join order, a placeholder where its node is not fetched yet."""
+        version = (self.layout, len(self.nodes), self.paged)
+        if version != self.keys_cache[0]:
+            keys = ([node_id or placeholder(i) for i, node_id in enumerate(self.joined)] if self.paged
+                    else list(self.nodes))
+            self.keys_cache = (version, keys)
+        return self.keys_cache[1]
+
+    def rank_cells(self) -> list[tuple[int, str]]:
+        """(rank, node id) of every rank of the round, sorted: computed again only when the rank map changes."""
+        if self.rank_cells_cache is None:
+            self.rank_cells_cache = sorted((int(rank), str(entry.get("node_id"))) for entry in self.rank_map
+                                           for rank in entry.get("ranks", []))
+        return self.rank_cells_cache
+
     def heartbeat_age(self, node: NodeView) -> float | None:
         return None if node.last_seen is None else max(0.0, self.clock() - node.last_seen)
 

@@ -28,6 +28,7 @@ EVENT_COLUMNS = ("seq", "time", "node", "kind", "details")
 PHASES = ("detect", "rendezvous", "stopped", "spawned", "first_step")
 NAME_SHARE = 6  # a node column of the events and ckpt tables gets a sixth of the width, 12 cells at least
 NAME_MIN = 12
+MEMBERS_SHOWN = 32  # members of a round named in the ranks view's history
 
 
 def name_width(total: int) -> int:
@@ -103,12 +104,16 @@ def node_rows(model: JobModel, marks: set[str], names: Names, pattern: str = "")
 
 def node_keys(model: JobModel) -> list[str]:
     """The nodes view's row keys when no filter is set: its cells can then be computed for visible rows only."""
-    return list(model.nodes)
+    return model.row_keys()
+
+
+PENDING_ROW: list[Text | str] = [" ", Text("…", style="dim"), "", Text("fetching", style="dim")]  # no page yet
 
 
 def node_cells(model: JobModel, marks: set[str], names: Names) -> Callable[[str], list[Text | str]]:
     def cells(node_id: str) -> list[Text | str]:
-        return node_row(model, model.node(node_id), node_id in marks, names)
+        node = model.nodes.get(node_id)
+        return node_row(model, node, node_id in marks, names) if node is not None else PENDING_ROW
 
     return cells
 
@@ -174,8 +179,11 @@ def event_rows(model: JobModel, names: Names, pattern: str = "", limit: int = 50
 def history_rows(model: JobModel, names: Names) -> list[Row]:
     rows: list[Row] = []
     for rnd in reversed(model.round_history):
+        every = rnd.get("members", [])
         members = " ".join(f"{names.get(str(m.get('node_id')), m.get('node_id'))}:{span_text(list(m.get('ranks', [])))}"
-                           for m in rnd.get("members", []))
+                           for m in every[:MEMBERS_SHOWN])
+        if len(every) > MEMBERS_SHOWN:  # a line shows a few dozen at most: 2,048 would cost every frame
+            members += f" … +{len(every) - MEMBERS_SHOWN}"
         timeline = {k: float(v) - float(rnd["timeline"].get("detect", 0)) for k, v in rnd.get("timeline", {}).items()
                     if k in PHASES}
         rows.append((str(rnd.get("round_id")), [str(rnd.get("round_id")), str(rnd.get("cause", "")),

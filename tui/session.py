@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any, Protocol
 
 import zmq
@@ -13,6 +14,7 @@ import zmq.asyncio
 from elasticd.client import AsyncClient, ClientError, Credentials, Event, parse_telemetry
 from elasticd.handshake import CODES as HANDSHAKE_CODES
 from tui.model import Clock, JobModel
+from tui.paging import FIRST_PAGE, RowsShown
 
 CALL_TIMEOUT_S = 2.0
 STEER_TIMEOUT_S = 6.0
@@ -115,6 +117,11 @@ class JobSession:
         self.model = JobModel(job_id, clock)
         self.links: dict[str, DaemonLink] = {}
         self.active = seeds[0] if seeds else ""
+        # A paged (large) job: the rows on screen, the page last fetched, and where the job's events are published.
+        self.rows_shown = RowsShown()
+        self.page: tuple[int, int] | None = None
+        self.page_wanted = asyncio.Event()  # the rows shown left the page: the poller fetches now, not in a second
+        self.events_pub, self.events_coordinator = "", ""
 
     def link(self, control: str) -> DaemonLink:
         if control not in self.links:
@@ -126,10 +133,19 @@ class JobSession:
         if link is not None:
             link.close()
 
-    def candidates(self) -> list[str]:
+    def candidates(self) -> Iterator[str]:
+        """The active daemon, the seeds, then every known daemon: read only as far as a call fails over."""
+        tried: set[str] = set()
+        for control in (self.active, *self.seeds):
+            if control and control not in tried:
+                tried.add(control)
+                yield control
+        # taken at once: telemetry may add nodes while a call waits
         known = [n.control for n in self.model.nodes.values() if n.control and n.status == "alive"]
-        order = [self.active, *self.seeds, *known]
-        return [c for i, c in enumerate(order) if c and c not in order[:i]]
+        for control in known:
+            if control not in tried:
+                tried.add(control)
+                yield control
 
     async def call(self, op: str, timeout_s: float = CALL_TIMEOUT_S, **args: Any) -> dict[str, Any]:
         """Ask the active daemon, then the others; a verb's own error (refused, not found) is final."""
@@ -149,10 +165,39 @@ class JobSession:
             return reply
         raise last or ClientError("timeout", f"no daemon of job {self.job_id} answered")
 
+    # ---- paging a large job ------------------------------------------------------------------------
+    def status_args(self) -> dict[str, int]:
+        """A page of the node list around the rows shown for a large job; all of a small one."""
+        if not self.model.nodes_total:  # the job's size is not known yet: a first page, all of a small job
+            return {"nodes_limit": FIRST_PAGE}
+        if not self.model.paged:
+            return {}
+        offset, limit = self.rows_shown.page()
+        return {"nodes_offset": offset, "nodes_limit": limit}
+
+    def fetched(self, reply: dict[str, Any]) -> None:
+        self.page = (int(reply.get("nodes_offset", 0)), len(reply.get("nodes", [])))
+
+    def show_rows(self, first: int, count: int) -> None:
+        """The nodes table scrolled: past the page fetched, the poller is woken to fetch the new one."""
+        self.rows_shown = RowsShown(first, count)
+        if self.model.paged and (self.page is None or not self.rows_shown.covered_by(*self.page)):
+            self.page_wanted.set()
+
+    def shown_nodes(self) -> list[str]:
+        first, count = self.rows_shown.first, self.rows_shown.count
+        return [node_id for node_id in self.model.joined[first:first + count] if node_id is not None]
+
     def followed(self) -> dict[str, tuple[str, str]]:
-        """node id -> (control, pub) of every daemon to subscribe to."""
-        found = {n.node_id: (n.control, n.pub) for n in self.model.nodes.values()
-                 if n.control and n.pub and n.status == "alive"}
+        """node id -> (control, pub) of every daemon to subscribe to: all of a small job; of a large one, the
+        daemons on screen and the coordinator (its PUB carries the job's events)."""
+        model = self.model
+        nodes = [model.nodes[n] for n in self.shown_nodes()] if model.paged else model.nodes.values()
+        found = {n.node_id: (n.control, n.pub) for n in nodes if n.control and n.pub and n.status == "alive"}
+        if model.paged:
+            if self.events_pub and self.events_pub not in {pub for _, pub in found.values()}:
+                found[model.job.coordinator or "@events"] = (self.active, self.events_pub)
+            return found
         for control, pub in self.seed_pubs.items():
             if pub not in {p for _, p in found.values()}:
                 found.setdefault(f"@{control}", (control, pub))

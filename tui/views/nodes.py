@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from textual import events
+from textual.message import Message
 
 from tui.model import JobModel
 from tui.rows import NAME_MIN, NODE_COLUMNS, NODE_WIDTHS, Names, node_cells, node_keys, node_rows
-from tui.views.table import PADDING, SyncedTable
+from tui.views.table import HEADER, PADDING, SyncedTable
 
 NAME_COLUMN = NODE_COLUMNS.index("node")
 OPTIONAL_COLUMNS = ("host", "rss", "cpu%", "trend", "rst")  # hidden in this order when node names need room
@@ -32,10 +35,21 @@ def column_widths(width: int, longest: int) -> list[int]:
 class NodesView(SyncedTable):
     """Enter opens a node; space marks it as a target of drain and cordon."""
 
+    @dataclass
+    class RowsShown(Message):
+        """The rows on screen moved (scroll, resize): a paged job fetches and follows those."""
+
+        first: int
+        count: int
+
+        def can_replace(self, message: Message) -> bool:
+            return isinstance(message, NodesView.RowsShown)
+
     def __init__(self) -> None:
         super().__init__(NODE_COLUMNS, NODE_WIDTHS, id="nodes")
         self.fitted: tuple[tuple[int, int, int], Names] = ((0, -1, -1), {})
         self.last: tuple[JobModel, set[str], str] | None = None
+        self.rows_shown = (0, 0)
 
     def names(self, model: JobModel) -> Names:
         """Fit the columns to the width; names are cut again only when a node joins or the width changes."""
@@ -56,6 +70,17 @@ class NodesView(SyncedTable):
             self.sync(node_rows(model, marks, names, pattern))
         else:  # hundreds of nodes: only the rows on screen are computed and drawn
             self.sync_lazy(node_keys(model), node_cells(model, marks, names))
+        self.announce_rows()
+
+    def announce_rows(self) -> None:
+        shown = (int(self.scroll_y), max(1, self.scrollable_content_region.height - HEADER))
+        if shown != self.rows_shown:
+            self.rows_shown = shown
+            self.post_message(self.RowsShown(*shown))
+
+    def watch_scroll_y(self, old: float, new: float) -> None:
+        super().watch_scroll_y(old, new)
+        self.announce_rows()
 
     def on_resize(self, _: events.Resize) -> None:
         if self.last is not None:

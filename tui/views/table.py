@@ -40,7 +40,7 @@ class SyncedTable(ScrollView, can_focus=True):
 
     Each drawn row is kept as a Strip until its cells, its cursor or hover state, or the table's look (styles,
     focus, column widths, width, horizontal scroll) change. Rows of a lazy table (`sync_lazy`) are computed only
-    when they are on screen.
+    when they are on screen, so an update costs the rows shown whatever the row count.
     """
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
@@ -99,7 +99,8 @@ class SyncedTable(ScrollView, can_focus=True):
         self.index: dict[str, int] = {}
         self.cells: dict[str, Sequence[Cell]] = {}
         self.cells_of: Cells | None = None
-        self.stale: set[str] = set()
+        self.generation = 0  # +1 per lazy update: a row computed in an older one is computed again when shown
+        self.computed: dict[str, int] = {}  # key -> the generation its cells were computed in
         self.cursor_row, self.hover_row = 0, -1
         self.highlighted: str | None = None
         self.strips: dict[str, tuple[tuple[int, bool, bool], Strip]] = {}
@@ -128,7 +129,7 @@ class SyncedTable(ScrollView, can_focus=True):
     # ---- feeding ------------------------------------------------------------------------------------
     def sync(self, rows: list[Row]) -> None:
         """Show exactly these rows."""
-        self.cells_of, self.stale = None, set()
+        self.cells_of = None
         keys = [key for key, _ in rows]
         if keys != self.keys:
             self.rebuild(keys, dict(rows))
@@ -136,20 +137,22 @@ class SyncedTable(ScrollView, can_focus=True):
         self.redraw([key for key, cells in rows if self.put(key, cells)])
 
     def sync_lazy(self, keys: list[str], cells_of: Cells) -> None:
-        """Show these rows, computing a row's cells (`cells_of(key)`) only while it is on screen."""
+        """Show these rows, computing a row's cells (`cells_of(key)`) only while it is on screen.
+
+        `keys` is kept, not copied: the same list again (the model caches it) costs no comparison.
+        """
         self.cells_of = cells_of
-        if keys != self.keys:
+        self.generation += 1
+        if keys is not self.keys and keys != self.keys:
             self.rebuild(keys, {})
             return
-        visible = self.visible_keys()
-        self.stale = set(keys).difference(visible)
-        self.redraw([key for key in visible if self.put(key, cells_of(key))])
+        self.redraw([key for key in self.visible_keys() if self.compute(key)])
 
     def rebuild(self, keys: list[str], cells: dict[str, Sequence[Cell]]) -> None:
         """New keys or a new order: everything is redrawn; the cursor follows its key."""
         cursor_key = self.cursor_key()
-        self.keys, self.index, self.cells, self.strips = list(keys), {k: i for i, k in enumerate(keys)}, {}, {}
-        self.stale = set(keys) if self.cells_of is not None else set()
+        self.keys, self.index, self.cells, self.strips = keys, {k: i for i, k in enumerate(keys)}, {}, {}
+        self.computed = {}
         for key, row_cells in cells.items():
             self.put(key, row_cells)
         self.virtual_size = Size(sum(self.column_widths), HEADER + len(keys))
@@ -278,10 +281,15 @@ class SyncedTable(ScrollView, can_focus=True):
         self.strips[key] = (state, strip)
         return strip
 
+    def compute(self, key: str) -> bool:
+        """A lazy row's cells, unless this update computed them already; True when they changed."""
+        if self.cells_of is None or self.computed.get(key) == self.generation:
+            return False
+        self.computed[key] = self.generation
+        return self.put(key, self.cells_of(key))
+
     def row_cells(self, key: str) -> Sequence[Cell]:
-        if key in self.stale and self.cells_of is not None:
-            self.stale.discard(key)
-            self.put(key, self.cells_of(key))
+        self.compute(key)
         return self.cells.get(key, ())
 
     def row_look(self, row: int, cursor: bool, hover: bool) -> tuple[Style, Style, Style | None]:

@@ -34,17 +34,25 @@ def header_text(model: JobModel, readonly: bool, jobs: list[str], view: str, wid
     age = model.checkpoint_age()
     text.append("ckpt ").append(format_age(age), "bold red" if age is not None and age > CKPT_STALE_S else "")
     text.append(" ago  " if age is not None else "  ")
-    counts: dict[str, int] = {}
-    for node in model.nodes.values():
-        live = model.node_liveness(node)
-        counts[live] = counts.get(live, 0) + 1
-    text.append("daemons: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    text.append(daemon_counts(model))
     if model.connection != "connected":
         text.append(f"  {model.connection}", style="bold red")
     text.append(f"\nview :{view}", style="bold cyan")
     if job.reason:
         text.append(f"  {job.reason}", style="yellow")
     return text
+
+
+def daemon_counts(model: JobModel) -> str:
+    """Daemons by liveness as this console sees them; a large job's by role and status, from `status`."""
+    if model.paged:
+        counts = {k: v for k, v in model.node_counts.items() if v}
+        return f"daemons {model.nodes_total}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    counts = {}
+    for node in model.nodes.values():
+        live = model.node_liveness(node)
+        counts[live] = counts.get(live, 0) + 1
+    return "daemons: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
 
 
 class JobHeader(Static):
