@@ -145,10 +145,10 @@ class ElasticApp(App[None]):
             return
         try:
             self.draw_main()
+            if isinstance(self.screen, NodeDetailScreen):
+                self.screen.redraw()
         except NoMatches:
-            return  # not composed yet
-        if isinstance(self.screen, NodeDetailScreen):
-            self.screen.redraw()
+            return  # not composed yet: the main screen at start, a node detail just pushed
 
     def draw_main(self) -> None:
         header = self.main.query_one(JobHeader)
