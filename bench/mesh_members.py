@@ -16,6 +16,7 @@ from elasticd.names import EventKind, MeshOp, NodeState
 from elasticd.protocol import MAX_REPLY_BYTES, Envelope, decode, encode
 
 BEAT_S = 1.0
+MAX_SOCKETS = 16384
 LOOP_S = 0.05  # heartbeats go out spread over the second, as independent daemons' would
 
 
@@ -133,6 +134,7 @@ class Fleet:
     def __init__(self, endpoint: str, nproc: int) -> None:
         self.ctx = zmq.asyncio.Context()
         self.ctx.setsockopt(zmq.LINGER, 0)
+        self.ctx.set(zmq.MAX_SOCKETS, MAX_SOCKETS)  # libzmq's default is 1,023 sockets a context
         self.endpoint, self.nproc = endpoint, nproc
         self.members: dict[str, FakeMember] = {}
         self.tasks: list[asyncio.Task[None]] = []
