@@ -36,6 +36,12 @@ WORKERS = 8
 STEADY_S = 10.0
 SETTLE_TIMEOUT_S = 300.0
 COORD = "coord"
+TAIL_S = 0.5  # a phase's CPU window: its wall time plus this
+
+
+def net_of_steady(phase: dict[str, Any], steady_pct: float) -> float:
+    """A phase's CPU less the heartbeats that the same window costs anyway (at the steady rate)."""
+    return round(phase["coordinator_cpu_s"] - steady_pct / 100 * (phase["wall_s"] + TAIL_S), 3)
 
 
 class Bench:
@@ -86,7 +92,7 @@ class Bench:
         await change()
         round_id = await self.settle(before)
         elapsed = time.perf_counter() - start
-        await asyncio.sleep(0.5)  # the coordinator's part after the last `go`: round_complete, events
+        await asyncio.sleep(TAIL_S)  # the coordinator's part after the last `go`: round_complete, events
         return {"round": round_id, "wall_s": round(elapsed, 3), "coordinator_cpu_s": self.take()}
 
     async def run(self) -> dict[str, Any]:
@@ -120,6 +126,8 @@ class Bench:
         self.take()
         await asyncio.sleep(STEADY_S)
         result["steady_cpu_pct"] = round(100 * self.take() / STEADY_S, 1)
+        for name in ("join", "drain", "node_loss"):
+            result[name]["net_of_steady_cpu_s"] = net_of_steady(result[name], result["steady_cpu_pct"])
         result["status_summary_s"] = round(min([(await self.call("status", nodes_limit=50))[1] for _ in range(3)]), 4)
         result["status_full_s"] = round(min([(await self.call("status"))[1] for _ in range(3)]), 4)
         events = (await self.call("events", kinds=[EventKind.node_lost], limit=0))[0]["events"]
