@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Coroutine
 from typing import Any
 
 from elasticd import __version__
@@ -132,10 +133,24 @@ def main(argv: list[str] | None = None) -> int:
     from elasticd.daemon import Daemon
 
     try:
-        return asyncio.run(Daemon(cfg, connect_timeout).run())
+        return run_profiled(Daemon(cfg, connect_timeout).run())
     except StartError as err:
         print(f"elasticd start: {err}", file=sys.stderr)
         return 2
+
+
+def run_profiled(main: Coroutine[Any, Any, int]) -> int:
+    """ELASTICD_PROFILE=FILE: cProfile the daemon's whole life into FILE (for scale benchmarks; off by default)."""
+    path = os.environ.get("ELASTICD_PROFILE")
+    if not path:
+        return asyncio.run(main)
+    import cProfile
+
+    profile = cProfile.Profile()
+    try:
+        return int(profile.runcall(asyncio.run, main))
+    finally:
+        profile.dump_stats(path)
 
 
 if __name__ == "__main__":

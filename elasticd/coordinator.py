@@ -213,7 +213,8 @@ class Coordinator:
             self.send(sender, MeshOp.unknown, {})
             return
         rnd = self.round
-        self.send(sender, MeshOp.hb, {"seq": self.events.seq, "round": rnd.round_id if rnd else 0})
+        self.send(sender, MeshOp.hb, {"seq": self.events.seq, "round": rnd.round_id if rnd else 0,
+                                      "beat": body.get("beat")})  # what that heartbeat carried is held now
         if rnd is None or self.state != JobState.running or not rnd.has(sender):
             return
         if int(body.get("assigned", rnd.round_id)) < rnd.round_id:  # its `round` was lost on the way
@@ -227,6 +228,7 @@ class Coordinator:
         if node is None or node.status != NodeStatus.alive or node.instance != body.get("instance"):
             return False  # unknown to us (lost, or a coordinator restart): the node must register again
         node.last_seen = now
+        # Absent fields did not change since a heartbeat we answered (elasticd/beats.py): keep the last values.
         node.ports = list(body.get("ports", node.ports))
         node.workers = body.get("workers", node.workers)
         node.metrics = body.get("metrics", node.metrics)

@@ -59,7 +59,7 @@ class Member:
         self.last_beat = 0.0
         self.handlers: dict[str, Callable[[dict[str, Any]], object]] = {
             MeshOp.welcome: self.on_welcome,
-            MeshOp.hb: lambda body: events.note_seq(int(body.get("seq", 0))),  # also: the coordinator is there
+            MeshOp.hb: self.on_hb,
             MeshOp.unknown: self.on_unknown,
             MeshOp.left: lambda body: self.exit_job(str(body.get("reason", "the coordinator let it go"))),
             MeshOp.round: lambda body: life.spawn(node.apply_round(body)),
@@ -102,6 +102,11 @@ class Member:
             self.duplicate_since = self.duplicate_since or now
             return
         self.life.fail_start(reason)
+
+    def on_hb(self, body: dict[str, Any]) -> None:
+        """The coordinator is there, and holds what the answered heartbeat carried."""
+        self.events.note_seq(int(body.get("seq", 0)))
+        self.node.beats.ack(body.get("beat"))
 
     def on_unknown(self, _body: dict[str, Any]) -> None:
         log.warning("[%s] the coordinator no longer knows this node; stopping workers and re-registering",
@@ -181,7 +186,7 @@ class Member:
             elif now - self.last_register >= 1.0:
                 self.register()
             return
-        self.to_coord(MeshOp.hb, self.node.heartbeat_body())
+        self.to_coord(MeshOp.hb, self.node.heartbeat_body(now))
         if not self.is_coordinator and now - self.last_coord > self.cfg.lost_after_s:
             message = (f"coordinator of job '{self.cfg.job_id}' at {self.cfg.rdzv_host}:{self.cfg.rdzv_port} "
                        f"stopped answering for {self.cfg.lost_after_s:.0f}s; the job cannot go on without it "

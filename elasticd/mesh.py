@@ -19,6 +19,8 @@ from elasticd.protocol import MAX_REPLY_BYTES, Envelope, ProtocolError, decode, 
 log = logging.getLogger("elasticd")
 Handler = Callable[[str, Envelope], None]  # (sender node id, message)
 Closed = Callable[[str], None]  # the node id whose welcomed daemon's connection closed
+# A burst of member frames is read in batches: a loop turn (an epoll call) per frame cost as much as the frame.
+YIELD_EVERY = 16
 
 
 def _configure(sock: zmq.Socket, linger_ms: int) -> None:
@@ -95,8 +97,12 @@ class CoordinatorMesh:
                 log.warning("mesh: closed connection of %s failed: %r", node_id, exc)
 
     async def _receive(self, handler: Handler) -> None:
+        count = 0
         while True:
             frames = await self.sock.recv_multipart(copy=False)
+            count += 1
+            if count % YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # never starve the rest of the daemon, whatever arrives
             if len(frames) != 2:
                 continue
             ident, payload = frames[0].bytes, frames[1].bytes
@@ -106,7 +112,6 @@ class CoordinatorMesh:
             except ProtocolError as exc:
                 log.warning("mesh: dropped a bad frame: %s", exc.reason)
                 continue
-            await asyncio.sleep(0)  # never starve the rest of the daemon, whatever arrives
             sender = _node_of(ident)
             if env.node != sender:
                 continue  # a node speaks only for itself

@@ -11,12 +11,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from elasticd.beats import BeatDiff, PortPool
 from elasticd.config import STOP_SLACK_S, JobConfig
 from elasticd.gpu import GpuSampler
 from elasticd.names import EventKind, JobState, MeshOp, NodeState
 from elasticd.output_metrics import compile_pattern, parse_line
 from elasticd.round_store import RoundStore, StoreError
-from elasticd.runtime import free_ports
 from elasticd.spawner import Spawner
 from elasticd.workers import Worker, WorkerGroup
 
@@ -56,16 +56,22 @@ class NodeAgent:
         self.output_pattern = compile_pattern(cfg.metrics_from_output) if cfg.metrics_from_output else None
         self.output_step: Callable[[int, dict[str, Any]], None] = lambda _rank, _fields: None  # the daemon wires it
         self.gpu = GpuSampler(cfg.heartbeat_s)  # NVML read once per heartbeat for all workers
+        self.beats = BeatDiff()  # what the coordinator already holds: heartbeats carry only the rest
+        self.ports = PortPool()
 
     def register_body(self) -> dict[str, Any]:
+        self.beats.reset()  # a new record at the coordinator: the next heartbeat carries everything again
         return {"node_id": self.cfg.node_id, "instance": self.instance, "host": self.host,
-                "nproc": self.cfg.nproc_per_node, "node_rank": self.cfg.node_rank, "ports": free_ports(4),
+                "nproc": self.cfg.nproc_per_node, "node_rank": self.cfg.node_rank, "ports": self.ports.current(),
                 **self.endpoints}
 
-    def heartbeat_body(self) -> dict[str, Any]:
-        return {"instance": self.instance, "ports": free_ports(4), "workers": self.workers_info(),
-                "state": self.state, "round": self.round_id, "assigned": self.latest_round,
-                "metrics": {str(rank): m for rank, m in self.rank_metrics.items() if m.get("round") == self.round_id}}
+    def heartbeat_body(self, now: float) -> dict[str, Any]:
+        """State every beat; ports, worker records and shim metrics only when the coordinator lacks them."""
+        return self.beats.body({
+            "instance": self.instance, "ports": self.ports.current(), "workers": self.workers_info(),
+            "state": self.state, "round": self.round_id, "assigned": self.latest_round,
+            "metrics": {str(rank): m for rank, m in self.rank_metrics.items() if m.get("round") == self.round_id}},
+            now)
 
     def workers_info(self) -> list[dict[str, Any]]:
         """Worker records; with NVML each has `gpu` (null when on no GPU), without it the field is absent."""
@@ -76,6 +82,7 @@ class NodeAgent:
     # ---- rounds -------------------------------------------------------------------------------
     async def apply_round(self, body: dict[str, Any]) -> None:
         round_id = body.get("round")
+        self.ports.take(body.get("master_port"))  # offered no more: a round's store listens there (here or not)
         if round_id is not None:
             self.latest_round = max(self.latest_round, round_id)
             for waiting, event in self._go.items():

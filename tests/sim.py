@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from elasticd.beats import BeatDiff
 from elasticd.config import STOP_SLACK_S, JobConfig
 from elasticd.coordinator import Coordinator
 from elasticd.events import EventLog
@@ -124,8 +125,11 @@ class SimNode:
         self.go_seen: set[int] = set()
         self.inbox: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()  # held while frozen
         self.last_register = self.last_beat = 0.0
+        self.beats = BeatDiff()  # heartbeats carry changes only, as node.py's do
+        self.ports = sim.ports()  # offered until a round makes one of them its master port
         self.handlers: dict[str, Callable[[dict[str, Any]], None]] = {
-            MeshOp.welcome: self.on_welcome, MeshOp.hb: lambda _b: None, MeshOp.unknown: self.on_unknown,
+            MeshOp.welcome: self.on_welcome, MeshOp.hb: lambda b: self.beats.ack(b.get("beat")),
+            MeshOp.unknown: self.on_unknown,
             MeshOp.round: self.on_round, MeshOp.go: lambda b: self.on_go(int(b["round"])),
             MeshOp.job_end: self.on_job_end, MeshOp.probe: lambda b: self.send(MeshOp.pong, {"round": b.get("round")}),
             MeshOp.step_query: self.on_step_query, MeshOp.drain_workers: self.on_drain,
@@ -222,8 +226,9 @@ class SimNode:
     # ---- registering and heartbeats ------------------------------------------------------------------
     def register(self) -> None:
         self.last_register = self.sim.clock.now
+        self.beats.reset()
         self.send(MeshOp.register, {"node_id": self.node_id, "instance": self.instance, "host": f"{self.node_id}.sim",
-                                    "nproc": self.nproc, "ports": self.sim.ports(), "control": "", "pub": ""})
+                                    "nproc": self.nproc, "ports": self.ports, "control": "", "pub": ""})
 
     def beat(self) -> None:
         if self.departed or (self.leaving and not self.registered):
@@ -237,9 +242,9 @@ class SimNode:
         self.send(MeshOp.hb, self.heartbeat_body())
 
     def heartbeat_body(self) -> dict[str, Any]:
-        return {"instance": self.instance, "ports": self.sim.ports(), "workers": [], "state": self.state,
-                "round": self.round_id, "assigned": self.latest_round,
-                "metrics": {str(r): m for r, m in self.rank_metrics().items()}}
+        return self.beats.body({"instance": self.instance, "ports": self.ports, "workers": [], "state": self.state,
+                                "round": self.round_id, "assigned": self.latest_round,
+                                "metrics": {str(r): m for r, m in self.rank_metrics().items()}}, self.sim.clock.now)
 
     def step(self) -> int | None:
         """The newest step this node's shim ranks reported; None without the shim or running workers."""
@@ -293,6 +298,8 @@ class SimNode:
     # ---- rounds (node.apply_round: one assignment at a time, old workers stopped first, spawn on `go`) ----
     def on_round(self, body: dict[str, Any]) -> None:
         round_id = body.get("round")
+        if body.get("master_port") in self.ports:  # its store listens there now: offer others (beats.PortPool)
+            self.ports = self.sim.ports()
         if round_id is not None:
             self.latest_round = max(self.latest_round, round_id)
             if self.waiting_go is not None and self.waiting_go < round_id:
@@ -386,7 +393,7 @@ class Sim:
 
     # ---- the mesh ---------------------------------------------------------------------------------
     def ports(self) -> list[int]:
-        """Four ports a node reports free: fresh each time, as a real free-port scan would differ."""
+        """Four fresh ports a node reports free (a real node offers new ones once a round took one)."""
         return [next(self._ports) for _ in range(4)]
 
     def record(self, src: str, dst: str, op: str, body: dict[str, Any]) -> None:

@@ -1,0 +1,111 @@
+"""Many real daemons on one machine: `bench/real_daemons.py --nodes 128` forms, takes a join and a SIGKILL.
+
+Every node is a real `elasticd start --no-zygote` with one plain worker (tests/workers/ticker.py). Reports the
+rounds each phase took (one each is the goal), false `node_lost` events, the wall time of each phase and the
+coordinator daemon's CPU seconds (psutil, its pid only), then its steady CPU % over 10 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # bench -> tests, never the reverse
+from harness import TICKER, Job
+from scale_sim import cpu_model
+
+from elasticd.names import EventKind
+
+STEADY_S = 10.0
+START_GAP_S = 0.05  # between daemon starts: a storm, but the fork/exec of 128 Pythons is spread a little
+FORM_TIMEOUT_S = 600.0
+
+
+class Meter:
+    """The coordinator daemon's CPU seconds since the last `take`."""
+
+    def __init__(self, pid: int) -> None:
+        self.proc = psutil.Process(pid)
+        self.mark = self.now()
+
+    def now(self) -> float:
+        times = self.proc.cpu_times()
+        return times.user + times.system
+
+    def take(self) -> float:
+        now = self.now()
+        spent, self.mark = now - self.mark, now
+        return round(spent, 3)
+
+
+def rounds_since(job: Job, seq: int) -> list[dict[str, Any]]:
+    with job.client() as client:
+        return client.call("events", since_seq=seq, kinds=[EventKind.round_started], limit=0)["events"]
+
+
+def phase(job: Job, meter: Meter, seq: int, world: int, start: float) -> dict[str, Any]:
+    """Wait for a completed round of `world` ranks after `seq`; what it took."""
+    started = job.wait_event(EventKind.round_started, since=seq, timeout=FORM_TIMEOUT_S,
+                             match=lambda e: e["world_size"] == world)
+    done = job.wait_event(EventKind.round_complete, since=seq, timeout=FORM_TIMEOUT_S,
+                          match=lambda e: e["round"] == started["round"])
+    elapsed = time.monotonic() - start
+    return {"wall_s": round(elapsed, 2), "rounds": len(rounds_since(job, seq)), "coordinator_cpu_s": meter.take(),
+            "round": done["round"], "timeline": done.get("timeline", {})}
+
+
+def run(nodes: int, tmp: Path) -> dict[str, Any]:
+    job = Job(tmp, nnodes=f"{nodes}:{nodes + 1}", nproc=1, extra=["--no-zygote"])
+    names = [f"n{i:04d}" for i in range(nodes)]
+    try:
+        start = time.monotonic()
+        job.start(names[0], TICKER, "--interval", "1")
+        meter = Meter(job.daemon().proc.pid)
+        for name in names[1:]:
+            job.start(name, TICKER, "--interval", "1", wait=False)
+            time.sleep(START_GAP_S)
+        result: dict[str, Any] = {"nodes": nodes, "formation": phase(job, meter, 0, nodes, start)}
+        seq = job.seq()
+        start = time.monotonic()
+        job.start("newcomer", TICKER, "--interval", "1", wait=False)
+        result["join"] = phase(job, meter, seq, nodes + 1, start)
+        seq, victim = job.seq(), names[5]
+        start = time.monotonic()
+        job.daemons[victim].kill_with_workers()
+        result["sigkill"] = phase(job, meter, seq, nodes, start)
+        time.sleep(2.0)
+        meter.take()
+        time.sleep(STEADY_S)
+        result["steady_cpu_pct"] = round(100 * meter.take() / STEADY_S, 1)
+        with job.client() as client:
+            lost = client.call("events", kinds=[EventKind.node_lost], limit=0)["events"]
+        result["false_node_lost"] = sum(1 for e in lost if e["node"] != victim)
+        result["node_lost"] = [e["node"] for e in lost]
+        return result
+    finally:
+        job.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=128)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        result = {"machine": f"{cpu_model()} (shared)", **run(args.nodes, Path(tmp))}
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Coordinator scale, real daemon: one `elasticd start` coordinator and N-1 simulated members on real sockets.
+
+`bench/scale_mesh.py --nodes 256,1024,2048 --out bench/results/scale-mesh.json` starts, per N, the real
+coordinator daemon (tests/workers/ticker.py as its 8 workers, `--preload json`), then N-1 fake members
+(bench/mesh_members.py) in this process, each with its own DEALER. It reports the time from the last
+welcome to the first round settled (every member has it and `go`), the coordinator daemon's CPU seconds
+(psutil, its pid only) for the formation, a join, a drain (`drain` verb) and a node loss (a member's socket
+closed), false `node_lost` events, steady CPU % over 10 s, and `status` round trips with and without
+`--nodes-limit 50`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # bench -> tests, never the reverse
+from harness import TICKER, DaemonProc, free_port
+from mesh_members import Fleet
+from scale_sim import cpu_model
+
+from elasticd.client import Client
+from elasticd.names import EventKind
+
+WORKERS = 8
+STEADY_S = 10.0
+SETTLE_TIMEOUT_S = 300.0
+COORD = "coord"
+TAIL_S = 0.5  # a phase's CPU window: its wall time plus this
+
+
+def net_of_steady(phase: dict[str, Any], steady_pct: float) -> float:
+    """A phase's CPU less the heartbeats that the same window costs anyway (at the steady rate)."""
+    return round(phase["coordinator_cpu_s"] - steady_pct / 100 * (phase["wall_s"] + TAIL_S), 3)
+
+
+class Bench:
+    """One N: the daemon, the fleet, and the coordinator's CPU between marks."""
+
+    def __init__(self, nodes: int, tmp: Path) -> None:
+        self.nodes, self.port = nodes, free_port()
+        env = {**os.environ, "ELASTICD_RUNTIME_DIR": str(tmp / "run"), "PYTHONUNBUFFERED": "1"}
+        self.daemon = DaemonProc(["--nnodes", f"{nodes}:{nodes + 1}", "--nproc-per-node", str(WORKERS),
+                                  "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", f"mesh{self.port}",
+                                  "--node-id", COORD, "--log-dir", str(tmp / "logs"), "--preload", "json",
+                                  str(TICKER), "--interval", "1"], tmp, env)
+        self.daemon.wait_line(r"elasticd \S+: node ")
+        self.proc = psutil.Process(self.daemon.proc.pid)
+        self.fleet = Fleet(f"tcp://127.0.0.1:{self.port}", WORKERS)
+        self.mark = self.cpu()
+
+    def cpu(self) -> float:
+        times = self.proc.cpu_times()
+        return times.user + times.system
+
+    def take(self) -> float:
+        now = self.cpu()
+        spent, self.mark = now - self.mark, now
+        return round(spent, 3)
+
+    async def call(self, op: str, **args: Any) -> tuple[dict[str, Any], float]:
+        def blocking() -> tuple[dict[str, Any], float]:
+            with Client(self.daemon.control, timeout_s=60) as client:
+                start = time.perf_counter()
+                reply = client.call(op, **args)
+                return reply, time.perf_counter() - start
+        return await asyncio.to_thread(blocking)
+
+    async def settle(self, after: int) -> int:
+        """Wait until a round newer than `after` reached every member; its id."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            rounds = {m.round_id for m in self.fleet.members.values() if not m.closed and m.registered}
+            if rounds and min(rounds) > after and self.fleet.settled(min(rounds)):
+                return min(rounds)
+        raise TimeoutError(f"no round after {after} settled within {SETTLE_TIMEOUT_S:.0f}s")
+
+    async def phase(self, change: Callable[[], Awaitable[Any]], before: int) -> dict[str, Any]:
+        self.take()
+        start = time.perf_counter()
+        await change()
+        round_id = await self.settle(before)
+        elapsed = time.perf_counter() - start
+        await asyncio.sleep(TAIL_S)  # the coordinator's part after the last `go`: round_complete, events
+        return {"round": round_id, "wall_s": round(elapsed, 3), "coordinator_cpu_s": self.take()}
+
+    async def run(self) -> dict[str, Any]:
+        beat = asyncio.create_task(self.fleet.beat_loop())
+        result: dict[str, Any] = {"nodes": self.nodes, "workers": self.nodes * WORKERS}
+        self.take()
+        start = time.perf_counter()
+        for i in range(self.nodes - 1):
+            self.fleet.add(f"sim-{i:05d}")
+        first = await self.settle(0)
+        last_welcome = max(m.welcomed_at for m in self.fleet.members.values())
+        result["formation"] = {"round": first, "wall_s": round(time.perf_counter() - start, 3),
+                               "first_round_after_last_registration_s": round(time.time() - last_welcome, 3),
+                               "coordinator_cpu_s": self.take()}
+        ids = list(self.fleet.members)
+
+        async def join() -> None:
+            self.fleet.add("newcomer")
+
+        async def drain() -> None:
+            await self.call("drain", node=ids[-1])
+
+        async def loss() -> None:
+            self.fleet.members[ids[3]].close()
+
+        current = first
+        for name, change in (("join", join), ("drain", drain), ("node_loss", loss)):
+            result[name] = await self.phase(change, current)
+            current = result[name]["round"]
+        await asyncio.sleep(2.0)
+        self.take()
+        await asyncio.sleep(STEADY_S)
+        result["steady_cpu_pct"] = round(100 * self.take() / STEADY_S, 1)
+        for name in ("join", "drain", "node_loss"):
+            result[name]["net_of_steady_cpu_s"] = net_of_steady(result[name], result["steady_cpu_pct"])
+        result["status_summary_s"] = round(min([(await self.call("status", nodes_limit=50))[1] for _ in range(3)]), 4)
+        result["status_full_s"] = round(min([(await self.call("status"))[1] for _ in range(3)]), 4)
+        events = (await self.call("events", kinds=[EventKind.node_lost], limit=0))[0]["events"]
+        result["false_node_lost"] = sum(1 for e in events if e["node"] != ids[3])
+        result["rounds"] = current
+        beat.cancel()
+        return result
+
+    def close(self) -> None:
+        for member in self.fleet.members.values():
+            member.close()
+        self.daemon.stop()
+
+
+def run(nodes: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        bench = Bench(nodes, Path(tmp))
+        try:
+            return asyncio.run(bench.run())
+        finally:
+            bench.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", default="256,1024,2048", help="comma-separated node counts (the daemon included)")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    runs = []
+    for n in args.nodes.split(","):
+        runs.append(run(int(n)))
+        print(json.dumps(runs[-1]), flush=True)
+    report = {"machine": f"{cpu_model()}, {os.cpu_count()} cores (shared)", "runs": runs}
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
