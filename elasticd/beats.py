@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import socket
 from typing import Any
 
@@ -45,7 +46,9 @@ class BeatDiff:
         out = {k: v for k, v in current.items() if k not in DELTA_FIELDS}
         carried = {k: current[k] for k in DELTA_FIELDS if k in current and self.lacks(k, current[k], now)}
         self.in_flight = {b: f for b, f in self.in_flight.items() if b > self.beat - IN_FLIGHT}
-        self.in_flight[self.beat] = (now, carried)
+        # A snapshot: the node updates its metrics and worker records in place, and what the coordinator holds is
+        # what this beat carried, not whatever those objects say later (else a change would never be sent).
+        self.in_flight[self.beat] = (now, copy.deepcopy(carried))
         return {**out, **carried, "beat": self.beat}
 
     def lacks(self, key: str, value: Any, now: float) -> bool:

@@ -108,3 +108,13 @@ def test_a_master_never_runs_out_of_ports() -> None:
         sim.formed(sim.round.round_id + 1)
         ports.append(sim.round.master_port)
     assert 0 not in ports and len(set(ports)) == len(ports)
+
+
+def test_metrics_a_node_updates_in_place_still_travel_when_they_change() -> None:
+    """The node keeps one dict per rank and updates it as steps arrive: a beat must not hold that same object."""
+    beats = BeatDiff()
+    live = {"step": 10, "loss": 0.5}
+    beats.ack(beats.body(state([WORKER], {"1": live}), 0.0)["beat"])
+    live.update(step=11, loss=0.4)  # the worker channel's on_step does exactly this
+    moved = beats.body(state([WORKER], {"1": live}), 1.0)
+    assert carried(moved) == {"metrics"} and moved["metrics"]["1"]["step"] == 11
