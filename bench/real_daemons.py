@@ -8,7 +8,6 @@ coordinator daemon's CPU seconds (psutil, its pid only), then its steady CPU % o
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -19,7 +18,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # bench -> tests, never the reverse
 from harness import TICKER, Job
-from scale_sim import cpu_model
+from scale_sim import cpu_model, publish
 
 from elasticd.names import EventKind
 
@@ -100,10 +99,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         result = {"machine": f"{cpu_model()} (shared)", **run(args.nodes, Path(tmp))}
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    publish(result, args.out)
     return 0
 
 

@@ -93,17 +93,22 @@ def cpu_model() -> str:
     return platform.machine()
 
 
+def publish(report: dict[str, Any], out: str) -> None:
+    """A scale benchmark's report: printed, and written as JSON to `out` when given."""
+    text = json.dumps(report, indent=1)
+    print(text)
+    if out:
+        Path(out).write_text(text + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", default="256,1024,2048", help="comma-separated node counts")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     runs = [run(int(n)) for n in args.nodes.split(",")]
-    report = {"machine": f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}", "runs": runs}
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    publish({"machine": f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}", "runs": runs},
+            args.out)
     return 0
 
 
