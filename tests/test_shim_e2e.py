@@ -80,7 +80,8 @@ def test_shim_job_metrics_checkpoint_zero_loss_resizes_exact_samples_and_hang(tm
         job.wait_event("first_step", since=grown["seq"])
 
         # Metrics: step, loss and throughput for every rank, moving.
-        wait_for(lambda: len(cli(job, "metrics")["ranks"]) == 4)
+        # A rank shows from its hello on, with no step until its first report: wait for all four to step.
+        wait_for(lambda: sum(r["step"] is not None for r in cli(job, "metrics")["ranks"]) == 4)
         before = max(r["step"] for r in cli(job, "metrics")["ranks"])
         wait_for(lambda: min(r["step"] for r in cli(job, "metrics")["ranks"]) > before)
         after = cli(job, "metrics")["ranks"]
