@@ -1,4 +1,4 @@
-"""What the process benchmarks share (recovery.py, daemon_overhead.py): launching a process whose output is
+"""What the process benchmarks share (recovery.py, daemon_overhead.py, real_daemons.py, scale_mesh.py): launching a
 read line by line, and killing everything they started when they exit, however they exit. No benchmark here.
 """
 
@@ -116,3 +116,20 @@ class Launched:
         """After the process is gone: the reader has drained its output, and the log is closed."""
         self.thread.join(2)
         self.log.close()
+
+
+class CpuMeter:
+    """A process's CPU seconds (user + system) since the last `take`."""
+
+    def __init__(self, pid: int) -> None:
+        self.proc = psutil.Process(pid)
+        self.mark = self.now()
+
+    def now(self) -> float:
+        times = self.proc.cpu_times()
+        return times.user + times.system
+
+    def take(self) -> float:
+        now = self.now()
+        spent, self.mark = now - self.mark, now
+        return round(spent, 3)

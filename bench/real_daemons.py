@@ -14,10 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # bench -> tests, never the reverse
 from harness import TICKER, Job
+from procs import CpuMeter
 from scale_sim import cpu_model, publish
 
 from elasticd.names import EventKind
@@ -27,29 +26,12 @@ START_GAP_S = 0.05  # between daemon starts: a storm, but the fork/exec of 128 P
 FORM_TIMEOUT_S = 600.0
 
 
-class Meter:
-    """The coordinator daemon's CPU seconds since the last `take`."""
-
-    def __init__(self, pid: int) -> None:
-        self.proc = psutil.Process(pid)
-        self.mark = self.now()
-
-    def now(self) -> float:
-        times = self.proc.cpu_times()
-        return times.user + times.system
-
-    def take(self) -> float:
-        now = self.now()
-        spent, self.mark = now - self.mark, now
-        return round(spent, 3)
-
-
 def rounds_since(job: Job, seq: int) -> list[dict[str, Any]]:
     with job.client() as client:
         return client.call("events", since_seq=seq, kinds=[EventKind.round_started], limit=0)["events"]
 
 
-def phase(job: Job, meter: Meter, seq: int, world: int, start: float) -> dict[str, Any]:
+def phase(job: Job, meter: CpuMeter, seq: int, world: int, start: float) -> dict[str, Any]:
     """Wait for a completed round of `world` ranks after `seq`; what it took."""
     started = job.wait_event(EventKind.round_started, since=seq, timeout=FORM_TIMEOUT_S,
                              match=lambda e: e["world_size"] == world)
@@ -66,7 +48,7 @@ def run(nodes: int, tmp: Path) -> dict[str, Any]:
     try:
         start = time.monotonic()
         job.start(names[0], TICKER, "--interval", "1")
-        meter = Meter(job.daemon().proc.pid)
+        meter = CpuMeter(job.daemon().proc.pid)
         for name in names[1:]:
             job.start(name, TICKER, "--interval", "1", wait=False)
             time.sleep(START_GAP_S)

@@ -22,11 +22,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # bench -> tests, never the reverse
 from harness import TICKER, DaemonProc, free_port
 from mesh_members import Fleet
+from procs import CpuMeter
 from scale_sim import cpu_model
 
 from elasticd.client import Client
@@ -55,18 +54,8 @@ class Bench:
                                   "--node-id", COORD, "--log-dir", str(tmp / "logs"), "--preload", "json",
                                   str(TICKER), "--interval", "1"], tmp, env)
         self.daemon.wait_line(r"elasticd \S+: node ")
-        self.proc = psutil.Process(self.daemon.proc.pid)
+        self.meter = CpuMeter(self.daemon.proc.pid)
         self.fleet = Fleet(f"tcp://127.0.0.1:{self.port}", WORKERS)
-        self.mark = self.cpu()
-
-    def cpu(self) -> float:
-        times = self.proc.cpu_times()
-        return times.user + times.system
-
-    def take(self) -> float:
-        now = self.cpu()
-        spent, self.mark = now - self.mark, now
-        return round(spent, 3)
 
     async def call(self, op: str, **args: Any) -> tuple[dict[str, Any], float]:
         def blocking() -> tuple[dict[str, Any], float]:
@@ -87,18 +76,18 @@ class Bench:
         raise TimeoutError(f"no round after {after} settled within {SETTLE_TIMEOUT_S:.0f}s")
 
     async def phase(self, change: Callable[[], Awaitable[Any]], before: int) -> dict[str, Any]:
-        self.take()
+        self.meter.take()
         start = time.perf_counter()
         await change()
         round_id = await self.settle(before)
         elapsed = time.perf_counter() - start
         await asyncio.sleep(TAIL_S)  # the coordinator's part after the last `go`: round_complete, events
-        return {"round": round_id, "wall_s": round(elapsed, 3), "coordinator_cpu_s": self.take()}
+        return {"round": round_id, "wall_s": round(elapsed, 3), "coordinator_cpu_s": self.meter.take()}
 
     async def run(self) -> dict[str, Any]:
         beat = asyncio.create_task(self.fleet.beat_loop())
         result: dict[str, Any] = {"nodes": self.nodes, "workers": self.nodes * WORKERS}
-        self.take()
+        self.meter.take()
         start = time.perf_counter()
         for i in range(self.nodes - 1):
             self.fleet.add(f"sim-{i:05d}")
@@ -106,7 +95,7 @@ class Bench:
         last_welcome = max(m.welcomed_at for m in self.fleet.members.values())
         result["formation"] = {"round": first, "wall_s": round(time.perf_counter() - start, 3),
                                "first_round_after_last_registration_s": round(time.time() - last_welcome, 3),
-                               "coordinator_cpu_s": self.take()}
+                               "coordinator_cpu_s": self.meter.take()}
         ids = list(self.fleet.members)
 
         async def join() -> None:
@@ -123,9 +112,9 @@ class Bench:
             result[name] = await self.phase(change, current)
             current = result[name]["round"]
         await asyncio.sleep(2.0)
-        self.take()
+        self.meter.take()
         await asyncio.sleep(STEADY_S)
-        result["steady_cpu_pct"] = round(100 * self.take() / STEADY_S, 1)
+        result["steady_cpu_pct"] = round(100 * self.meter.take() / STEADY_S, 1)
         for name in ("join", "drain", "node_loss"):
             result[name]["net_of_steady_cpu_s"] = net_of_steady(result[name], result["steady_cpu_pct"])
         result["status_summary_s"] = round(min([(await self.call("status", nodes_limit=50))[1] for _ in range(3)]), 4)
