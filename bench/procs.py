@@ -1,5 +1,6 @@
-"""What the process benchmarks share (recovery.py, daemon_overhead.py, real_daemons.py, scale_mesh.py): launching a
-read line by line, and killing everything they started when they exit, however they exit. No benchmark here.
+"""What the process benchmarks share (recovery.py, daemon_overhead.py, real_daemons.py, scale_mesh.py):
+launching a process whose output is read line by line, a process's CPU meter, and killing everything they
+started when they exit, however they exit. No benchmark here.
 """
 
 from __future__ import annotations
