@@ -204,8 +204,13 @@ class Failover:
             await mesh.serve(lambda _sender, env: self.from_coordinator(mesh, env))
 
     def from_coordinator(self, mesh: MemberMesh, env: Envelope) -> None:
+        if mesh is not self.d.member_mesh:
+            return  # the DEALER of a coordinator we no longer follow
+        if env.type == "rep":  # the answer to an operator request we forwarded: not a decision
+            self.d.member.receive(env)
+            return
         epoch = env.body.get("epoch", 0)
-        if mesh is not self.d.member_mesh or not isinstance(epoch, int) or epoch < self.epoch:
+        if not isinstance(epoch, int) or epoch < self.epoch:
             log.debug("mesh: %s of epoch %r dropped (current %d)", env.op, epoch, self.epoch)
             return  # a deposed coordinator's word (fencing on the mesh)
         self.epoch = epoch
