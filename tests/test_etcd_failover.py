@@ -13,6 +13,7 @@ import pytest
 from etcd_cluster import EtcdCluster
 from harness import PLAIN, SHIM, TICKER, Job
 from system_deps import require_binary
+from test_shim_e2e import sample_lines, wait_for
 
 from elasticd.client import ClientError
 
@@ -75,7 +76,7 @@ def test_sigkill_of_the_coordinators_node_a_survivor_takes_over_and_the_job_fini
         full = wait_event(job, "a", "round_started", lambda e: e["world_size"] == 3)
         order = list(full["rank_map"])  # join order: whose zygote was warm first
         assert order[0] == "a"  # the coordinator's node is rank 0 of the first round
-        a.wait_line(rf"\[a:0\] step=\d+ world_size=3")
+        a.wait_line(r"\[a:0\] step=\d+ world_size=3")
 
         # One etcd member gone, the raft leader at that: the job does not notice.
         mark, before = full["seq"], ask(job, "b", "status")
@@ -113,5 +114,114 @@ def test_sigkill_of_the_coordinators_node_a_survivor_takes_over_and_the_job_fini
     finally:
         job.close()
         etcd.close()
-        for n, d in job.daemons.items():
-            Path(f"/tmp/ft/{n}.log").write_text("\n".join(l for l in d.lines if " step=" not in l))
+
+
+def ticks(daemon_output: str, node: str) -> int:
+    return len(re.findall(rf"\[{node}:\d\] tick=", daemon_output))
+
+
+def wait_ticks(job: Job, nodes: str, more: int = 10, timeout: float = 30.0) -> None:
+    """Every node's worker prints `more` ticks beyond what it had printed so far."""
+    start = {n: ticks(job.daemon(n).output(), n) for n in nodes}
+    deadline = time.monotonic() + timeout
+    while any(ticks(job.daemon(n).output(), n) < start[n] + more for n in nodes):
+        assert time.monotonic() < deadline, "a worker stopped ticking"
+        time.sleep(0.1)
+
+
+def test_etcd_away_for_10s_freezes_membership_and_a_stopped_coordinator_is_fenced(tmp_path: Path,
+                                                                                  etcd_binary: str) -> None:
+    etcd = EtcdCluster(etcd_binary, tmp_path, size=1).start()
+    job = etcd_job(tmp_path, etcd, "2:3")
+    try:
+        a, _b, _c = (job.start(n, TICKER) for n in "abc")
+        full = wait_event(job, "b", "round_started", lambda e: e["world_size"] == 3)
+        mark = ask(job, "b", "status")["seq"]
+
+        # Every etcd member gone for 10 s: training goes on in the same world, and everyone says why nothing moves.
+        etcd.kill_all()
+        deadline = time.monotonic() + 10
+        wait_for_status(job, "c", lambda s: not s["etcd"]["ok"])
+        status = ask(job, "c", "status")
+        assert "etcd unreachable" in status["reason"] and "membership frozen" in status["reason"]
+        wait_ticks(job, "abc")
+        time.sleep(max(0.0, deadline - time.monotonic()))
+        for node in "abc":
+            assert "etcd unreachable" in job.daemon(node).output()
+        etcd.restart_all()
+        wait_for_status(job, "c", lambda s: s["etcd"]["ok"])
+        wait_ticks(job, "abc")
+        assert membership_since(job, "b", mark) == []
+        status = ask(job, "b", "status")
+        assert (status["coordinator"], status["round"], status["restarts"]["membership"]) == \
+            ("a", full["round"], full_restarts(full))
+        kinds = [e["kind"] for e in ask(job, "b", "events", since_seq=mark, limit=0)["events"]]
+        assert "etcd_unreachable" in kinds and "etcd_restored" in kinds
+
+        # The coordinator's daemon SIGSTOPped past its lease: b or c takes over without it; thawed, it issues no
+        # round (its lease is gone, its epoch is old) and joins the new coordinator as a member.
+        epoch = status["epoch"]
+        a.signal(signal.SIGSTOP)
+        try:
+            smaller = wait_event(job, "b", "round_started", lambda e: e["world_size"] == 2, since=mark)
+        finally:
+            a.signal(signal.SIGCONT)
+        regrown = wait_event(job, "b", "round_started", lambda e: e["world_size"] == 3, since=smaller["seq"])
+        a.wait_line(r"no longer the coordinator")
+        assert regrown["round"] == smaller["round"] + 1 and "a" in regrown["rank_map"]
+        rounds = [e for e in ask(job, "b", "events", since_seq=mark, kinds=["round_started"], limit=0)["events"]]
+        assert [e["node"] for e in rounds] == [smaller["node"]] * 2  # every round since is the new coordinator's
+        status = ask(job, "a", "status")
+        assert status["coordinator"] == smaller["node"] and status["epoch"] > epoch
+        wait_ticks(job, "a")
+    finally:
+        job.close()
+        etcd.close()
+
+
+def full_restarts(event: dict[str, Any]) -> int:
+    """Membership restarts charged by the rounds up to `event`'s (the first round is the start, not a restart)."""
+    return event["round"] - 1
+
+
+def wait_for_status(job: Job, node: str, condition: Callable[[dict[str, Any]], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition(ask(job, node, "status")):
+        assert time.monotonic() < deadline, "status did not change in time"
+        time.sleep(0.2)
+
+
+def test_sigterm_of_the_coordinators_node_drains_it_and_hands_over_with_no_step_lost(tmp_path: Path,
+                                                                                     etcd_binary: str) -> None:
+    etcd = EtcdCluster(etcd_binary, tmp_path, size=1).start()
+    job = etcd_job(tmp_path, etcd, "1:2")
+    samples = tmp_path / "samples"
+    args = ("--steps", "100000", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "0", "--step-time", "0.05",
+            "--batch", "16", "--micro", "8", "--sample-log", str(samples))
+    try:
+        a = job.start("a", SHIM, *args)
+        job.start("b", SHIM, *args)
+        grown = wait_event(job, "b", "round_started", lambda e: e["world_size"] == 2)
+        wait_event(job, "b", "first_step", since=grown["seq"])
+        wait_for(lambda: len(sample_lines(samples).get(1, [])) > 5)  # b's rank has trained a few steps
+        before = ask(job, "b", "status")
+        assert before["coordinator"] == "a"
+        a.signal(signal.SIGTERM)
+        assert a.wait_exit(30) == 0
+        assert "left the job: node a's elasticd received SIGTERM" in a.output()
+        shrunk = wait_event(job, "b", "round_started", lambda e: e["world_size"] == 1, since=grown["seq"])
+        wait_event(job, "b", "first_step", since=shrunk["seq"])
+        wait_for(lambda: any(f"round{shrunk['round']}" in p.name and p.read_text() for p in samples.iterdir()))
+        # b's rank is rank 0 now: its steps run on from the agreed one, none lost, none repeated.
+        steps = [step for step, _ in sample_lines(samples)[0]]
+        assert steps == list(range(1, len(steps) + 1)), "a step was lost or repeated across the handover"
+        events = ask(job, "b", "events", since_seq=grown["seq"], limit=0)["events"]
+        kinds = [e["kind"] for e in events if e["kind"] in ("drain_started", "drain_complete", "node_left",
+                                                            "node_lost", "coordinator_elected", "round_started")]
+        assert kinds == ["drain_started", "drain_complete", "node_left", "coordinator_elected", "round_started"]
+        after = ask(job, "b", "status")
+        assert after["coordinator"] == "b" and after["epoch"] > before["epoch"]
+        assert after["restarts"]["failure"] == 0
+    finally:
+        job.close()
+        etcd.close()
