@@ -194,5 +194,10 @@ def created_at(key: str, revision: int) -> dict[str, Any]:
 
 
 def _short(exc: Exception | None) -> str:
-    text = str(exc) if exc else "no endpoint"
-    return text.splitlines()[0][:200] if text else type(exc).__name__
+    """etcd3gw keeps requests' message in `detail_text`; its last clause says what happened (refused, timed out)."""
+    text = str(getattr(exc, "detail_text", "") or exc or "no endpoint")
+    if "Connection refused" in text:
+        return "connection refused"
+    if "timed out" in text.lower():
+        return "timed out"
+    return text.splitlines()[0][-160:] if text else type(exc).__name__
