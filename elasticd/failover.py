@@ -13,23 +13,25 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 import zmq
+import zmq.asyncio
 
-from elasticd.config import StartError
+from elasticd.auth import NodeKeys
+from elasticd.config import JobConfig, StartError
 from elasticd.coordinator import Coordinator
 from elasticd.election import Elector, EtcdHealth, Leader
 from elasticd.etcd_client import EtcdClient, EtcdClusterChanged, EtcdUnavailable
 from elasticd.etcd_store import Deposed, EtcdStore, Snapshot, StoreUnavailable, job_prefix
 from elasticd.events import EventLog
+from elasticd.member import Member
 from elasticd.mesh import CoordinatorMesh, MemberMesh
 from elasticd.names import ENDED, Cause, EventKind, JobState, MeshOp, NodeStatus, Role
+from elasticd.node import NodeAgent
 from elasticd.protocol import Envelope
 from elasticd.transitions import After, TransitionKind
-
-if TYPE_CHECKING:
-    from elasticd.daemon import Daemon
 
 log = logging.getLogger("elasticd")
 # After a takeover every member gets this long on top of the heartbeat rule to find the new coordinator.
@@ -38,10 +40,34 @@ SYNC_EVERY_S = 0.1  # how often the coordinator's changes (roles, events, timeli
 HELD_FRAMES = 10_000  # members' frames kept while the coordinator may not act (its lease unconfirmed)
 
 
+class Host(Protocol):
+    """What failover needs of the daemon (elasticd/daemon.py): its parts, and the roles' slots it fills."""
+
+    cfg: JobConfig
+    ctx: zmq.asyncio.Context
+    host: str
+    keys: NodeKeys | None
+    node: NodeAgent
+    member: Member
+    events: EventLog
+    coordinator: Coordinator | None
+    coord_mesh: CoordinatorMesh | None
+    member_mesh: MemberMesh | None
+    exit_message: str
+
+    def on_job_event(self, event: dict[str, Any]) -> None: ...
+    def on_peer(self, sender: str, env: Envelope) -> None: ...
+    def on_connection_closed(self, node_id: str) -> None: ...
+    def send_to_node(self, node_id: str, op: MeshOp, body: dict[str, Any]) -> None: ...
+    def to_coord(self, op: MeshOp, body: dict[str, Any]) -> None: ...
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+    async def finish(self, state: str, reason: str, code: int | None = None, message: str = "") -> None: ...
+
+
 class Failover:
     """The daemon's side of the election: takes the coordinator role, gives it up, re-points the member."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: Host) -> None:
         self.d = daemon
         cfg = daemon.cfg
         self.prefix = job_prefix(cfg.job_id)

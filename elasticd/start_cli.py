@@ -81,7 +81,7 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
     conf, conf_notes = parse_rdzv_conf(ns.rdzv_conf)
     low, high = parse_nnodes(ns.nnodes)
     nproc = _nproc(ns.nproc_per_node)
-    etcd = _etcd_backend(ns.rdzv_backend, notes)
+    etcd = _etcd_backend(ns.rdzv_backend or "c10d", notes)
     host, port, job_id = _rendezvous(ns, low, high, etcd)
     timeouts = _timeouts(ns, conf)
     console, std_notes = console_ranks(nproc, ns.redirects, ns.tee, ns.local_ranks_filter)

@@ -48,7 +48,7 @@ _NO_LOG_SPLIT = "every worker's output already goes to its own log file under --
 TORCHRUN_FLAGS: tuple[TorchrunFlag, ...] = (
     TorchrunFlag("nnodes", "1", help="N or MIN:MAX nodes (default 1)"),
     TorchrunFlag("nproc-per-node", "1", help="workers on this node: N, auto, cpu, gpu or xpu (default 1)"),
-    TorchrunFlag("rdzv-backend", "c10d",
+    TorchrunFlag("rdzv-backend",
                  help="c10d or static: the embedded coordinator (default); etcd: the coordinator is elected on etcd "
                  "and any daemon takes over when it goes (etcd-v2 means etcd)"),
     TorchrunFlag("rdzv-endpoint", "", help="HOST:PORT of the coordinator (the first daemon on that host binds it); "
