@@ -289,7 +289,7 @@ class Daemon:
         self.leave(f"node {self.cfg.node_id}'s elasticd received {signal.Signals(sig).name}")
 
     def leave(self, reason: str) -> None:
-        """SIGTERM/SIGINT/HUP: a member leaves; the coordinator's node ends the job (no coordinator HA yet).
+        """SIGTERM/SIGINT/HUP: a member leaves; the embedded coordinator's node ends the job (with etcd it hands over).
 
         Both are graceful the first time: shim ranks stop at one agreed step with a checkpoint (a member's
         drain, the coordinator's `stop`), bounded by --grace-period; a second signal ends it at once.
@@ -299,7 +299,7 @@ class Daemon:
         if self.coordinator is None:
             self.member.leave(reason)
             return
-        why = f"{reason}; it is the coordinator, so the job ends (no coordinator HA yet)"
+        why = f"{reason}; it is the coordinator, so the job ends (no coordinator HA without --rdzv-backend etcd)"
         c = self.coordinator
         if self.signalled or c.state != JobState.running or c.transition is not None:
             c.end(JobState.stopped, why, time.time())

@@ -193,5 +193,5 @@ class Member:
         if not self.is_coordinator and now - self.last_coord > self.cfg.lost_after_s:
             message = (f"coordinator of job '{self.cfg.job_id}' at {self.cfg.rdzv_host}:{self.cfg.rdzv_port} "
                        f"stopped answering for {self.cfg.lost_after_s:.0f}s; the job cannot go on without it "
-                       "(no coordinator HA yet): workers stopped")
+                       "(no coordinator HA without --rdzv-backend etcd): workers stopped")
             self.life.spawn(self.life.finish("lost", message, EXIT_COORDINATOR_LOST, message))
