@@ -225,3 +225,20 @@ def test_sigterm_of_the_coordinators_node_drains_it_and_hands_over_with_no_step_
     finally:
         job.close()
         etcd.close()
+
+
+def test_past_the_outage_limit_without_etcd_the_job_stops_cleanly(tmp_path: Path, etcd_binary: str) -> None:
+    etcd = EtcdCluster(etcd_binary, tmp_path, size=1).start()
+    job = Job(tmp_path, nnodes="1:1", nproc=1, extra=["--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoints,
+                                                      "--rdzv-conf", "lease_ttl=2,etcd_outage_timeout=2"])
+    try:
+        a = job.start("a", TICKER)
+        a.wait_line(r"\[a:0\] tick=")
+        etcd.kill_all()
+        assert a.wait_exit(30) == 1
+        assert re.search(r"etcd unreachable for \d+s \(--rdzv-conf etcd_outage_timeout=2\): the job stops",
+                         a.output()), a.output()[-2000:]
+        assert "Traceback" not in a.output()
+    finally:
+        job.close()
+        etcd.close()

@@ -151,3 +151,9 @@ def test_etcd_unreachable_at_start_is_one_line_and_exit_2(tmp_path: Path) -> Non
                          env={**os.environ, "ELASTICD_RUNTIME_DIR": str(tmp_path / "run")})
     assert out.returncode == 2
     assert f"no etcd endpoint answered (127.0.0.1:{port})" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_without_the_client_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "etcd3gw", None)  # as if etcd3gw were not installed
+    with pytest.raises(ImportError, match=r"pip install 'elastic\[etcd\]'"):
+        EtcdClient([("127.0.0.1", 2379)])
