@@ -121,6 +121,7 @@ class EtcdStore:
         for rnd in snap.rounds:
             self.written[self.round_key(rnd.round_id)] = encode(rnd.public())
         self.events_written = int(snap.events[-1]["seq"]) if snap.events else 0
+        self.oldest_written = snap.rounds[0].round_id if snap.rounds else 0  # rounds below it are gone from etcd
         self.job_state: Callable[[], dict[str, Any]] = lambda: {}
         self.events_since: Callable[[int], list[dict[str, Any]]] = lambda _seq: []
         self.deposed = False
@@ -186,8 +187,10 @@ class EtcdStore:
             if self.written.get(key) != value:
                 self.written[key] = value
                 ops.append(put(key, value))
-        if self._rounds and self._rounds[0].round_id > 1:  # older rounds past the history go
-            ops.append(delete(self.round_key(0), self.round_key(self._rounds[0].round_id)))
+        oldest = self._rounds[0].round_id if self._rounds else 0
+        if oldest > self.oldest_written:  # rounds that fell out of the history go (once, not every sync)
+            self.oldest_written = oldest
+            ops.append(delete(self.round_key(0), self.round_key(oldest)))
         events = self.events_since(self.events_written)
         if events:
             self.events_written = int(events[-1]["seq"])

@@ -91,6 +91,7 @@ class Failover:
         self.rebuild = False  # a round was not made durable: rebuild the coordinator from etcd before going on
         self.health = EtcdHealth(True, time.time(), "")
         self.last_sync = 0.0
+        self.ending = False  # the etcd outage limit passed: the job is being stopped
 
     # ---- start and stop ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -164,9 +165,7 @@ class Failover:
         reset_events(d.events, snap.events)
         store = EtcdStore(self.client, self.prefix, leader.key, leader.epoch, event_capacity=d.events.capacity,
                           snapshot=snap, fresh=fresh)
-        previous = self.mesh.identities, self.mesh.fds
         self.mesh.identities, self.mesh.fds = {}, {}  # only daemons that register with us now are routes
-        del previous
         c = Coordinator(d.cfg, store, self.send, d.events, d.on_job_event, connected=self.mesh.connected,
                         backlog=self.mesh.backlog)
         c.status_extra = self.status_extra
@@ -264,6 +263,10 @@ class Failover:
             self.outage_ends_job(now)
             return
         if self.rebuild and self.leader is not None and self.leader.key == self.elector.key:
+            if self.store is not None:  # what it still had queued must not land after the state is re-read
+                self.store.deposed = True
+                self.store.close(0.0)
+                self.store = None
             d.coordinator = None
             self.take_over(self.leader)
             return
@@ -300,13 +303,15 @@ class Failover:
 
     def outage_ends_job(self, now: float) -> None:
         d = self.d
+        if self.ending:
+            return
+        self.ending = True
         reason = (f"etcd unreachable for {now - self.health.since:.0f}s (--rdzv-conf etcd_outage_timeout="
                   f"{d.cfg.etcd_outage_s:g}): the job stops")
         c = d.coordinator
         if c is not None and c.state not in ENDED:
             c.end(JobState.failed, reason, now)
-        if d.node.state != "ending":
-            d.spawn(d.finish(JobState.failed, reason, 1, reason))
+        d.spawn(d.finish(JobState.failed, reason, 1, reason))
 
     # ---- signals -------------------------------------------------------------------------------------------
     def leave(self, reason: str) -> bool:

@@ -16,7 +16,7 @@ from harness import TICKER, free_port
 from system_deps import require_binary
 
 from elasticd.election import Elector, Leader
-from elasticd.etcd_client import EtcdClient, EtcdClusterChanged, created_at, put
+from elasticd.etcd_client import EtcdClient, EtcdClusterChanged, b64, created_at, put
 from elasticd.etcd_store import Deposed, EtcdStore, Snapshot
 from elasticd.membership import MembershipStore, MemoryStore, NodeRecord, RankEntry, Round
 from elasticd.names import Cause, NodeStatus, Role
@@ -157,3 +157,18 @@ def test_without_the_client_the_error_names_the_extra(monkeypatch: pytest.Monkey
     monkeypatch.setitem(sys.modules, "etcd3gw", None)  # as if etcd3gw were not installed
     with pytest.raises(ImportError, match=r"pip install 'elastic\[etcd\]'"):
         EtcdClient([("127.0.0.1", 2379)])
+
+
+def test_a_quiet_job_writes_nothing_to_etcd_and_a_change_writes_only_itself(etcd: EtcdCluster) -> None:
+    """Heartbeats never reach etcd: with nothing changed, a sync has nothing to write."""
+    store, _prefix = etcd_store(etcd, history=3)
+    store.job_state = lambda: {"target": 2}
+    for seq, node_id in enumerate("ab", 1):
+        store.put_node(node(node_id, seq))
+    for round_id in range(1, 6):
+        store.put_round(round_of(round_id, ["a", "b"]))
+    store.nodes()["a"].last_seen = 12345.0  # what a heartbeat changes
+    store.nodes()["a"].metrics = {"0": {"step": 7}}
+    assert store.changes() == []
+    store.nodes()["b"].role = Role.draining
+    assert [op["request_put"]["key"] for op in store.changes()] == [b64(f"{store.prefix}state/nodes/b")]
