@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from procs import PY, ROOT, TOY, kill_all, on_signal, tree
-from recovery import Job, Node, Rec, Timeout
+from recovery import Job, Node, Rec, Timeout, charged
 
 sys.path.insert(0, str(ROOT / "tests"))
 from etcd_cluster import EtcdCluster
@@ -83,6 +83,7 @@ def lifetime(system: str, rep: int, args: argparse.Namespace, logdir: Path) -> d
                     time.sleep(0.05)
         first = job.new_world_step(3, t_launch, args.timeout)
         job.steady(first)
+        charged_before = job.restarts()
         victim = coordinator(job) if system == "elasticd-etcd" else "a"
         out["killed"] = victim
         victims = tree(job.nodes[victim].proc.pid)
@@ -92,7 +93,8 @@ def lifetime(system: str, rep: int, args: argparse.Namespace, logdir: Path) -> d
         after = smaller_world(job, survivors, t_kill, args.timeout)
         if after is not None:
             job.steady(after)
-            out |= {"seconds": round(after.t - t_kill, 3), **job.loss(t_kill, after)}
+            out |= {"seconds": round(after.t - t_kill, 3), **job.loss(t_kill, after),
+                    **charged(system, charged_before, job.restarts())}
         else:
             out |= {"seconds": None, "survivors_exit": {n.name: n.proc.poll() for n in survivors},
                     "ended_after_s": round(time.time() - t_kill, 3)}
@@ -146,7 +148,8 @@ def summarize(runs: list[dict[str, Any]], systems: list[str]) -> dict[str, Any]:
         vals = sorted(r["seconds"] for r in mine if r.get("seconds") is not None)
         summary[system] = {"n": len(mine), "recovered": len(vals), "median": statistics.median(vals) if vals else None,
                            "min": vals[0] if vals else None, "max": vals[-1] if vals else None,
-                           "steps_lost": [r.get("steps_lost") for r in mine if r.get("seconds") is not None]}
+                           "steps_lost": [r.get("steps_lost") for r in mine if r.get("seconds") is not None],
+                           "restarts_charged": [r.get("restarts_charged") for r in mine if r.get("seconds") is not None]}
     return summary
 
 
@@ -157,13 +160,14 @@ def markdown(result: dict[str, Any]) -> str:
              f"3 nodes x 1 worker, toy job step time {a['step_time']} s; elasticd lease {a['lease_ttl']} s; "
              f"timeout {a['timeout']:.0f} s; {result['platform']}; load average at start "
              f"{result['loadavg_start'][0]:.2f}.", "",
-             f"| system | recovered | median (min-max) s | target ≤ {TARGET_S:g} s | steps lost |",
-             "|---|---|---|---|---|"]
+             f"| system | recovered | median (min-max) s | target ≤ {TARGET_S:g} s | steps lost | restarts charged |",
+             "|---|---|---|---|---|---|"]
     for system, s in result["summary"].items():
         cell = (f"{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f})" if s["median"] is not None
                 else "never: the survivors exit 1, the job ends")
         lines.append(f"| {system} | {s['recovered']}/{s['n']} | {cell} | "
-                     f"{'met' if s['median'] is not None and s['median'] <= TARGET_S else '—'} | {s['steps_lost']} |")
+                     f"{'met' if s['median'] is not None and s['median'] <= TARGET_S else '—'} | {s['steps_lost']} | "
+                     f"{s['restarts_charged']} |")
     return "\n".join(lines) + "\n"
 
 
