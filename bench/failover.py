@@ -145,11 +145,12 @@ def summarize(runs: list[dict[str, Any]], systems: list[str]) -> dict[str, Any]:
     summary = {}
     for system in systems:
         mine = [r for r in runs if r["system"] == system]
-        vals = sorted(r["seconds"] for r in mine if r.get("seconds") is not None)
+        done = [r for r in mine if r.get("seconds") is not None]
+        vals = sorted(r["seconds"] for r in done)
         summary[system] = {"n": len(mine), "recovered": len(vals), "median": statistics.median(vals) if vals else None,
                            "min": vals[0] if vals else None, "max": vals[-1] if vals else None,
-                           "steps_lost": [r.get("steps_lost") for r in mine if r.get("seconds") is not None],
-                           "restarts_charged": [r.get("restarts_charged") for r in mine if r.get("seconds") is not None]}
+                           "steps_lost": [r.get("steps_lost") for r in done],
+                           "restarts_charged": [r.get("restarts_charged") for r in done]}
     return summary
 
 
