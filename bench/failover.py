@@ -150,7 +150,9 @@ def summarize(runs: list[dict[str, Any]], systems: list[str]) -> dict[str, Any]:
         summary[system] = {"n": len(mine), "recovered": len(vals), "median": statistics.median(vals) if vals else None,
                            "min": vals[0] if vals else None, "max": vals[-1] if vals else None,
                            "steps_lost": [r.get("steps_lost") for r in done],
-                           "restarts_charged": [r.get("restarts_charged") for r in done]}
+                           # torchrun: over every surviving agent (node a's own count died with it)
+                           "restarts_charged": [r.get("restarts_charged_total", r.get("restarts_charged"))
+                                                for r in done]}
     return summary
 
 
