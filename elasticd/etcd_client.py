@@ -200,4 +200,6 @@ def _short(exc: Exception | None) -> str:
         return "connection refused"
     if "timed out" in text.lower():
         return "timed out"
+    if "ended prematurely" in text or "Connection aborted" in text:
+        return "connection lost"
     return text.splitlines()[0][-160:] if text else type(exc).__name__

@@ -254,6 +254,8 @@ class Failover:
             return
         if self.elector.may_act():
             c.receive(sender, env, time.time())
+        elif env.op == MeshOp.hb:  # no decision, no answer; `status` and the console still see who is alive
+            c.heartbeat(sender, env.body, time.time())
         elif len(self.held) < HELD_FRAMES:
             self.held.append((sender, env))
 

@@ -148,6 +148,8 @@ def test_etcd_away_for_10s_freezes_membership_and_a_stopped_coordinator_is_fence
         time.sleep(max(0.0, deadline - time.monotonic()))
         for node in "abc":
             assert "etcd unreachable" in job.daemon(node).output()
+        ages = {n["node_id"]: n["last_seen_age_s"] for n in ask(job, "c", "status")["nodes"]}
+        assert max(ages.values()) < 3, ages  # heartbeats still count: the console shows every node live
         etcd.restart_all()
         wait_for_status(job, "c", lambda s: s["etcd"]["ok"])
         wait_ticks(job, "abc")
