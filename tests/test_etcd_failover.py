@@ -163,6 +163,7 @@ def test_etcd_away_for_10s_freezes_membership_and_a_stopped_coordinator_is_fence
         # The coordinator's daemon SIGSTOPped past its lease: b or c takes over without it; thawed, it issues no
         # round (its lease is gone, its epoch is old) and joins the new coordinator as a member.
         epoch = status["epoch"]
+        stopped_at = len(a.lines)
         a.signal(signal.SIGSTOP)
         try:
             smaller = wait_event(job, "b", "round_started", lambda e: e["world_size"] == 2, since=mark)
@@ -173,6 +174,7 @@ def test_etcd_away_for_10s_freezes_membership_and_a_stopped_coordinator_is_fence
         assert regrown["round"] == smaller["round"] + 1 and "a" in regrown["rank_map"]
         rounds = [e for e in ask(job, "b", "events", since_seq=mark, kinds=["round_started"], limit=0)["events"]]
         assert [e["node"] for e in rounds] == [smaller["node"]] * 2  # every round since is the new coordinator's
+        assert not [line for line in a.lines[stopped_at:] if "[a] round_started" in line]  # a decided nothing
         status = ask(job, "a", "status")
         assert status["coordinator"] == smaller["node"] and status["epoch"] > epoch
         wait_ticks(job, "a")

@@ -34,8 +34,8 @@ async def test_the_console_on_a_survivor_follows_the_takeover(tmp_path: Path) ->
             await until(pilot, lambda: app.model.job.coordinator == "b" and app.model.job.world_size == 1,
                         timeout=30, what="b coordinates the smaller world")
             assert app.model.job.epoch > epoch
-            header = str(app.query_one(JobHeader).render())
-            assert f"coordinator b (epoch {app.model.job.epoch})" in header
+            shown = f"coordinator b (epoch {app.model.job.epoch})"  # the header redraws on its own refresh
+            await until(pilot, lambda: shown in str(app.query_one(JobHeader).render()), what="the header")
             await until(pilot, lambda: any(e.get("kind") == "coordinator_elected" and e.get("node") == "b"
                                            for e in app.model.events), what="the election in the event view")
     finally:
