@@ -198,25 +198,24 @@ def wait_for_status(job: Job, node: str, condition: Callable[[dict[str, Any]], b
 def test_sigterm_of_the_coordinators_node_drains_it_and_hands_over_with_no_step_lost(tmp_path: Path,
                                                                                      etcd_binary: str) -> None:
     etcd = EtcdCluster(etcd_binary, tmp_path, size=1).start()
-    job = etcd_job(tmp_path, etcd, "1:2")
+    job = etcd_job(tmp_path, etcd, "2:3")
     samples = tmp_path / "samples"
     args = ("--steps", "100000", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "0", "--step-time", "0.05",
-            "--batch", "16", "--micro", "8", "--sample-log", str(samples))
+            "--batch", "24", "--micro", "4", "--sample-log", str(samples))
     try:
-        a = job.start("a", SHIM, *args)
-        job.start("b", SHIM, *args)
-        grown = wait_event(job, "b", "round_started", lambda e: e["world_size"] == 2)
+        a, _b, _c = (job.start(n, SHIM, *args) for n in "abc")
+        grown = wait_event(job, "b", "round_started", lambda e: e["world_size"] == 3)
         wait_event(job, "b", "first_step", since=grown["seq"])
-        wait_for(lambda: len(sample_lines(samples).get(1, [])) > 5)  # b's rank has trained a few steps
+        wait_for(lambda: len(sample_lines(samples).get(2, [])) > 5)  # the last rank has trained a few steps
         before = ask(job, "b", "status")
         assert before["coordinator"] == "a"
         a.signal(signal.SIGTERM)
         assert a.wait_exit(30) == 0
         assert "left the job: node a's elasticd received SIGTERM" in a.output()
-        shrunk = wait_event(job, "b", "round_started", lambda e: e["world_size"] == 1, since=grown["seq"])
+        shrunk = wait_event(job, "b", "round_started", lambda e: e["world_size"] == 2, since=grown["seq"])
         wait_event(job, "b", "first_step", since=shrunk["seq"])
         wait_for(lambda: any(f"round{shrunk['round']}" in p.name and p.read_text() for p in samples.iterdir()))
-        # b's rank is rank 0 now: its steps run on from the agreed one, none lost, none repeated.
+        # the next node's rank is rank 0 now: its steps run on from the agreed one, none lost, none repeated.
         steps = [step for step, _ in sample_lines(samples)[0]]
         assert steps == list(range(1, len(steps) + 1)), "a step was lost or repeated across the handover"
         events = ask(job, "b", "events", since_seq=grown["seq"], limit=0)["events"]
@@ -224,7 +223,7 @@ def test_sigterm_of_the_coordinators_node_drains_it_and_hands_over_with_no_step_
                                                             "node_lost", "coordinator_elected", "round_started")]
         assert kinds == ["drain_started", "drain_complete", "node_left", "coordinator_elected", "round_started"]
         after = ask(job, "b", "status")
-        assert after["coordinator"] == "b" and after["epoch"] > before["epoch"]
+        assert after["coordinator"] in ("b", "c") and after["epoch"] > before["epoch"]
         assert after["restarts"]["failure"] == 0
     finally:
         job.close()
