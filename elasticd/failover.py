@@ -20,6 +20,7 @@ import zmq
 import zmq.asyncio
 
 from elasticd.auth import NodeKeys
+from elasticd.beats import PortPool
 from elasticd.config import JobConfig, StartError
 from elasticd.coordinator import Coordinator
 from elasticd.election import Elector, EtcdHealth, Leader
@@ -75,7 +76,7 @@ class Failover:
             self.client = EtcdClient(list(cfg.etcd_endpoints))
         except ImportError as exc:
             raise StartError(str(exc)) from None
-        self.mesh = CoordinatorMesh(daemon.ctx, f"tcp://{daemon.host}:*", cfg.node_id, daemon.keys)
+        self.mesh = self.bind_mesh()
         self.endpoint = self.mesh.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.elector = Elector(self.client, self.prefix, cfg.node_id, daemon.node.instance, self.endpoint,
                                cfg.lease_ttl_s, self.threadsafe(self.on_leader), self.threadsafe(self.on_health),
@@ -92,6 +93,19 @@ class Failover:
         self.health = EtcdHealth(True, time.time(), "")
         self.last_sync = 0.0
         self.ending = False  # the etcd outage limit passed: the job is being stopped
+
+    def bind_mesh(self) -> CoordinatorMesh:
+        """Our ROUTER, on the advertised address: in --port-range when given (a firewall admits it), else ephemeral."""
+        d = self.d
+        port: int | str = "*"
+        if d.cfg.port_range is not None:
+            low, high = d.cfg.port_range
+            # A failed bind would leave CoordinatorMesh's socket open (and the context's term waiting on it):
+            # find a free port first.
+            port = next((p for p in range(low, high + 1) if PortPool(d.host).free(p)), 0)
+            if not port:
+                raise StartError(f"no free port for the mesh in --port-range {low}-{high} on {d.host}")
+        return CoordinatorMesh(d.ctx, f"tcp://{d.host}:{port}", d.cfg.node_id, d.keys)
 
     # ---- start and stop ---------------------------------------------------------------------------------
     def start(self) -> None:

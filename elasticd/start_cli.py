@@ -61,7 +61,7 @@ def add_start_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
          help="CURVE key store (see `elasticd keys`): encrypts and authenticates every socket")
     flag("port-range", default="", metavar="LOW-HIGH",
          help="ports for what the daemon opens to other nodes beyond --rdzv-endpoint/--control/--pub (with --keys: "
-         "the store tunnel), so a firewall can admit them (default: ephemeral)")
+         "the store tunnel; with --rdzv-backend etcd: the mesh), so a firewall can admit them (default: ephemeral)")
     flag("insecure", action="store_true", help="allow binding a non-loopback address without --keys (dangerous)")
     flag("no-zygote", action="store_true", help="exec a fresh interpreter per worker instead of forking "
          "from one that pre-imported torch (slower restarts)")
@@ -111,7 +111,7 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
     if cfg.metrics_from_output:
         compile_pattern(cfg.metrics_from_output)
     check_exposure(cfg)
-    if cfg.port_range and not cfg.keys_dir:
+    if cfg.port_range and not cfg.keys_dir and not cfg.etcd_endpoints:
         notes.append("--port-range is unused without --keys: the store tunnel is the only port it places")
     for note in notes + conf_notes + std_notes:
         print(f"elasticd start: {note}", file=sys.stderr, flush=True)
