@@ -29,7 +29,7 @@ from elasticd.etcd_store import Deposed, EtcdStore, Snapshot, StoreUnavailable, 
 from elasticd.events import EventLog
 from elasticd.member import Member
 from elasticd.mesh import CoordinatorMesh, MemberMesh
-from elasticd.names import ENDED, Cause, EventKind, JobState, MeshOp, NodeStatus, Role
+from elasticd.names import ENDED, Cause, EventKind, JobState, MeshOp, NodeState, NodeStatus, Role
 from elasticd.node import NodeAgent
 from elasticd.protocol import Envelope
 from elasticd.transitions import After, TransitionKind
@@ -136,6 +136,8 @@ class Failover:
     # ---- what the election says ---------------------------------------------------------------------------
     def on_leader(self, leader: Leader | None) -> None:
         self.leader = leader
+        if self.d.node.state == NodeState.ending:
+            return  # this daemon is on its way out: it follows nobody any more
         if leader is None:  # our lease is gone: whatever we were, we are not the coordinator now
             self.step_down("our etcd lease expired")
             return
