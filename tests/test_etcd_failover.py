@@ -231,11 +231,13 @@ def test_sigterm_of_the_coordinators_node_drains_it_and_hands_over_with_no_step_
 
 
 def test_past_the_outage_limit_without_etcd_the_job_stops_cleanly(tmp_path: Path, etcd_binary: str) -> None:
+    """Also: a job id whose last run finished starts afresh (etcd still holds that run's ended state)."""
     etcd = EtcdCluster(etcd_binary, tmp_path, size=1).start()
     job = Job(tmp_path, nnodes="1:1", nproc=1, extra=["--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoints,
                                                       "--rdzv-conf", "lease_ttl=2,etcd_outage_timeout=2"])
     try:
-        a = job.start("a", TICKER)
+        assert job.start("a", TICKER, "--ticks", "5").wait_exit(30) == 0
+        a = job.start("a", TICKER)  # the same job id again
         a.wait_line(r"\[a:0\] tick=")
         etcd.kill_all()
         assert a.wait_exit(30) == 1
