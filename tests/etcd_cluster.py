@@ -96,11 +96,12 @@ class EtcdCluster:
         for i in range(self.size):
             self.kill(i)
 
-    def restart_all(self) -> None:
-        """The members again, on the data they had (the job's state with them)."""
-        for i in range(self.size):
+    def restart(self) -> None:
+        """The members that are down, again, on the data they had (the job's state with them)."""
+        down = [i for i in range(self.size) if i not in self.alive()]
+        for i in down:
             self.start_member(i)
-        for i in range(self.size):
+        for i in down:
             self.wait_ready(i)
 
     def close(self) -> None:

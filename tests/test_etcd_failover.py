@@ -88,7 +88,7 @@ def test_sigkill_of_the_coordinators_node_a_survivor_takes_over_and_the_job_fini
             time.sleep(0.1)
         assert membership_since(job, "b", mark) == []
         assert ask(job, "b", "status")["restarts"] == before["restarts"]
-        etcd.restart_all()
+        etcd.restart()
 
         # SIGKILL a's daemon and its worker: a survivor is elected, re-forms the world at 2 and training goes on.
         assert (before["coordinator"], before["rdzv_backend"]) == ("a", "etcd")
@@ -150,7 +150,7 @@ def test_etcd_away_for_10s_freezes_membership_and_a_stopped_coordinator_is_fence
             assert "etcd unreachable" in job.daemon(node).output()
         ages = {n["node_id"]: n["last_seen_age_s"] for n in ask(job, "c", "status")["nodes"]}
         assert max(ages.values()) < 3, ages  # heartbeats still count: the console shows every node live
-        etcd.restart_all()
+        etcd.restart()
         wait_for_status(job, "c", lambda s: s["etcd"]["ok"])
         wait_ticks(job, "abc")
         assert membership_since(job, "b", mark) == []
