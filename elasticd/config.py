@@ -55,6 +55,10 @@ class JobConfig:
     port_range: tuple[int, int] | None = None  # --port-range: where non-loopback ports we open go (the tunnel)
     host_coordinator: bool = True  # --rdzv-conf is_host=false: only ever a member, even on the endpoint's host
     metrics_port: int | None = None  # --metrics-port: serve Prometheus metrics there (0: a free port); None: off
+    # --rdzv-backend etcd: the coordinator is elected on this etcd cluster (elasticd/failover.py); empty: embedded
+    etcd_endpoints: tuple[tuple[str, int], ...] = ()
+    lease_ttl_s: int = 5  # --rdzv-conf lease_ttl: a dead coordinator is replaced within about this long
+    etcd_outage_s: float = 300.0  # --rdzv-conf etcd_outage_timeout: how long the job runs without etcd, then stops
 
     @property
     def lost_after_s(self) -> float:
@@ -80,6 +84,24 @@ def parse_endpoint(text: str) -> tuple[str, int]:
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"--rdzv-endpoint must be HOST:PORT with a port in 1..65535, got {text!r}")
     return host, int(port)
+
+
+def parse_endpoints(text: str) -> tuple[tuple[str, int], ...]:
+    """`HOST:PORT[,HOST:PORT...]`: etcd's client endpoints (port 2379 when left out)."""
+    endpoints = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if part.startswith("https://"):
+            raise ConfigError(f"--rdzv-endpoint {part}: TLS to etcd is not supported yet; use http:// on a trusted "
+                              "network")
+        host, sep, port = part.removeprefix("http://").rpartition(":")
+        if not sep:
+            host, port = part, "2379"
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"--rdzv-endpoint for etcd must be HOST:PORT[,HOST:PORT...], got {text!r}")
+        endpoints.append((host.strip("[]"), int(port)))
+    if not endpoints:
+        raise ConfigError("--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT[,HOST:PORT...] (etcd's client URLs)")
+    return tuple(endpoints)
 
 
 def parse_port_range(text: str) -> tuple[int, int] | None:

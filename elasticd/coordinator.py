@@ -91,6 +91,7 @@ class Coordinator:
         self.spawned_at: dict[str, float] = {}  # ... and when their new ones were up
         self._join_seq = 0
         self.ended_at = 0.0
+        self.status_extra: Callable[[], dict[str, Any]] = dict  # --rdzv-backend etcd: epoch, etcd health
         self.handlers: dict[str, Handler] = {
             MeshOp.register: self.on_register,
             MeshOp.announce: lambda sender, _body, now: self.announce(sender, now),
@@ -641,4 +642,5 @@ class Coordinator:
             "nodes": [n.public(now) for n in page], "nodes_total": len(ordered), "nodes_offset": offset,
             "node_counts": counts,
             "seq": self.events.seq,
+            **self.status_extra(),
         }

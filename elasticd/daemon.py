@@ -24,6 +24,7 @@ from elasticd.control import ControlPlane
 from elasticd.coordinator import Coordinator
 from elasticd.events import EventLog
 from elasticd.exporter import MetricsExporter, bind_host_of
+from elasticd.failover import Failover
 from elasticd.member import Member
 from elasticd.membership import MemoryStore
 from elasticd.mesh import CoordinatorMesh, MemberMesh
@@ -71,9 +72,15 @@ class Daemon:
         self.gate: Gatekeeper | None = None
         self.tunnel: TunnelServer | None = None  # with --keys: how other nodes reach our round's store
         self.exporter: MetricsExporter | None = None  # --metrics-port
+        self.failover: Failover | None = None  # --rdzv-backend etcd: the coordinator is elected (elasticd/failover.py)
 
     # ---- set-up ------------------------------------------------------------------------------
     def bind_mesh(self) -> None:
+        if self.cfg.etcd_endpoints:  # every daemon is equal: none binds the rendezvous endpoint
+            self.failover = Failover(self)
+            self.member.await_election = True
+            self.failover.start()  # etcd unreachable or another cluster: a start error (exit 2)
+            return
         endpoint = f"tcp://{self.cfg.rdzv_host}:{self.cfg.rdzv_port}"
         if self.cfg.host_coordinator and is_local_host(self.cfg.rdzv_host):
             try:
@@ -124,7 +131,7 @@ class Daemon:
             "job_id": self.cfg.job_id, "node_id": self.cfg.node_id, "pid": os.getpid(), "host": self.host,
             "coordinator": self.coordinator is not None, "version": __version__, **self.endpoints,
             "server_key": self.keys.public.decode() if self.keys else ""})
-        role = "coordinator" if self.coordinator else "member"
+        role = "coordinator" if self.coordinator else "candidate" if self.failover else "member"
         metrics = f"metrics {self.exporter.url}; " if self.exporter else ""
         print(f"elasticd {__version__}: node {self.cfg.node_id} ({role}) of job {self.cfg.job_id}; "
               f"control {self.endpoints['control']} pub {self.endpoints['pub']}; {metrics}"
@@ -133,13 +140,12 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for name in self.cfg.leave_signals:  # --signals-to-handle
             loop.add_signal_handler(signal.Signals[name], self.on_signal, signal.Signals[name])
-        if self.coord_mesh is not None:
-            mesh_task = self.coord_mesh.serve(self.on_peer, self.on_connection_closed)
-        else:
-            assert self.member_mesh is not None
-            mesh_task = self.member_mesh.serve(lambda _sender, env: self.member.receive(env))
-        self.tasks = [asyncio.create_task(mesh_task), asyncio.create_task(self.tick_loop()),
-                      asyncio.create_task(self.channel.serve()), *self.plane.tasks()]
+        self.tasks += [asyncio.create_task(self.tick_loop()), asyncio.create_task(self.channel.serve()),
+                       *self.plane.tasks()]
+        if self.coord_mesh is not None and self.failover is None:  # with etcd, the election's role serves the mesh
+            self.tasks.append(asyncio.create_task(self.coord_mesh.serve(self.on_peer, self.on_connection_closed)))
+        elif self.member_mesh is not None and self.failover is None:
+            self.tasks.append(asyncio.create_task(self.member_mesh.serve(lambda _s, env: self.member.receive(env))))
         if self.tunnel is not None:
             self.tasks.append(asyncio.create_task(self.tunnel.serve()))
         self.spawn(self.register_when_warm())
@@ -176,6 +182,9 @@ class Daemon:
         self.channel.close()
         if self.tunnel is not None:
             self.tunnel.close()
+        if self.failover is not None:  # after our workers stopped: resigning lets the next daemon take over now
+            self.failover.close()
+            self.coord_mesh = None
         for mesh in (self.coord_mesh, self.member_mesh):
             if mesh is not None:
                 mesh.close()
@@ -202,6 +211,8 @@ class Daemon:
         if env.type in ("req", "rep") and env.op.startswith(CTL_PREFIX):
             if self.plane is not None:
                 self.plane.on_forwarded(sender, env)
+        elif self.failover is not None:
+            self.failover.receive(sender, env)  # fenced: held while our lease is unconfirmed
         elif self.coordinator is not None:
             self.coordinator.receive(sender, env, time.time())
 
@@ -247,7 +258,9 @@ class Daemon:
         while not self.done.is_set():
             now = time.time()
             try:
-                if self.coordinator is not None:
+                if self.failover is not None:
+                    self.failover.tick(now)
+                elif self.coordinator is not None:
                     self.coordinator.tick(now)
                 if self.plane is not None:
                     self.plane.publish_steps(now)
@@ -276,15 +289,17 @@ class Daemon:
         self.leave(f"node {self.cfg.node_id}'s elasticd received {signal.Signals(sig).name}")
 
     def leave(self, reason: str) -> None:
-        """SIGTERM/SIGINT/HUP: a member leaves; the coordinator's node ends the job (no coordinator HA yet).
+        """SIGTERM/SIGINT/HUP: a member leaves; the embedded coordinator's node ends the job (with etcd it hands over).
 
         Both are graceful the first time: shim ranks stop at one agreed step with a checkpoint (a member's
         drain, the coordinator's `stop`), bounded by --grace-period; a second signal ends it at once.
         """
+        if self.failover is not None and self.failover.leave(reason):
+            return  # the coordinator's node drains, then the role goes to the next daemon
         if self.coordinator is None:
             self.member.leave(reason)
             return
-        why = f"{reason}; it is the coordinator, so the job ends (no coordinator HA yet)"
+        why = f"{reason}; it is the coordinator, so the job ends (no coordinator HA without --rdzv-backend etcd)"
         c = self.coordinator
         if self.signalled or c.state != JobState.running or c.transition is not None:
             c.end(JobState.stopped, why, time.time())

@@ -24,6 +24,15 @@ class EventLog:
         self._events: deque[dict[str, Any]] = deque(maxlen=capacity)
         self.seq = 0
 
+    @property
+    def capacity(self) -> int:
+        return self._events.maxlen or 0
+
+    def clear(self) -> None:
+        """Start over (a new coordinator takes the job's log from etcd)."""
+        self._events.clear()
+        self.seq = 0
+
     def append(self, kind: str, node: str, ts: float = 0.0, **fields: Any) -> dict[str, Any]:
         self.seq += 1
         event = {"seq": self.seq, "ts": ts or time.time(), "kind": kind, "node": node, **fields}

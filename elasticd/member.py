@@ -48,6 +48,7 @@ class Member:
         self.on_forwarded_reply = on_forwarded_reply
         self.connect_timeout_s = connect_timeout_s
         self.is_coordinator = is_coordinator  # this daemon also holds the coordinator role
+        self.await_election = False  # --rdzv-backend etcd: a silent coordinator is replaced, not the end of the job
         self.registered = False
         self.leaving = False  # set once: a leaving node never registers again, whatever it is told
         self.events_pub = ""  # the coordinator's PUB, where the job's events are published (from the welcome)
@@ -187,8 +188,10 @@ class Member:
                 self.register()
             return
         self.to_coord(MeshOp.hb, self.node.heartbeat_body(now))
+        if self.await_election:
+            return  # elasticd/failover.py points us at whoever etcd elects next
         if not self.is_coordinator and now - self.last_coord > self.cfg.lost_after_s:
             message = (f"coordinator of job '{self.cfg.job_id}' at {self.cfg.rdzv_host}:{self.cfg.rdzv_port} "
                        f"stopped answering for {self.cfg.lost_after_s:.0f}s; the job cannot go on without it "
-                       "(no coordinator HA yet): workers stopped")
+                       "(no coordinator HA without --rdzv-backend etcd): workers stopped")
             self.life.spawn(self.life.finish("lost", message, EXIT_COORDINATOR_LOST, message))

@@ -81,6 +81,10 @@ class EventKind(StrEnum):
     first_step = "first_step"
     stop_barrier_timeout = "stop_barrier_timeout"
     job_end = "job_end"
+    # --rdzv-backend etcd (elasticd/failover.py)
+    coordinator_elected = "coordinator_elected"
+    etcd_unreachable = "etcd_unreachable"
+    etcd_restored = "etcd_restored"
     # steering (coordinator)
     scale_set = "scale_set"
     checkpoint_requested = "checkpoint_requested"

@@ -19,6 +19,7 @@ from elasticd.config import (
     check_node_id,
     default_node_id,
     parse_endpoint,
+    parse_endpoints,
     parse_metrics_port,
     parse_nnodes,
     parse_port_range,
@@ -60,7 +61,7 @@ def add_start_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
          help="CURVE key store (see `elasticd keys`): encrypts and authenticates every socket")
     flag("port-range", default="", metavar="LOW-HIGH",
          help="ports for what the daemon opens to other nodes beyond --rdzv-endpoint/--control/--pub (with --keys: "
-         "the store tunnel), so a firewall can admit them (default: ephemeral)")
+         "the store tunnel; with --rdzv-backend etcd: the mesh), so a firewall can admit them (default: ephemeral)")
     flag("insecure", action="store_true", help="allow binding a non-loopback address without --keys (dangerous)")
     flag("no-zygote", action="store_true", help="exec a fresh interpreter per worker instead of forking "
          "from one that pre-imported torch (slower restarts)")
@@ -80,7 +81,8 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
     conf, conf_notes = parse_rdzv_conf(ns.rdzv_conf)
     low, high = parse_nnodes(ns.nnodes)
     nproc = _nproc(ns.nproc_per_node)
-    host, port, job_id = _rendezvous(ns, low, high)
+    etcd = _etcd_backend(ns.rdzv_backend or "c10d", notes)
+    host, port, job_id = _rendezvous(ns, low, high, etcd)
     timeouts = _timeouts(ns, conf)
     console, std_notes = console_ranks(nproc, ns.redirects, ns.tee, ns.local_ranks_filter)
     entry = _entry(ns, notes)
@@ -103,11 +105,13 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
         port_range=parse_port_range(ns.port_range),
         leave_signals=parse_signals(ns.signals_to_handle) if ns.signals_to_handle else DEFAULT_LEAVE_SIGNALS,
         metrics_port=parse_metrics_port(ns.metrics_port),
+        etcd_endpoints=parse_endpoints(ns.rdzv_endpoint) if etcd else (),
+        lease_ttl_s=int(conf.get("lease_ttl", 5)), etcd_outage_s=float(conf.get("etcd_outage_timeout", 300.0)),
     )
     if cfg.metrics_from_output:
         compile_pattern(cfg.metrics_from_output)
     check_exposure(cfg)
-    if cfg.port_range and not cfg.keys_dir:
+    if cfg.port_range and not cfg.keys_dir and not cfg.etcd_endpoints:
         notes.append("--port-range is unused without --keys: the store tunnel is the only port it places")
     for note in notes + conf_notes + std_notes:
         print(f"elasticd start: {note}", file=sys.stderr, flush=True)
@@ -121,8 +125,23 @@ def _nproc(text: str) -> int:
     return int(nproc)
 
 
-def _rendezvous(ns: argparse.Namespace, low: int, high: int) -> tuple[str, int, str]:
-    """The coordinator's host and port, and the job id."""
+def _etcd_backend(backend: str, notes: list[str]) -> bool:
+    """etcd (and torchrun's etcd-v2) elects the coordinator on etcd; c10d and static mean the embedded one."""
+    if backend in ("etcd", "etcd-v2"):
+        return True
+    if backend not in ("c10d", "static"):
+        notes.append(f"--rdzv-backend {backend} has no effect: elasticd's coordinator is the rendezvous "
+                     "(c10d, static), or etcd elects it (etcd)")
+    return False
+
+
+def _rendezvous(ns: argparse.Namespace, low: int, high: int, etcd: bool = False) -> tuple[str, int, str]:
+    """The coordinator's host and port (with etcd: the first etcd endpoint, the route to the job), and the job id."""
+    if etcd:
+        if ns.standalone:
+            raise ConfigError("--standalone runs its own coordinator: drop it with --rdzv-backend etcd")
+        host, port = parse_endpoints(ns.rdzv_endpoint or "")[0]
+        return host, port, ns.rdzv_id or "default"
     if ns.standalone:
         if low != 1 or high != 1:
             raise ConfigError("--standalone is a single-node job: drop --nnodes or set it to 1")

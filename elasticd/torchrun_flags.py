@@ -48,8 +48,11 @@ _NO_LOG_SPLIT = "every worker's output already goes to its own log file under --
 TORCHRUN_FLAGS: tuple[TorchrunFlag, ...] = (
     TorchrunFlag("nnodes", "1", help="N or MIN:MAX nodes (default 1)"),
     TorchrunFlag("nproc-per-node", "1", help="workers on this node: N, auto, cpu, gpu or xpu (default 1)"),
-    TorchrunFlag("rdzv-backend", ignored="elasticd's own coordinator is the rendezvous, whatever the backend"),
-    TorchrunFlag("rdzv-endpoint", "", help="HOST:PORT of the coordinator (the first daemon on that host binds it)"),
+    TorchrunFlag("rdzv-backend",
+                 help="c10d or static: the embedded coordinator (default); etcd: the coordinator is elected on etcd "
+                 "and any daemon takes over when it goes (etcd-v2 means etcd)"),
+    TorchrunFlag("rdzv-endpoint", "", help="HOST:PORT of the coordinator (the first daemon on that host binds it); "
+                 "with --rdzv-backend etcd: etcd's HOST:PORT[,HOST:PORT...]"),
     TorchrunFlag("rdzv-id", "", help="job id shared by every node of the job"),
     TorchrunFlag("rdzv-conf", "", help="KEY=VALUE,...: join_timeout, read_timeout, timeout, is_host, "
                  "keep_alive_interval, keep_alive_max_attempt (see docs/torchrun-compat.md)"),

@@ -40,6 +40,8 @@ _RDZV_CONF: dict[str, tuple[str | None, Callable[[str], Any] | str]] = {
     "keep_alive_interval": ("heartbeat", _positive),
     "keep_alive_max_attempt": ("heartbeat_misses", _count),
     "is_host": ("is_host", _bool),
+    "lease_ttl": ("lease_ttl", _count),  # --rdzv-backend etcd: the coordinator's lease, seconds
+    "etcd_outage_timeout": ("etcd_outage_timeout", _positive),  # ... how long the job runs without etcd
     "last_call_timeout": (None, "the coordinator forms a round after its own short settle window"),
     "close_timeout": (None, "a round closes when the coordinator starts it"),
     "store_type": (None, "workers use torch's own store at MASTER_ADDR:MASTER_PORT"),

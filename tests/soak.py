@@ -8,7 +8,8 @@ step and a sample log. For --minutes, 3-6 s after the job is stepping again, the
 fault: a worker SIGKILLed, a worker SIGSTOPped (a hang; daemons run with --hang-timeout 5), a member
 daemon SIGKILLed and started again, a drain/scale storm, rapid operator commands (checkpoint, cordon,
 uncordon, restart; interlock refusals are fine), or a flapping node (stopped and started several times).
-The coordinator is never touched (no HA yet). Then the job runs to its target step, and the invariants are checked:
+The coordinator is never touched (the embedded one; its failover on etcd: tests/test_etcd_failover.py).
+Then the job runs to its target step, and the invariants are checked:
 
   target      the job succeeded and rank 0 printed step=--steps
   steps_lost  per new round, (last step printed before) - (start_step) <= --ckpt-every

@@ -73,6 +73,7 @@ class JobView:
     min_nodes: int = 0
     max_nodes: int = 0
     coordinator: str = ""
+    epoch: int = 0  # --rdzv-backend etcd: the coordinator's election epoch (0: the embedded coordinator)
     restarts: dict[str, int] = field(default_factory=dict)
     max_restarts: int = 0
     last_recovery: dict[str, float] = field(default_factory=dict)
@@ -137,6 +138,7 @@ class JobModel:
         job.target, job.min_nodes = int(reply.get("target", 0)), int(reply.get("min_nodes", 0))
         job.max_nodes, job.coordinator = int(reply.get("max_nodes", 0)), str(reply.get("coordinator", ""))
         job.restarts, job.max_restarts = dict(reply.get("restarts", {})), int(reply.get("max_restarts", 0))
+        job.epoch = int(reply.get("epoch", 0))
         job.last_recovery, job.seq = dict(reply.get("last_recovery") or {}), int(reply.get("seq", 0))
         rank_map = list(reply.get("rank_map", []))
         if rank_map != self.rank_map:

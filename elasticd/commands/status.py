@@ -21,6 +21,11 @@ def render(s: dict[str, Any]) -> str:
         f"nodes {s['min_nodes']}:{s['max_nodes']} target {s['target']}  coordinator {s['coordinator']}",
         f"restarts {restarts} (max failures {s['max_restarts']})",
     ]
+    if s.get("epoch"):
+        etcd = s.get("etcd", {})
+        health = "reachable" if etcd.get("ok") else "UNREACHABLE: membership frozen, training goes on"
+        lines.append(f"coordinator elected on etcd, epoch {s['epoch']}; etcd {','.join(etcd.get('endpoints', []))} "
+                     f"{health}")
     if s.get("reason"):
         lines.append(f"reason: {s['reason']}")
     if s.get("last_recovery"):

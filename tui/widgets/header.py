@@ -23,7 +23,8 @@ def header_text(model: JobModel, readonly: bool, jobs: list[str], view: str, wid
     text.append(f"job {job.job_id or '?'} ", style="bold").append(job.state, STATE_STYLE.get(job.state, "")).append(" ")
     text.append(f"  round {job.round}  world {job.world_size}  target {job.target} nodes  "
                 f"min:max {job.min_nodes}:{job.max_nodes}  "
-                f"coordinator {model.short_name(job.coordinator, name_width(width)) if job.coordinator else '?'}")
+                f"coordinator {model.short_name(job.coordinator, name_width(width)) if job.coordinator else '?'}"
+                + (f" (epoch {job.epoch})" if job.epoch else ""))
     if readonly:
         text.append("  READ-ONLY", style="bold reverse yellow")
     restarts = " ".join(f"{cause} {count}" for cause, count in job.restarts.items())
