@@ -18,6 +18,7 @@ from elasticd.membership import MembershipStore, NodeRecord, Round, build_rank_m
 from elasticd.names import ENDED, RESTART_CAUSES, Cause, EventKind, JobState, MeshOp, NodeStatus, Role
 from elasticd.protocol import Envelope, new_id
 from elasticd.step_agreement import WORKER_OPS, StepAgreement, StepQuery, StepRequest
+from elasticd.tally import ACTIVE, NodeTally
 from elasticd.transitions import DRAIN_TIMEOUT_S, After, Transition, TransitionKind
 
 log = logging.getLogger("elasticd")
@@ -90,6 +91,7 @@ class Coordinator:
         self.stopped_at: dict[str, float] = {}  # this round's members: when their old workers were gone
         self.spawned_at: dict[str, float] = {}  # ... and when their new ones were up
         self._join_seq = 0
+        self._tally = NodeTally()
         self.ended_at = 0.0
         self.handlers: dict[str, Handler] = {
             MeshOp.register: self.on_register,
@@ -147,6 +149,11 @@ class Coordinator:
     def alive(self) -> list[NodeRecord]:
         return [n for n in self.nodes.values() if n.status == NodeStatus.alive]
 
+    @property
+    def tally(self) -> NodeTally:
+        """Node counts by group, kept as records change (a registration storm would otherwise be O(N²))."""
+        return self._tally.rebuild(self.nodes)
+
     def on_register(self, sender: str, body: dict[str, Any], now: float) -> None:
         node = self.nodes.get(sender)
         if node is not None and node.status == NodeStatus.alive and node.instance == body.get("instance"):
@@ -185,7 +192,7 @@ class Coordinator:
             return {"ok": False, "reason": f"job '{self.cfg.job_id}' has ended ({self.state})"}
         self._join_seq += 1
         self.announced.pop(node_id, None)
-        active = sum(1 for n in self.alive() if n.role == Role.active and n.node_id != node_id)
+        active = self.tally.count(ACTIVE) - (old is not None and old.group() == ACTIVE)
         role = (Role.cordoned if old and old.role == Role.cordoned
                 else Role.active if active < self.target else Role.standby)
         node = NodeRecord(node_id, body["host"], int(body["nproc"]), instance, self._join_seq,
@@ -193,6 +200,7 @@ class Coordinator:
                           last_seen=now, ports=list(body.get("ports", [])), control=body.get("control", ""),
                           pub=body.get("pub", ""), store_tunnel=body.get("store_tunnel", ""))
         self.store.put_node(node)
+        self._tally.add(node, replaces=old)
         self.emit(EventKind.node_joined, node_id, host=node.host, nproc=node.nproc, role=role)
         if role == Role.active:
             self.schedule(Cause.membership, f"node {node_id} joined", now)
@@ -348,7 +356,7 @@ class Coordinator:
         if self.transition is not None and pending.cause in (Cause.membership, Cause.operator) \
                 and not self.round_lost_a_member():
             return  # a graceful stop is in flight; its end starts the round (a lost member abandons it)
-        if self.awaiting_announced(sum(1 for n in self.alive() if n.role == Role.active), now):
+        if self.awaiting_announced(self.tally.count(ACTIVE), now):
             return
         self.pending = None
         if not self.reform_first(pending):
@@ -626,10 +634,6 @@ class Coordinator:
         rnd = self.round
         ordered = sorted(self.nodes.values(), key=lambda n: n.joined_seq)
         page = ordered[offset:] if limit is None else ordered[offset:offset + limit]
-        counts: dict[str, int] = {}
-        for node in ordered:
-            key = f"{node.status}/{node.role}" if node.status == NodeStatus.alive else str(node.status)
-            counts[key] = counts.get(key, 0) + 1
         return {
             "job_id": self.cfg.job_id, "state": self.state, "reason": self.reason,
             "round": rnd.round_id if rnd else 0, "world_size": rnd.world_size if rnd else 0,
@@ -639,6 +643,6 @@ class Coordinator:
             "last_recovery": self.timeline(rnd) if rnd else {},
             "rank_map": rnd.public()["members"] if rnd else [],
             "nodes": [n.public(now) for n in page], "nodes_total": len(ordered), "nodes_offset": offset,
-            "node_counts": counts,
+            "node_counts": self.tally.groups(),
             "seq": self.events.seq,
         }

@@ -329,6 +329,23 @@ def test_registration_storm_of_200_nodes_makes_exactly_one_round() -> None:
     assert [e.node_id for e in sim.round.members] == [f"n{i:04d}" for i in range(200)]
 
 
+def test_a_storm_past_the_target_makes_the_rest_standby_and_losses_promote_them() -> None:
+    """Roles come from a kept count of active nodes (not a scan per registration): it must stay exact."""
+    sim = Sim(200, nproc=1, min_nodes=1, max_nodes=150)
+    sim.start(spacing=0.001)
+    sim.formed()
+    counts = sim.coordinator.status(sim.clock.now, limit=0)["node_counts"]
+    assert counts == {"alive/active": 150, "alive/standby": 50} and sim.round.world_size == 150
+    for node_id in ("n0003", "n0100", "n0149"):
+        sim.nodes[node_id].kill()
+    sim.formed(2)
+    counts = sim.coordinator.status(sim.clock.now, limit=0)["node_counts"]
+    assert counts == {"alive/active": 150, "alive/standby": 47, "lost": 3} and sim.round.world_size == 150
+    sim.add("late").start()  # the job is at its target: a newcomer waits as a standby, no round
+    sim.run(2.0)
+    assert sim.coordinator.nodes["late"].role == Role.standby and sim.round.round_id == 2
+
+
 @pytest.mark.parametrize(("change", "gone"), [("drain", "killed"), ("join", "left")])
 def test_a_member_gone_during_a_graceful_stop_abandons_it_and_reforms_promptly(change: str, gone: str) -> None:
     sim = shim_job("abcd", max_nodes=5)
