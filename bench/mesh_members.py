@@ -13,6 +13,7 @@ import zmq.asyncio
 
 from elasticd.beats import BeatDiff
 from elasticd.names import EventKind, MeshOp, NodeState
+from elasticd.node import event_body
 from elasticd.protocol import MAX_REPLY_BYTES, Envelope, decode, encode
 
 BEAT_S = 1.0
@@ -39,6 +40,7 @@ class FakeMember:
         self.round_id = self.assigned = self.go_round = 0
         self.running = False
         self.ranks: list[int] = []
+        self.world_size = 0
         self.next_beat = time.time() + random.random() * BEAT_S
 
     def send(self, op: str, body: dict[str, Any]) -> None:
@@ -95,23 +97,21 @@ class FakeMember:
             return
         if round_id <= self.round_id:
             return  # a repeat (its answer was lost on the way): already applied
-        if self.running:
-            self.event(EventKind.workers_stopped, round=self.round_id, exit_codes={r: -15 for r in self.ranks})
+        held = [event_body(EventKind.workers_stopped, round=self.round_id,
+                           exit_codes={r: -15 for r in self.ranks})] if self.running else []
         self.running = False
         self.assigned = self.round_id = round_id
         self.state, self.ranks = str(body["state"]), list(body.get("ranks", []))
-        self.send(MeshOp.round_progress, {"round": round_id, "stopped": time.time()})
+        self.world_size = int(body.get("world_size", 0))
+        self.send(MeshOp.round_progress, {"round": round_id, "stopped": time.time(), "events": held})
 
     def spawn(self) -> None:
         if self.running:
             return
         self.running, self.go_round = True, self.round_id
-        self.event(EventKind.workers_started, round=self.round_id, ranks=self.ranks, world_size=0,
-                   pids=[100000 + r for r in self.ranks])
-        self.send(MeshOp.round_progress, {"round": self.round_id, "spawned": time.time()})
-
-    def event(self, kind: EventKind, **fields: Any) -> None:
-        self.send(MeshOp.event, {"kind": kind, "node": self.node_id, "ts": time.time(), **fields})
+        started = event_body(EventKind.workers_started, round=self.round_id, ranks=self.ranks,
+                             world_size=self.world_size, pids=[100000 + r for r in self.ranks])
+        self.send(MeshOp.round_progress, {"round": self.round_id, "spawned": time.time(), "events": [started]})
 
     async def serve(self) -> None:
         while not self.closed:

@@ -23,6 +23,7 @@ from elasticd.transitions import DRAIN_TIMEOUT_S, After, Transition, TransitionK
 
 log = logging.getLogger("elasticd")
 Send = Callable[[str, MeshOp, dict[str, Any]], None]  # (node_id, op, body)
+SendAll = Callable[[list[str], MeshOp, dict[str, Any]], None]  # one message to many: the mesh encodes it once
 Handler = Callable[[str, dict[str, Any], float], None]  # (sender, body, now)
 SETTLE_S = 0.1  # batch simultaneous joins/losses into one round; no fixed last-call wait
 STALL_S = 1.0  # a tick this late means the coordinator's own loop stood still
@@ -58,8 +59,9 @@ class Coordinator:
     def __init__(self, cfg: JobConfig, store: MembershipStore, send: Send, events: EventLog,
                  on_event: Callable[[dict[str, Any]], None], clock: Callable[[], float] = time.time,
                  connected: Callable[[str], bool] = lambda _node_id: False,
-                 backlog: Callable[[], bool] = lambda: False) -> None:
+                 backlog: Callable[[], bool] = lambda: False, send_all: SendAll | None = None) -> None:
         self.cfg = cfg
+        self.send_all = send_all or self.send_each
         self.backlog = backlog  # frames from members not yet read: liveness waits for them
         self.last_tick = 0.0
         self.clock = clock  # injected so that scenario tests run on a fake clock
@@ -81,7 +83,7 @@ class Coordinator:
         self.connected = connected
         self.closed: dict[str, float] = {}  # node id -> when the mesh saw its connection close
         self.transition: Transition | None = None
-        self.agreement = StepAgreement(send)
+        self.agreement = StepAgreement(self.send_all)
         self.reformed = False  # the workers already stopped gracefully for the pending round
         self.announced: dict[str, float] = {}  # node id -> when it said it is warming up to join
         # Nodes whose workers of the previous round still run: the new round's workers start when this
@@ -110,6 +112,11 @@ class Coordinator:
         }
 
     # ---- messages -----------------------------------------------------------------------------
+    def send_each(self, node_ids: list[str], op: MeshOp, body: dict[str, Any]) -> None:
+        """`send_all` without a mesh that can encode once (tests): a copy of the body to each."""
+        for node_id in node_ids:
+            self.send(node_id, op, dict(body))
+
     def receive(self, sender: str, env: Envelope, now: float) -> None:
         """One message from a member (or this daemon's own node), dispatched by op."""
         handler = self.handlers.get(env.op)
@@ -395,9 +402,8 @@ class Coordinator:
             self.reason = (f"waiting for {self.cfg.min_nodes - len(members)} more node(s): "
                            f"{len(members)} active, --nnodes min is {self.cfg.min_nodes}")
             self.emit(EventKind.waiting, reason=self.reason, join_timeout_s=self.cfg.join_timeout_s)
-            for node in self.alive():
-                self.send(node.node_id, MeshOp.round, {"round": None, "state": JobState.waiting,
-                                                       "reason": self.reason})
+            self.send_all([n.node_id for n in self.alive()], MeshOp.round,
+                          {"round": None, "state": JobState.waiting, "reason": self.reason})
             return
         if previous is not None and self.state == JobState.running:
             self.restarts[cause] += 1
@@ -435,8 +441,7 @@ class Coordinator:
             self.emit(EventKind.stop_barrier_timeout, round=rnd.round_id, nodes=sorted(self.stop_barrier))
             self.stop_barrier = set()
         rnd.timeline["go"] = self.clock()
-        for node_id in rnd.node_ids():
-            self.send(node_id, MeshOp.go, {"round": rnd.round_id})
+        self.send_all(rnd.node_ids(), MeshOp.go, {"round": rnd.round_id})
 
     def assignment(self, node_id: str) -> dict[str, Any]:
         rnd = self.round
@@ -454,6 +459,9 @@ class Coordinator:
         }
 
     def round_progress(self, node_id: str, body: dict[str, Any]) -> None:
+        for event in body.get("events") or ():  # the node's events that go with it: its workers stopped, started
+            if isinstance(event, dict):
+                self.adopt({**event, "node": node_id})
         rnd = self.round
         if rnd is None or body.get("round") != rnd.round_id:
             return
@@ -491,8 +499,7 @@ class Coordinator:
             return  # this round is already being replaced; its later failures are echoes
         others = {n for n in rnd.node_ids() if n not in (node_id, self.cfg.node_id)}
         self.suspect = Suspect(node_id, body, set(others))
-        for other in sorted(others):  # a copy: answers may shrink the awaited set
-            self.send(other, MeshOp.probe, {"round": rnd.round_id})
+        self.send_all(sorted(others), MeshOp.probe, {"round": rnd.round_id})  # a copy: answers shrink the set
         for other in sorted(others & self.closed.keys()):  # a member whose connection closed never answers
             self.lose_if_closed(other, now)
         self.confirm_failure(now)
@@ -531,8 +538,7 @@ class Coordinator:
         self.state, self.reason, self.ended_at = state, reason, now
         self.pending = self.transition = None
         self.emit(EventKind.job_end, state=state, reason=reason)
-        for node in self.alive():
-            self.send(node.node_id, MeshOp.job_end, {"state": state, "reason": reason})
+        self.send_all([n.node_id for n in self.alive()], MeshOp.job_end, {"state": state, "reason": reason})
 
     # ---- graceful transitions and step agreement ----------------------------------------------------
     def begin_transition(self, kind: TransitionKind, leaving: list[str], final_role: Role, then: After,
@@ -625,8 +631,7 @@ class Coordinator:
         trans = self.transition
         if at_step is None and trans is not None and trans.op_id == query.op_id:
             trans.awaiting.clear()  # no shim worker reports steps: nobody will say `drained`
-        for node_id in self.round.node_ids():
-            self.send(node_id, WORKER_OPS[query.request], {"request_id": query.op_id, "at_step": at_step})
+        self.send_all(self.round.node_ids(), WORKER_OPS[query.request], {"request_id": query.op_id, "at_step": at_step})
 
     # ---- reading ------------------------------------------------------------------------------
     def status(self, now: float, offset: int = 0, limit: int | None = None) -> dict[str, Any]:
