@@ -92,6 +92,7 @@ class Coordinator:
         self.used_ports: set[int] = set()
         self.stopped_at: dict[str, float] = {}  # this round's members: when their old workers were gone
         self.spawned_at: dict[str, float] = {}  # ... and when their new ones were up
+        self.resent: dict[str, float] = {}  # ... and when one last got its `round` or `go` again
         self._join_seq = 0
         self._tally = NodeTally()
         self.ended_at = 0.0
@@ -232,10 +233,16 @@ class Coordinator:
                                       "beat": body.get("beat")})  # what that heartbeat carried is held now
         if rnd is None or self.state != JobState.running or not rnd.has(sender):
             return
+        # A heartbeat that crossed our `round` or `go` on the way, or one from a member too busy to have read
+        # it yet, is no loss: resend only a heartbeat interval after the last sending, once per interval.
+        if now - self.resent.get(sender, rnd.started_at) <= self.cfg.heartbeat_s:
+            return
         if int(body.get("assigned", rnd.round_id)) < rnd.round_id:  # its `round` was lost on the way
+            self.resent[sender] = now
             self.send(sender, MeshOp.round, self.assignment(sender))
         elif rnd.timeline.get("go") and sender not in self.spawned_at and body.get("round") == rnd.round_id \
                 and now - rnd.timeline["go"] > self.cfg.heartbeat_s:  # ... or its `go`
+            self.resent[sender] = now
             self.send(sender, MeshOp.go, {"round": rnd.round_id})
 
     def heartbeat(self, node_id: str, body: dict[str, Any], now: float) -> bool:
@@ -419,7 +426,7 @@ class Coordinator:
         rnd = Round(round_id, entries, world, master.host, port, cause if previous else Cause.start, detail, now,
                     timeline={"detect": detected, "rendezvous": now})
         self.round, self.state, self.reason = rnd, JobState.running, ""
-        self.stopped_at, self.spawned_at = {}, {}
+        self.stopped_at, self.spawned_at, self.resent = {}, {}, {}
         self.done_nodes = set()
         self.stop_barrier = {n for n in (previous.node_ids() if previous else [])
                              if n in self.nodes and self.nodes[n].status == NodeStatus.alive}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, Protocol
 
@@ -87,7 +87,12 @@ class Round:
         return list(self._by_node)
 
     def public(self) -> dict[str, Any]:
-        return asdict(self)
+        """As `status` and `ranks` show it; built by hand: asdict's deep copy of every member was most of a
+        `status` summary at 2,048 nodes (the records are encoded at once, never kept)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["members"] = [vars(e).copy() for e in self.members]
+        data["timeline"] = dict(self.timeline)
+        return data
 
 
 def sticky_order(previous: list[str], candidates: list[NodeRecord]) -> list[str]:
