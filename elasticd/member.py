@@ -37,7 +37,7 @@ class Member:
     def __init__(self, cfg: JobConfig, node: NodeAgent, channel: WorkerChannel, to_coord: ToCoordinator,
                  life: Lifecycle, events: EventLog, publish: Callable[[dict[str, Any]], None],
                  on_forwarded_reply: Callable[[Envelope], None], connect_timeout_s: float,
-                 is_coordinator: bool) -> None:
+                 is_coordinator: bool, backlog: Callable[[], bool] = lambda: False) -> None:
         self.cfg = cfg
         self.node = node
         self.channel = channel
@@ -48,6 +48,7 @@ class Member:
         self.on_forwarded_reply = on_forwarded_reply
         self.connect_timeout_s = connect_timeout_s
         self.is_coordinator = is_coordinator  # this daemon also holds the coordinator role
+        self.backlog = backlog  # frames from the coordinator not yet read: its silence is judged only once they are
         self.registered = False
         self.leaving = False  # set once: a leaving node never registers again, whatever it is told
         self.events_pub = ""  # the coordinator's PUB, where the job's events are published (from the welcome)
@@ -160,15 +161,20 @@ class Member:
         self.life.spawn(self.life.finish("stopped", f"left the job: {reason}", 0))
 
     def note_stall(self, now: float) -> None:
-        """A stopped process (SIGSTOP, a paused VM) heard nothing because it ran nothing: that silence is ours.
+        """Time this daemon did not run is not the coordinator's silence: it is credited, as the coordinator
+        credits its own stalls to the members.
 
-        The coordinator gets a fresh loss window after each stall, so a thawed member hears `unknown` and
-        joins again instead of giving up on a coordinator that was there all along.
+        A loaded machine delays every beat a little (a late beat gives its lateness back); a stopped process
+        (SIGSTOP, a paused VM) gets a fresh window, so a thawed member hears `unknown` and joins again instead
+        of giving up on a coordinator that was there all along.
         """
-        if self.last_beat and now - self.last_beat > 2 * self.cfg.heartbeat_s:
+        gap = now - self.last_beat if self.last_beat else 0.0
+        if gap > 2 * self.cfg.heartbeat_s:
             log.warning("[%s] this daemon did not run for %.1fs (stopped or paused); checking in with the "
-                        "coordinator", self.cfg.node_id, now - self.last_beat)
+                        "coordinator", self.cfg.node_id, gap)
             self.last_coord = max(self.last_coord, now)
+        elif gap > self.cfg.heartbeat_s:
+            self.last_coord += gap - self.cfg.heartbeat_s
         self.last_beat = now
 
     def beat(self, now: float) -> None:
@@ -187,8 +193,9 @@ class Member:
                 self.register()
             return
         self.to_coord(MeshOp.hb, self.node.heartbeat_body(now))
-        if not self.is_coordinator and now - self.last_coord > self.cfg.lost_after_s:
+        if not self.is_coordinator and now - self.last_coord > self.cfg.lost_after_s and not self.backlog():
             message = (f"coordinator of job '{self.cfg.job_id}' at {self.cfg.rdzv_host}:{self.cfg.rdzv_port} "
                        f"stopped answering for {self.cfg.lost_after_s:.0f}s; the job cannot go on without it "
                        "(no coordinator HA yet): workers stopped")
+            log.warning("[%s] %s", self.cfg.node_id, message)
             self.life.spawn(self.life.finish("lost", message, EXIT_COORDINATOR_LOST, message))

@@ -201,6 +201,10 @@ class MemberMesh:
         self.sock.connect(endpoint)
         self.node_id = node_id
 
+    def backlog(self) -> bool:
+        """Frames from the coordinator wait to be read: its silence is judged only once they are."""
+        return bool(int(self.sock.get(zmq.EVENTS)) & zmq.POLLIN)  # pyzmq re-arms its wakeup on `get`
+
     def send(self, op: str, body: dict[str, Any], kind: str = "req", msg_id: str = "") -> None:
         frame = encode(Envelope(kind, op, body, id=msg_id, node=self.node_id, ts=time.time()))
         try:
