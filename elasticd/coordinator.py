@@ -304,8 +304,13 @@ class Coordinator:
         if gap > STALL_S:
             log.warning("[%s] the coordinator did not run for %.1fs; members get that time back before any of "
                         "them is judged lost", self.cfg.node_id, gap)
-            for node in self.alive():
+            alive = self.alive()
+            for node in alive:
                 node.last_seen += gap
+            # The members judge our silence too (member.py): a sign of life now, not at each one's next answer.
+            rnd = self.round
+            self.send_all([n.node_id for n in alive if n.node_id != self.cfg.node_id], MeshOp.hb,
+                          {"seq": self.events.seq, "round": rnd.round_id if rnd else 0})
 
     def check_liveness(self, now: float) -> None:
         """A closed connection not back within the grace, or (a frozen or cut-off node) missed heartbeats."""

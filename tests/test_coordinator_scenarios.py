@@ -496,6 +496,9 @@ def test_a_stall_with_nothing_waiting_still_gives_the_members_their_time_back() 
     sim.stall_coordinator(5.0, lose_waiting=True)
     sim.run(0.5)
     assert sim.kinds(K.node_lost, since=mark) == []
+    # ... and the members, who judge the coordinator's silence too, hear from it at once, all together
+    resumed = [m for m in sim.msgs(MeshOp.hb, since=mark) if "beat" not in m.body]
+    assert sorted(m.dst for m in resumed) == ["b", "c", "d"] and len({m.at for m in resumed}) == 1
 
 
 def test_status_pages_the_node_list_and_counts_every_node() -> None:
