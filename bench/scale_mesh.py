@@ -123,6 +123,7 @@ class Bench:
         result["false_node_lost"] = sum(1 for e in events if e["node"] != ids[3])
         result["node_lost"] = [f"{e['node']}: {e.get('reason', '')}" for e in events]
         result["rounds"] = current
+        result["load_average"] = [round(x, 1) for x in os.getloadavg()]
         beat.cancel()
         return result
 

@@ -66,7 +66,8 @@ class Daemon:
         self.node.output_step = self.channel.on_output_step  # --metrics-from-output feeds the shim's metrics path
         self.member = Member(cfg, self.node, self.channel, self.to_coord, self, self.events, self.publish_event,
                              self.on_forwarded_reply, connect_timeout_s, is_coordinator=False,
-                             backlog=lambda: self.member_mesh is not None and self.member_mesh.backlog())
+                             backlog=lambda: self.member_mesh is not None and self.member_mesh.backlog(),
+                             link_up=lambda: self.member_mesh is not None and self.member_mesh.link_up)
         self.zygote: Zygote | None = None
         self.keys: NodeKeys | None = None
         self.gate: Gatekeeper | None = None

@@ -198,8 +198,17 @@ class MemberMesh:
             connect_curve(self.sock, keys.secret, keys.public, keys.public)
         self.sock.setsockopt(zmq.IDENTITY, f"{node_id}|{instance}".encode())
         self.sock.setsockopt(zmq.SNDHWM, 10000)
+        # Whether the coordinator's process holds our connection: its ZeroMQ I/O thread answers the transport
+        # heartbeats even while its loop is starved, and a dead, frozen or cut-off one drops the link (3 s).
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self.link_up = False
         self.sock.connect(endpoint)
         self.node_id = node_id
+
+    async def _watch_link(self) -> None:
+        while True:
+            event = await recv_monitor_message(self.monitor)
+            self.link_up = event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
 
     def backlog(self) -> bool:
         """Frames from the coordinator wait to be read: its silence is judged only once they are."""
@@ -213,6 +222,9 @@ class MemberMesh:
             log.debug("mesh send %s dropped: %s", op, exc)
 
     async def serve(self, handler: Handler) -> None:
+        await asyncio.gather(self._receive(handler), self._watch_link())
+
+    async def _receive(self, handler: Handler) -> None:
         while True:
             payload = await self.sock.recv()
             try:
@@ -227,4 +239,6 @@ class MemberMesh:
             await asyncio.sleep(0)
 
     def close(self) -> None:
+        self.sock.disable_monitor()
+        self.monitor.close(linger=0)
         self.sock.close()

@@ -9,7 +9,7 @@ from typing import Any
 
 from elasticd.config import JobConfig
 from elasticd.events import EventLog
-from elasticd.member import EXIT_COORDINATOR_LOST, Member
+from elasticd.member import EXIT_COORDINATOR_LOST, WEDGED_LIMITS, Member
 from elasticd.names import MeshOp
 from elasticd.protocol import Envelope
 
@@ -33,12 +33,13 @@ class Life:
         raise AssertionError(message)
 
 
-def member(queued: list[bool]) -> tuple[Member, Life]:
+def member(queued: list[bool], link: list[bool] | None = None) -> tuple[Member, Life]:
     cfg = JobConfig(1, 2, 1, "127.0.0.1", 29400, "job", "b", ["train.py"])
     node = SimpleNamespace(heartbeat_body=lambda _now: {}, beats=SimpleNamespace(ack=lambda _beat: None))
     life = Life()
     m = Member(cfg, node, SimpleNamespace(), lambda _op, _body: None, life, EventLog(),  # type: ignore[arg-type]
-               lambda _event: None, lambda _env: None, 60.0, is_coordinator=False, backlog=lambda: queued[0])
+               lambda _event: None, lambda _env: None, 60.0, is_coordinator=False, backlog=lambda: queued[0],
+               link_up=lambda: bool(link and link[0]))
     m.registered, m.last_coord = True, T0
     m.receive(Envelope("req", MeshOp.hb, {"seq": 1}, node="a"))
     m.last_coord = T0  # as if that answer came at T0
@@ -74,3 +75,20 @@ def test_answers_waiting_unread_are_no_silence() -> None:
     assert beat_until(m, life, [T0 + i for i in range(1, 6)]) is None  # the frames are there, just not read yet
     queued[0] = False
     assert beat_until(m, life, [T0 + 6]) == T0 + 6
+
+
+def test_a_coordinator_holding_the_connection_is_slow_not_gone_until_it_is_wedged() -> None:
+    """Its ZeroMQ I/O thread answers the transport heartbeats while its loop is starved: wait, within bounds."""
+    link = [True]
+    m, life = member([False], link)
+    assert beat_until(m, life, [T0 + i for i in range(1, 10)]) is None  # 9 s of silence, connection held
+    limit = WEDGED_LIMITS * m.cfg.lost_after_s
+    assert beat_until(m, life, [T0 + i for i in range(10, int(limit) + 3)]) == T0 + int(limit) + 1
+
+
+def test_a_dropped_connection_and_3s_of_silence_end_the_node() -> None:
+    link = [True]
+    m, life = member([False], link)
+    assert beat_until(m, life, [T0 + 1, T0 + 2, T0 + 3, T0 + 4]) is None
+    link[0] = False  # the coordinator died (its connection closed) or froze (the transport heartbeat timed out)
+    assert beat_until(m, life, [T0 + 5]) == T0 + 5
