@@ -41,6 +41,7 @@ class FakeMember:
         self.running = False
         self.ranks: list[int] = []
         self.world_size = 0
+        self.reports: dict[str, dict[str, Any]] = {}
         self.next_beat = time.time() + random.random() * BEAT_S
 
     def send(self, op: str, body: dict[str, Any]) -> None:
@@ -82,6 +83,8 @@ class FakeMember:
         elif env.op == MeshOp.round:
             self.on_round(body)
         elif env.op == MeshOp.go and int(body["round"]) == self.round_id and self.state == NodeState.running:
+            if self.running:  # asked again: its `spawned` was lost
+                self.report_again("spawned")
             self.spawn()
         elif env.op == MeshOp.probe:
             self.send(MeshOp.pong, {"round": body.get("round")})
@@ -96,14 +99,17 @@ class FakeMember:
             self.state = str(body.get("state", NodeState.waiting))
             return
         if round_id <= self.round_id:
-            return  # a repeat (its answer was lost on the way): already applied
+            if round_id == self.round_id:  # asked again: its `stopped` was lost
+                self.report_again("stopped")
+            return  # a repeat: already applied
         held = [event_body(EventKind.workers_stopped, round=self.round_id,
                            exit_codes={r: -15 for r in self.ranks})] if self.running else []
         self.running = False
         self.assigned = self.round_id = round_id
         self.state, self.ranks = str(body["state"]), list(body.get("ranks", []))
         self.world_size = int(body.get("world_size", 0))
-        self.send(MeshOp.round_progress, {"round": round_id, "stopped": time.time(), "events": held})
+        self.reports = {}
+        self.report("stopped", {"round": round_id, "stopped": time.time(), "events": held})
 
     def spawn(self) -> None:
         if self.running:
@@ -111,7 +117,15 @@ class FakeMember:
         self.running, self.go_round = True, self.round_id
         started = event_body(EventKind.workers_started, round=self.round_id, ranks=self.ranks,
                              world_size=self.world_size, pids=[100000 + r for r in self.ranks])
-        self.send(MeshOp.round_progress, {"round": self.round_id, "spawned": time.time(), "events": [started]})
+        self.report("spawned", {"round": self.round_id, "spawned": time.time(), "events": [started]})
+
+    def report(self, phase: str, body: dict[str, Any]) -> None:
+        self.reports[phase] = body
+        self.send(MeshOp.round_progress, body)
+
+    def report_again(self, phase: str) -> None:
+        if phase in self.reports:
+            self.send(MeshOp.round_progress, self.reports[phase])
 
     async def serve(self) -> None:
         while not self.closed:

@@ -93,6 +93,7 @@ class Coordinator:
         self.stopped_at: dict[str, float] = {}  # this round's members: when their old workers were gone
         self.spawned_at: dict[str, float] = {}  # ... and when their new ones were up
         self.resent: dict[str, float] = {}  # ... and when one last got its `round` or `go` again
+        self.reported: set[tuple[str, str]] = set()  # (node, stopped|spawned) of this round already heard
         self._join_seq = 0
         self._tally = NodeTally()
         self.ended_at = 0.0
@@ -237,8 +238,8 @@ class Coordinator:
         # it yet, is no loss: resend only a heartbeat interval after the last sending, once per interval.
         if now - self.resent.get(sender, rnd.started_at) <= self.cfg.heartbeat_s:
             return
-        if int(body.get("assigned", rnd.round_id)) < rnd.round_id:  # its `round` was lost on the way
-            self.resent[sender] = now
+        if int(body.get("assigned", rnd.round_id)) < rnd.round_id or sender in self.stop_barrier:
+            self.resent[sender] = now  # its `round` was lost on the way, or its `stopped` on the way back
             self.send(sender, MeshOp.round, self.assignment(sender))
         elif rnd.timeline.get("go") and sender not in self.spawned_at and body.get("round") == rnd.round_id \
                 and now - rnd.timeline["go"] > self.cfg.heartbeat_s:  # ... or its `go`
@@ -431,7 +432,7 @@ class Coordinator:
         rnd = Round(round_id, entries, world, master.host, port, cause if previous else Cause.start, detail, now,
                     timeline={"detect": detected, "rendezvous": now})
         self.round, self.state, self.reason = rnd, JobState.running, ""
-        self.stopped_at, self.spawned_at, self.resent = {}, {}, {}
+        self.stopped_at, self.spawned_at, self.resent, self.reported = {}, {}, {}, set()
         self.done_nodes = set()
         self.stop_barrier = {n for n in (previous.node_ids() if previous else [])
                              if n in self.nodes and self.nodes[n].status == NodeStatus.alive}
@@ -471,12 +472,16 @@ class Coordinator:
         }
 
     def round_progress(self, node_id: str, body: dict[str, Any]) -> None:
-        for event in body.get("events") or ():  # the node's events that go with it: its workers stopped, started
-            if isinstance(event, dict):
-                self.adopt({**event, "node": node_id})
         rnd = self.round
-        if rnd is None or body.get("round") != rnd.round_id:
+        current = rnd is not None and body.get("round") == rnd.round_id
+        step = (node_id, "stopped" if "stopped" in body else "spawned")
+        if not (current and step in self.reported):  # a report sent again (we asked again) was logged once
+            for event in body.get("events") or ():  # the node's events that go with it: workers stopped, started
+                if isinstance(event, dict):
+                    self.adopt({**event, "node": node_id})
+        if rnd is None or not current:
             return
+        self.reported.add(step)
         if "stopped" in body:
             self.release_barrier(node_id)
         if rnd.entry(node_id) is None:

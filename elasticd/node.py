@@ -53,6 +53,7 @@ class NodeAgent:
         self._exit_watch: asyncio.TimerHandle | None = None  # armed when a worker finished before its peers
         self._tasks: set[asyncio.Future[Any]] = set()
         self._go: dict[int, asyncio.Event] = {}  # round -> set when the coordinator says its workers may start
+        self.reports: dict[str, dict[str, Any]] = {}  # this round's `round_progress` (stopped, spawned), to resend
         self.output_pattern = compile_pattern(cfg.metrics_from_output) if cfg.metrics_from_output else None
         self.output_step: Callable[[int, dict[str, Any]], None] = lambda _rank, _fields: None  # the daemon wires it
         self.gpu = GpuSampler(cfg.heartbeat_s)  # NVML read once per heartbeat for all workers
@@ -90,6 +91,8 @@ class NodeAgent:
                     event.set()  # wake an older round's wait: it is superseded
         async with self._round_lock:
             if round_id is not None and (round_id <= self.round_id or round_id < self.latest_round):
+                if round_id == self.round_id:  # the coordinator asks again: our `stopped` did not reach it
+                    self.report_again("stopped")
                 return  # a stale or repeated assignment, or one a newer round already replaced
             # The old workers' `workers_stopped` rides on the progress report: one frame per node, not two.
             held: list[dict[str, Any]] | None = [] if round_id is not None else None
@@ -100,10 +103,11 @@ class NodeAgent:
                 return
             self.round_id, self.assignment = round_id, body
             self.rank_metrics, self.drained_ranks, self.drained_reported = {}, set(), False
+            self.reports = {}
             if self._exit_watch is not None:
                 self._exit_watch.cancel()
                 self._exit_watch = None
-            self.to_coord(MeshOp.round_progress, {"round": round_id, "stopped": stopped, "events": held})
+            self.report("stopped", {"round": round_id, "stopped": stopped, "events": held})
             if body["state"] != NodeState.running:
                 self.state = body["state"]
                 return
@@ -120,7 +124,7 @@ class NodeAgent:
                 return
             started = event_body(EventKind.workers_started, round=round_id, ranks=body["ranks"],
                                  world_size=body["world_size"], pids=[w.proc.pid for w in self.group.workers])
-            self.to_coord(MeshOp.round_progress, {"round": round_id, "spawned": time.time(), "events": [started]})
+            self.report("spawned", {"round": round_id, "spawned": time.time(), "events": [started]})
 
     async def open_store(self, round_id: int, body: dict[str, Any]) -> dict[str, str] | None:
         """The env that points workers at the round's store; {} without keys (rank 0 hosts it); None: failed."""
@@ -141,7 +145,19 @@ class NodeAgent:
         return self.latest_round <= round_id
 
     def go(self, round_id: int) -> None:
+        if round_id == self.round_id and "spawned" in self.reports:  # a `go` again: our `spawned` was lost
+            self.report_again("spawned")
         self._go.setdefault(round_id, asyncio.Event()).set()
+
+    def report(self, phase: str, body: dict[str, Any]) -> None:
+        """A step of this round, kept until the next round: the mesh may drop it, the coordinator asks again."""
+        self.reports[phase] = body
+        self.to_coord(MeshOp.round_progress, body)
+
+    def report_again(self, phase: str) -> None:
+        body = self.reports.get(phase)
+        if body is not None:
+            self.to_coord(MeshOp.round_progress, body)
 
     async def stop_workers(self, held: list[dict[str, Any]] | None = None) -> float:
         """Stop this round's workers; their `workers_stopped` event goes to `held` when given, else is sent."""
