@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -44,8 +45,16 @@ def phase(job: Job, meter: CpuMeter, seq: int, world: int, start: float) -> dict
 
 
 def keep_output(job: Job, logs: Path) -> dict[str, str]:
-    """Each daemon's stderr to `logs/<node>.log`; returns the last line of each daemon that exited."""
+    """Each daemon's stderr to `logs/<node>.log`; returns the last line of each daemon that exited.
+
+    A daemon still alive that never printed its start line is stuck: SIGABRT makes it print where
+    (PYTHONFAULTHANDLER, set by `main`) before its output is kept.
+    """
     logs.mkdir(parents=True, exist_ok=True)
+    stuck = [d for d in job.daemons.values() if d.proc.poll() is None and not any("elasticd " in x for x in d.lines)]
+    for daemon in stuck:
+        os.kill(daemon.proc.pid, signal.SIGABRT)
+    time.sleep(1.0 if stuck else 0.0)
     exited = {}
     for name, daemon in job.daemons.items():
         (logs / f"{name}.log").write_text("\n".join(daemon.lines) + "\n")
@@ -98,6 +107,7 @@ def main() -> int:
     parser.add_argument("--out", default="")
     parser.add_argument("--logs", default="", help="keep every daemon's stderr in this folder (<node>.log)")
     args = parser.parse_args()
+    os.environ["PYTHONFAULTHANDLER"] = "1"  # the daemons inherit it: a stuck one shows where (keep_output)
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(args.logs) if args.logs else None
         result = {"machine": f"{cpu_model()} (shared)", **run(args.nodes, Path(tmp), logs)}
