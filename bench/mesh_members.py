@@ -17,6 +17,7 @@ from elasticd.node import event_body
 from elasticd.protocol import MAX_REPLY_BYTES, Envelope, decode, encode
 
 BEAT_S = 1.0
+LOST_AFTER_S = 3 * BEAT_S  # the loss limit: a report older than this and still asked for was lost
 MAX_SOCKETS = 16384
 LOOP_S = 0.05  # heartbeats go out spread over the second, as independent daemons' would
 
@@ -124,8 +125,9 @@ class FakeMember:
         self.send(MeshOp.round_progress, body)
 
     def report_again(self, phase: str) -> None:
-        if phase in self.reports:
-            self.send(MeshOp.round_progress, self.reports[phase])
+        body = self.reports.get(phase)
+        if body is not None and time.time() - float(body[phase]) > LOST_AFTER_S:  # as node.py: older than the limit
+            self.send(MeshOp.round_progress, body)
 
     async def serve(self) -> None:
         while not self.closed:

@@ -238,7 +238,8 @@ class Coordinator:
         # it yet, is no loss: resend only a heartbeat interval after the last sending, once per interval.
         if now - self.resent.get(sender, rnd.started_at) <= self.cfg.heartbeat_s:
             return
-        if int(body.get("assigned", rnd.round_id)) < rnd.round_id or sender in self.stop_barrier:
+        stop_unheard = sender in self.stop_barrier and now - rnd.started_at > self.cfg.lost_after_s
+        if int(body.get("assigned", rnd.round_id)) < rnd.round_id or stop_unheard:
             self.resent[sender] = now  # its `round` was lost on the way, or its `stopped` on the way back
             self.send(sender, MeshOp.round, self.assignment(sender))
         elif rnd.timeline.get("go") and sender not in self.spawned_at and body.get("round") == rnd.round_id \

@@ -155,8 +155,10 @@ class NodeAgent:
         self.to_coord(MeshOp.round_progress, body)
 
     def report_again(self, phase: str) -> None:
+        """Only a report older than the loss limit: a younger one is more likely queued than lost, and a
+        busy coordinator asking again must not get a second copy of every member's report."""
         body = self.reports.get(phase)
-        if body is not None:
+        if body is not None and time.time() - float(body[phase]) > self.cfg.lost_after_s:
             self.to_coord(MeshOp.round_progress, body)
 
     async def stop_workers(self, held: list[dict[str, Any]] | None = None) -> float:
