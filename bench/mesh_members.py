@@ -13,9 +13,11 @@ import zmq.asyncio
 
 from elasticd.beats import BeatDiff
 from elasticd.names import EventKind, MeshOp, NodeState
+from elasticd.node import event_body
 from elasticd.protocol import MAX_REPLY_BYTES, Envelope, decode, encode
 
 BEAT_S = 1.0
+LOST_AFTER_S = 3 * BEAT_S  # the loss limit: a report older than this and still asked for was lost
 MAX_SOCKETS = 16384
 LOOP_S = 0.05  # heartbeats go out spread over the second, as independent daemons' would
 
@@ -39,6 +41,8 @@ class FakeMember:
         self.round_id = self.assigned = self.go_round = 0
         self.running = False
         self.ranks: list[int] = []
+        self.world_size = 0
+        self.reports: dict[str, dict[str, Any]] = {}
         self.next_beat = time.time() + random.random() * BEAT_S
 
     def send(self, op: str, body: dict[str, Any]) -> None:
@@ -80,6 +84,8 @@ class FakeMember:
         elif env.op == MeshOp.round:
             self.on_round(body)
         elif env.op == MeshOp.go and int(body["round"]) == self.round_id and self.state == NodeState.running:
+            if self.running:  # asked again: its `spawned` was lost
+                self.report_again("spawned")
             self.spawn()
         elif env.op == MeshOp.probe:
             self.send(MeshOp.pong, {"round": body.get("round")})
@@ -94,24 +100,34 @@ class FakeMember:
             self.state = str(body.get("state", NodeState.waiting))
             return
         if round_id <= self.round_id:
-            return  # a repeat (its answer was lost on the way): already applied
-        if self.running:
-            self.event(EventKind.workers_stopped, round=self.round_id, exit_codes={r: -15 for r in self.ranks})
+            if round_id == self.round_id:  # asked again: its `stopped` was lost
+                self.report_again("stopped")
+            return  # a repeat: already applied
+        held = [event_body(EventKind.workers_stopped, round=self.round_id,
+                           exit_codes={r: -15 for r in self.ranks})] if self.running else []
         self.running = False
         self.assigned = self.round_id = round_id
         self.state, self.ranks = str(body["state"]), list(body.get("ranks", []))
-        self.send(MeshOp.round_progress, {"round": round_id, "stopped": time.time()})
+        self.world_size = int(body.get("world_size", 0))
+        self.reports = {}
+        self.report("stopped", {"round": round_id, "stopped": time.time(), "events": held})
 
     def spawn(self) -> None:
         if self.running:
             return
         self.running, self.go_round = True, self.round_id
-        self.event(EventKind.workers_started, round=self.round_id, ranks=self.ranks, world_size=0,
-                   pids=[100000 + r for r in self.ranks])
-        self.send(MeshOp.round_progress, {"round": self.round_id, "spawned": time.time()})
+        started = event_body(EventKind.workers_started, round=self.round_id, ranks=self.ranks,
+                             world_size=self.world_size, pids=[100000 + r for r in self.ranks])
+        self.report("spawned", {"round": self.round_id, "spawned": time.time(), "events": [started]})
 
-    def event(self, kind: EventKind, **fields: Any) -> None:
-        self.send(MeshOp.event, {"kind": kind, "node": self.node_id, "ts": time.time(), **fields})
+    def report(self, phase: str, body: dict[str, Any]) -> None:
+        self.reports[phase] = body
+        self.send(MeshOp.round_progress, body)
+
+    def report_again(self, phase: str) -> None:
+        body = self.reports.get(phase)
+        if body is not None and time.time() - float(body[phase]) > LOST_AFTER_S:  # as node.py: older than the limit
+            self.send(MeshOp.round_progress, body)
 
     async def serve(self) -> None:
         while not self.closed:

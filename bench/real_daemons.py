@@ -8,6 +8,8 @@ coordinator daemon's CPU seconds (psutil, its pid only), then its steady CPU % o
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import tempfile
 import time
@@ -23,7 +25,7 @@ from elasticd.names import EventKind
 
 STEADY_S = 10.0
 START_GAP_S = 0.05  # between daemon starts: a storm, but the fork/exec of 128 Pythons is spread a little
-FORM_TIMEOUT_S = 600.0
+FORM_TIMEOUT_S = 180.0  # a round of 128 formed in ~4 s here: minutes mean it never will
 
 
 def rounds_since(job: Job, seq: int) -> list[dict[str, Any]]:
@@ -42,7 +44,26 @@ def phase(job: Job, meter: CpuMeter, seq: int, world: int, start: float) -> dict
             "round": done["round"], "timeline": done.get("timeline", {})}
 
 
-def run(nodes: int, tmp: Path) -> dict[str, Any]:
+def keep_output(job: Job, logs: Path) -> dict[str, str]:
+    """Each daemon's stderr to `logs/<node>.log`; returns the last line of each daemon that exited.
+
+    A daemon still alive that never printed its start line is stuck: SIGABRT makes it print where
+    (PYTHONFAULTHANDLER, set by `main`) before its output is kept.
+    """
+    logs.mkdir(parents=True, exist_ok=True)
+    stuck = [d for d in job.daemons.values() if d.proc.poll() is None and not any("elasticd " in x for x in d.lines)]
+    for daemon in stuck:
+        os.kill(daemon.proc.pid, signal.SIGABRT)
+    time.sleep(1.0 if stuck else 0.0)
+    exited = {}
+    for name, daemon in job.daemons.items():
+        (logs / f"{name}.log").write_text("\n".join(daemon.lines) + "\n")
+        if daemon.proc.poll() is not None:
+            exited[name] = f"exit {daemon.proc.returncode}: {daemon.lines[-1] if daemon.lines else ''}"
+    return exited
+
+
+def run(nodes: int, tmp: Path, logs: Path | None = None) -> dict[str, Any]:
     job = Job(tmp, nnodes=f"{nodes}:{nodes + 1}", nproc=1, extra=["--no-zygote"])
     names = [f"n{i:04d}" for i in range(nodes)]
     try:
@@ -69,8 +90,14 @@ def run(nodes: int, tmp: Path) -> dict[str, Any]:
             lost = client.call("events", kinds=[EventKind.node_lost], limit=0)["events"]
         result["false_node_lost"] = sum(1 for e in lost if e["node"] != victim)
         result["node_lost"] = [e["node"] for e in lost]
+        result["load_average"] = [round(x, 1) for x in os.getloadavg()]
         return result
     finally:
+        if logs is not None:
+            exited = keep_output(job, logs)
+            print(f"daemons' output in {logs}; exited early: {len(exited)}", file=sys.stderr)
+            for name, last in sorted(exited.items())[:20]:
+                print(f"  {name}: {last}", file=sys.stderr)
         job.close()
 
 
@@ -78,9 +105,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=128)
     parser.add_argument("--out", default="")
+    parser.add_argument("--logs", default="", help="keep every daemon's stderr in this folder (<node>.log)")
     args = parser.parse_args()
+    os.environ["PYTHONFAULTHANDLER"] = "1"  # the daemons inherit it: a stuck one shows where (keep_output)
     with tempfile.TemporaryDirectory() as tmp:
-        result = {"machine": f"{cpu_model()} (shared)", **run(args.nodes, Path(tmp))}
+        logs = Path(args.logs) if args.logs else None
+        result = {"machine": f"{cpu_model()} (shared)", **run(args.nodes, Path(tmp), logs)}
     publish(result, args.out)
     return 0
 

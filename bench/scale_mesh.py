@@ -121,7 +121,9 @@ class Bench:
         result["status_full_s"] = round(min([(await self.call("status"))[1] for _ in range(3)]), 4)
         events = (await self.call("events", kinds=[EventKind.node_lost], limit=0))[0]["events"]
         result["false_node_lost"] = sum(1 for e in events if e["node"] != ids[3])
+        result["node_lost"] = [f"{e['node']}: {e.get('reason', '')}" for e in events]
         result["rounds"] = current
+        result["load_average"] = [round(x, 1) for x in os.getloadavg()]
         beat.cancel()
         return result
 

@@ -123,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_keys(ns)
     if ns.verb != "start":
         return run_verb(ns)
+    # A round logs a line per node (its workers stopped, started): skip what our format never shows, as the
+    # logging HOWTO's "Optimization" advises (caller lookup, thread and process names).
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     logging.basicConfig(level=logging.INFO, format="%(asctime)s elasticd %(message)s", stream=sys.stderr)
     try:
         cfg, connect_timeout = config_from_args(ns)

@@ -62,7 +62,9 @@ class ControlPlane:
     def __init__(self, d: ControlHost) -> None:
         self.d = d
         self.router = d.ctx.socket(zmq.ROUTER)
-        self.pub = d.ctx.socket(zmq.PUB)
+        # The PUB only sends (NOBLOCK), so it is a plain socket: asyncio's future per send cost as much as the
+        # event's JSON when a round publishes thousands of events (one per node's workers stopped, started).
+        self.pub: zmq.Socket[bytes] = zmq.Context.shadow(d.ctx.underlying).socket(zmq.PUB)
         self.pending: dict[str, tuple[bytes, Envelope, float]] = {}  # forwarded id -> (client, request, due)
         self.stats = {"requests": 0, "errors": 0, "dropped": 0}
         self.steps_sent = 0.0

@@ -18,10 +18,12 @@ from elasticd.membership import MembershipStore, NodeRecord, Round, build_rank_m
 from elasticd.names import ENDED, RESTART_CAUSES, Cause, EventKind, JobState, MeshOp, NodeStatus, Role
 from elasticd.protocol import Envelope, new_id
 from elasticd.step_agreement import WORKER_OPS, StepAgreement, StepQuery, StepRequest
+from elasticd.tally import ACTIVE, NodeTally
 from elasticd.transitions import DRAIN_TIMEOUT_S, After, Transition, TransitionKind
 
 log = logging.getLogger("elasticd")
 Send = Callable[[str, MeshOp, dict[str, Any]], None]  # (node_id, op, body)
+SendAll = Callable[[list[str], MeshOp, dict[str, Any]], None]  # one message to many: the mesh encodes it once
 Handler = Callable[[str, dict[str, Any], float], None]  # (sender, body, now)
 SETTLE_S = 0.1  # batch simultaneous joins/losses into one round; no fixed last-call wait
 STALL_S = 1.0  # a tick this late means the coordinator's own loop stood still
@@ -57,8 +59,9 @@ class Coordinator:
     def __init__(self, cfg: JobConfig, store: MembershipStore, send: Send, events: EventLog,
                  on_event: Callable[[dict[str, Any]], None], clock: Callable[[], float] = time.time,
                  connected: Callable[[str], bool] = lambda _node_id: False,
-                 backlog: Callable[[], bool] = lambda: False) -> None:
+                 backlog: Callable[[], bool] = lambda: False, send_all: SendAll | None = None) -> None:
         self.cfg = cfg
+        self.send_all = send_all or self.send_each
         self.backlog = backlog  # frames from members not yet read: liveness waits for them
         self.last_tick = 0.0
         self.clock = clock  # injected so that scenario tests run on a fake clock
@@ -80,7 +83,7 @@ class Coordinator:
         self.connected = connected
         self.closed: dict[str, float] = {}  # node id -> when the mesh saw its connection close
         self.transition: Transition | None = None
-        self.agreement = StepAgreement(send)
+        self.agreement = StepAgreement(self.send_all)
         self.reformed = False  # the workers already stopped gracefully for the pending round
         self.announced: dict[str, float] = {}  # node id -> when it said it is warming up to join
         # Nodes whose workers of the previous round still run: the new round's workers start when this
@@ -89,7 +92,10 @@ class Coordinator:
         self.used_ports: set[int] = set()
         self.stopped_at: dict[str, float] = {}  # this round's members: when their old workers were gone
         self.spawned_at: dict[str, float] = {}  # ... and when their new ones were up
+        self.resent: dict[str, float] = {}  # ... and when one last got its `round` or `go` again
+        self.reported: set[tuple[str, str]] = set()  # (node, stopped|spawned) of this round already heard
         self._join_seq = 0
+        self._tally = NodeTally()
         self.ended_at = 0.0
         self.status_extra: Callable[[], dict[str, Any]] = dict  # --rdzv-backend etcd: epoch, etcd health
         self.handlers: dict[str, Handler] = {
@@ -109,6 +115,11 @@ class Coordinator:
         }
 
     # ---- messages -----------------------------------------------------------------------------
+    def send_each(self, node_ids: list[str], op: MeshOp, body: dict[str, Any]) -> None:
+        """`send_all` without a mesh that can encode once (tests): a copy of the body to each."""
+        for node_id in node_ids:
+            self.send(node_id, op, dict(body))
+
     def receive(self, sender: str, env: Envelope, now: float) -> None:
         """One message from a member (or this daemon's own node), dispatched by op."""
         handler = self.handlers.get(env.op)
@@ -148,6 +159,11 @@ class Coordinator:
     def alive(self) -> list[NodeRecord]:
         return [n for n in self.nodes.values() if n.status == NodeStatus.alive]
 
+    @property
+    def tally(self) -> NodeTally:
+        """Node counts by group, kept as records change (a registration storm would otherwise be O(N²))."""
+        return self._tally.rebuild(self.nodes)
+
     def on_register(self, sender: str, body: dict[str, Any], now: float) -> None:
         node = self.nodes.get(sender)
         if node is not None and node.status == NodeStatus.alive and node.instance == body.get("instance"):
@@ -186,7 +202,7 @@ class Coordinator:
             return {"ok": False, "reason": f"job '{self.cfg.job_id}' has ended ({self.state})"}
         self._join_seq += 1
         self.announced.pop(node_id, None)
-        active = sum(1 for n in self.alive() if n.role == Role.active and n.node_id != node_id)
+        active = self.tally.count(ACTIVE) - (old is not None and old.group() == ACTIVE)
         role = (Role.cordoned if old and old.role == Role.cordoned
                 else Role.active if active < self.target else Role.standby)
         node = NodeRecord(node_id, body["host"], int(body["nproc"]), instance, self._join_seq,
@@ -194,6 +210,7 @@ class Coordinator:
                           last_seen=now, ports=list(body.get("ports", [])), control=body.get("control", ""),
                           pub=body.get("pub", ""), store_tunnel=body.get("store_tunnel", ""))
         self.store.put_node(node)
+        self._tally.add(node, replaces=old)
         self.emit(EventKind.node_joined, node_id, host=node.host, nproc=node.nproc, role=role)
         if role == Role.active:
             self.schedule(Cause.membership, f"node {node_id} joined", now)
@@ -218,10 +235,17 @@ class Coordinator:
                                       "beat": body.get("beat")})  # what that heartbeat carried is held now
         if rnd is None or self.state != JobState.running or not rnd.has(sender):
             return
-        if int(body.get("assigned", rnd.round_id)) < rnd.round_id:  # its `round` was lost on the way
+        # A heartbeat that crossed our `round` or `go` on the way, or one from a member too busy to have read
+        # it yet, is no loss: resend only a heartbeat interval after the last sending, once per interval.
+        if now - self.resent.get(sender, rnd.started_at) <= self.cfg.heartbeat_s:
+            return
+        stop_unheard = sender in self.stop_barrier and now - rnd.started_at > self.cfg.lost_after_s
+        if int(body.get("assigned", rnd.round_id)) < rnd.round_id or stop_unheard:
+            self.resent[sender] = now  # its `round` was lost on the way, or its `stopped` on the way back
             self.send(sender, MeshOp.round, self.assignment(sender))
         elif rnd.timeline.get("go") and sender not in self.spawned_at and body.get("round") == rnd.round_id \
                 and now - rnd.timeline["go"] > self.cfg.heartbeat_s:  # ... or its `go`
+            self.resent[sender] = now
             self.send(sender, MeshOp.go, {"round": rnd.round_id})
 
     def heartbeat(self, node_id: str, body: dict[str, Any], now: float) -> bool:
@@ -283,8 +307,13 @@ class Coordinator:
         if gap > STALL_S:
             log.warning("[%s] the coordinator did not run for %.1fs; members get that time back before any of "
                         "them is judged lost", self.cfg.node_id, gap)
-            for node in self.alive():
+            alive = self.alive()
+            for node in alive:
                 node.last_seen += gap
+            # The members judge our silence too (member.py): a sign of life now, not at each one's next answer.
+            rnd = self.round
+            self.send_all([n.node_id for n in alive if n.node_id != self.cfg.node_id], MeshOp.hb,
+                          {"seq": self.events.seq, "round": rnd.round_id if rnd else 0})
 
     def check_liveness(self, now: float) -> None:
         """A closed connection not back within the grace, or (a frozen or cut-off node) missed heartbeats."""
@@ -349,7 +378,7 @@ class Coordinator:
         if self.transition is not None and pending.cause in (Cause.membership, Cause.operator) \
                 and not self.round_lost_a_member():
             return  # a graceful stop is in flight; its end starts the round (a lost member abandons it)
-        if self.awaiting_announced(sum(1 for n in self.alive() if n.role == Role.active), now):
+        if self.awaiting_announced(self.tally.count(ACTIVE), now):
             return
         self.pending = None
         if not self.reform_first(pending):
@@ -388,9 +417,8 @@ class Coordinator:
             self.reason = (f"waiting for {self.cfg.min_nodes - len(members)} more node(s): "
                            f"{len(members)} active, --nnodes min is {self.cfg.min_nodes}")
             self.emit(EventKind.waiting, reason=self.reason, join_timeout_s=self.cfg.join_timeout_s)
-            for node in self.alive():
-                self.send(node.node_id, MeshOp.round, {"round": None, "state": JobState.waiting,
-                                                       "reason": self.reason})
+            self.send_all([n.node_id for n in self.alive()], MeshOp.round,
+                          {"round": None, "state": JobState.waiting, "reason": self.reason})
             return
         if previous is not None and self.state == JobState.running:
             self.restarts[cause] += 1
@@ -406,7 +434,7 @@ class Coordinator:
         rnd = Round(round_id, entries, world, master.host, port, cause if previous else Cause.start, detail, now,
                     timeline={"detect": detected, "rendezvous": now})
         self.round, self.state, self.reason = rnd, JobState.running, ""
-        self.stopped_at, self.spawned_at = {}, {}
+        self.stopped_at, self.spawned_at, self.resent, self.reported = {}, {}, {}, set()
         self.done_nodes = set()
         self.stop_barrier = {n for n in (previous.node_ids() if previous else [])
                              if n in self.nodes and self.nodes[n].status == NodeStatus.alive}
@@ -428,8 +456,7 @@ class Coordinator:
             self.emit(EventKind.stop_barrier_timeout, round=rnd.round_id, nodes=sorted(self.stop_barrier))
             self.stop_barrier = set()
         rnd.timeline["go"] = self.clock()
-        for node_id in rnd.node_ids():
-            self.send(node_id, MeshOp.go, {"round": rnd.round_id})
+        self.send_all(rnd.node_ids(), MeshOp.go, {"round": rnd.round_id})
 
     def assignment(self, node_id: str) -> dict[str, Any]:
         rnd = self.round
@@ -448,8 +475,15 @@ class Coordinator:
 
     def round_progress(self, node_id: str, body: dict[str, Any]) -> None:
         rnd = self.round
-        if rnd is None or body.get("round") != rnd.round_id:
+        current = rnd is not None and body.get("round") == rnd.round_id
+        step = (node_id, "stopped" if "stopped" in body else "spawned")
+        if not (current and step in self.reported):  # a report sent again (we asked again) was logged once
+            for event in body.get("events") or ():  # the node's events that go with it: workers stopped, started
+                if isinstance(event, dict):
+                    self.adopt({**event, "node": node_id})
+        if rnd is None or not current:
             return
+        self.reported.add(step)
         if "stopped" in body:
             self.release_barrier(node_id)
         if rnd.entry(node_id) is None:
@@ -484,8 +518,7 @@ class Coordinator:
             return  # this round is already being replaced; its later failures are echoes
         others = {n for n in rnd.node_ids() if n not in (node_id, self.cfg.node_id)}
         self.suspect = Suspect(node_id, body, set(others))
-        for other in sorted(others):  # a copy: answers may shrink the awaited set
-            self.send(other, MeshOp.probe, {"round": rnd.round_id})
+        self.send_all(sorted(others), MeshOp.probe, {"round": rnd.round_id})  # a copy: answers shrink the set
         for other in sorted(others & self.closed.keys()):  # a member whose connection closed never answers
             self.lose_if_closed(other, now)
         self.confirm_failure(now)
@@ -524,8 +557,7 @@ class Coordinator:
         self.state, self.reason, self.ended_at = state, reason, now
         self.pending = self.transition = None
         self.emit(EventKind.job_end, state=state, reason=reason)
-        for node in self.alive():
-            self.send(node.node_id, MeshOp.job_end, {"state": state, "reason": reason})
+        self.send_all([n.node_id for n in self.alive()], MeshOp.job_end, {"state": state, "reason": reason})
 
     # ---- graceful transitions and step agreement ----------------------------------------------------
     def begin_transition(self, kind: TransitionKind, leaving: list[str], final_role: Role, then: After,
@@ -618,8 +650,7 @@ class Coordinator:
         trans = self.transition
         if at_step is None and trans is not None and trans.op_id == query.op_id:
             trans.awaiting.clear()  # no shim worker reports steps: nobody will say `drained`
-        for node_id in self.round.node_ids():
-            self.send(node_id, WORKER_OPS[query.request], {"request_id": query.op_id, "at_step": at_step})
+        self.send_all(self.round.node_ids(), WORKER_OPS[query.request], {"request_id": query.op_id, "at_step": at_step})
 
     # ---- reading ------------------------------------------------------------------------------
     def status(self, now: float, offset: int = 0, limit: int | None = None) -> dict[str, Any]:
@@ -627,10 +658,6 @@ class Coordinator:
         rnd = self.round
         ordered = sorted(self.nodes.values(), key=lambda n: n.joined_seq)
         page = ordered[offset:] if limit is None else ordered[offset:offset + limit]
-        counts: dict[str, int] = {}
-        for node in ordered:
-            key = f"{node.status}/{node.role}" if node.status == NodeStatus.alive else str(node.status)
-            counts[key] = counts.get(key, 0) + 1
         return {
             "job_id": self.cfg.job_id, "state": self.state, "reason": self.reason,
             "round": rnd.round_id if rnd else 0, "world_size": rnd.world_size if rnd else 0,
@@ -640,7 +667,7 @@ class Coordinator:
             "last_recovery": self.timeline(rnd) if rnd else {},
             "rank_map": rnd.public()["members"] if rnd else [],
             "nodes": [n.public(now) for n in page], "nodes_total": len(ordered), "nodes_offset": offset,
-            "node_counts": counts,
+            "node_counts": self.tally.groups(),
             "seq": self.events.seq,
             **self.status_extra(),
         }

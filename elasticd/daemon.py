@@ -66,7 +66,9 @@ class Daemon:
         self.channel = WorkerChannel(self.ctx, cfg, self.node)
         self.node.output_step = self.channel.on_output_step  # --metrics-from-output feeds the shim's metrics path
         self.member = Member(cfg, self.node, self.channel, self.to_coord, self, self.events, self.publish_event,
-                             self.on_forwarded_reply, connect_timeout_s, is_coordinator=False)
+                             self.on_forwarded_reply, connect_timeout_s, is_coordinator=False,
+                             backlog=lambda: self.member_mesh is not None and self.member_mesh.backlog(),
+                             link_up=lambda: self.member_mesh is not None and self.member_mesh.link_up)
         self.zygote: Zygote | None = None
         self.keys: NodeKeys | None = None
         self.gate: Gatekeeper | None = None
@@ -93,7 +95,7 @@ class Daemon:
         if self.coord_mesh is not None:
             self.coordinator = Coordinator(self.cfg, MemoryStore(), self.send_to_node, self.events,
                                            self.on_job_event, connected=self.coord_mesh.connected,
-                                           backlog=self.coord_mesh.backlog)
+                                           backlog=self.coord_mesh.backlog, send_all=self.send_to_nodes)
             self.member.is_coordinator = True
         else:
             self.member_mesh = MemberMesh(self.ctx, endpoint, self.cfg.node_id, self.node.instance, self.keys)
@@ -205,6 +207,13 @@ class Daemon:
             self.member.receive(Envelope("req", op, body, node=node_id, ts=time.time()))
         elif self.coord_mesh is not None:
             self.coord_mesh.send(node_id, op, body)
+
+    def send_to_nodes(self, node_ids: list[str], op: MeshOp, body: dict[str, Any]) -> None:
+        """One message to many nodes: encoded once for the members, handed as is to our own node."""
+        if self.coord_mesh is not None:
+            self.coord_mesh.send_all([n for n in node_ids if n != self.cfg.node_id], op, body)
+        if self.cfg.node_id in node_ids:
+            self.send_to_node(self.cfg.node_id, op, dict(body))
 
     def on_peer(self, sender: str, env: Envelope) -> None:
         """Coordinator side: a forwarded operator request goes to the control plane, the rest to the coordinator."""

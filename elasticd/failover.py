@@ -60,6 +60,7 @@ class Host(Protocol):
     def on_peer(self, sender: str, env: Envelope) -> None: ...
     def on_connection_closed(self, node_id: str) -> None: ...
     def send_to_node(self, node_id: str, op: MeshOp, body: dict[str, Any]) -> None: ...
+    def send_to_nodes(self, node_ids: list[str], op: MeshOp, body: dict[str, Any]) -> None: ...
     def to_coord(self, op: MeshOp, body: dict[str, Any]) -> None: ...
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
     async def finish(self, state: str, reason: str, code: int | None = None, message: str = "") -> None: ...
@@ -183,7 +184,7 @@ class Failover:
                           snapshot=snap, fresh=fresh)
         self.mesh.identities, self.mesh.fds = {}, {}  # only daemons that register with us now are routes
         c = Coordinator(d.cfg, store, self.send, d.events, d.on_job_event, connected=self.mesh.connected,
-                        backlog=self.mesh.backlog)
+                        backlog=self.mesh.backlog, send_all=self.send_all)
         c.status_extra = self.status_extra
         store.job_state = lambda: job_record(c)
         store.events_since = lambda seq: d.events.query(since_seq=seq, limit=0)
@@ -260,8 +261,14 @@ class Failover:
     # ---- the coordinator's loop -------------------------------------------------------------------------
     def send(self, node_id: str, op: MeshOp, body: dict[str, Any]) -> None:
         """Every coordinator message carries its epoch."""
-        leader = self.leader
-        self.d.send_to_node(node_id, op, {**body, "epoch": leader.epoch if leader else 0})
+        self.d.send_to_node(node_id, op, self.fenced(body))
+
+    def send_all(self, node_ids: list[str], op: MeshOp, body: dict[str, Any]) -> None:
+        """A broadcast with the epoch, still encoded once for every member (daemon.py `send_to_nodes`)."""
+        self.d.send_to_nodes(node_ids, op, self.fenced(body))
+
+    def fenced(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {**body, "epoch": self.leader.epoch if self.leader else 0}
 
     def receive(self, sender: str, env: Envelope) -> None:
         """A member's frame: handled now while our lease is certain, else kept for when it is (or dropped)."""

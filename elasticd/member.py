@@ -18,6 +18,9 @@ from elasticd.worker_channel import WorkerChannel
 
 log = logging.getLogger("elasticd")
 EXIT_COORDINATOR_LOST = 3
+# A coordinator whose process still holds our connection (answers ZeroMQ's heartbeats) but has said nothing
+# for this many loss limits is wedged, not slow: a starved one on a loaded machine answers long before.
+WEDGED_LIMITS = 10
 # What a node on its way out still acts on: its workers' drain, and the word that it is out (or the job is over).
 LEAVING_OPS = frozenset({MeshOp.left, MeshOp.job_end, MeshOp.hb, MeshOp.probe, MeshOp.step_query,
                          MeshOp.drain_workers, MeshOp.checkpoint_workers})
@@ -37,7 +40,8 @@ class Member:
     def __init__(self, cfg: JobConfig, node: NodeAgent, channel: WorkerChannel, to_coord: ToCoordinator,
                  life: Lifecycle, events: EventLog, publish: Callable[[dict[str, Any]], None],
                  on_forwarded_reply: Callable[[Envelope], None], connect_timeout_s: float,
-                 is_coordinator: bool) -> None:
+                 is_coordinator: bool, backlog: Callable[[], bool] = lambda: False,
+                 link_up: Callable[[], bool] = lambda: False) -> None:
         self.cfg = cfg
         self.node = node
         self.channel = channel
@@ -49,6 +53,8 @@ class Member:
         self.connect_timeout_s = connect_timeout_s
         self.is_coordinator = is_coordinator  # this daemon also holds the coordinator role
         self.await_election = False  # --rdzv-backend etcd: a silent coordinator is replaced, not the end of the job
+        self.backlog = backlog  # frames from the coordinator not yet read: its silence is judged only once they are
+        self.link_up = link_up  # the coordinator's process holds our connection (mesh.py): slow, not gone
         self.registered = False
         self.leaving = False  # set once: a leaving node never registers again, whatever it is told
         self.events_pub = ""  # the coordinator's PUB, where the job's events are published (from the welcome)
@@ -161,16 +167,29 @@ class Member:
         self.life.spawn(self.life.finish("stopped", f"left the job: {reason}", 0))
 
     def note_stall(self, now: float) -> None:
-        """A stopped process (SIGSTOP, a paused VM) heard nothing because it ran nothing: that silence is ours.
+        """Time this daemon did not run is not the coordinator's silence: it is credited, as the coordinator
+        credits its own stalls to the members.
 
-        The coordinator gets a fresh loss window after each stall, so a thawed member hears `unknown` and
-        joins again instead of giving up on a coordinator that was there all along.
+        A loaded machine delays every beat a little (a late beat gives its lateness back); a stopped process
+        (SIGSTOP, a paused VM) gets a fresh window, so a thawed member hears `unknown` and joins again instead
+        of giving up on a coordinator that was there all along.
         """
-        if self.last_beat and now - self.last_beat > 2 * self.cfg.heartbeat_s:
+        gap = now - self.last_beat if self.last_beat else 0.0
+        if gap > 2 * self.cfg.heartbeat_s:
             log.warning("[%s] this daemon did not run for %.1fs (stopped or paused); checking in with the "
-                        "coordinator", self.cfg.node_id, now - self.last_beat)
+                        "coordinator", self.cfg.node_id, gap)
             self.last_coord = max(self.last_coord, now)
+        elif gap > self.cfg.heartbeat_s:
+            self.last_coord += gap - self.cfg.heartbeat_s
         self.last_beat = now
+
+    def coordinator_gone(self, now: float) -> bool:
+        """Silent past the loss limit (our own lateness credited, its queued frames read) and its connection
+        dropped; or, connection held, silent for WEDGED_LIMITS times as long."""
+        silent = now - self.last_coord
+        if silent <= self.cfg.lost_after_s or self.backlog():
+            return False
+        return not self.link_up() or silent > WEDGED_LIMITS * self.cfg.lost_after_s
 
     def beat(self, now: float) -> None:
         """Once a heartbeat interval: retry registering, or send a heartbeat and watch the coordinator."""
@@ -190,8 +209,9 @@ class Member:
         self.to_coord(MeshOp.hb, self.node.heartbeat_body(now))
         if self.await_election:
             return  # elasticd/failover.py points us at whoever etcd elects next
-        if not self.is_coordinator and now - self.last_coord > self.cfg.lost_after_s:
+        if not self.is_coordinator and self.coordinator_gone(now):
             message = (f"coordinator of job '{self.cfg.job_id}' at {self.cfg.rdzv_host}:{self.cfg.rdzv_port} "
-                       f"stopped answering for {self.cfg.lost_after_s:.0f}s; the job cannot go on without it "
+                       f"stopped answering for {now - self.last_coord:.0f}s; the job cannot go on without it "
                        "(no coordinator HA without --rdzv-backend etcd): workers stopped")
+            log.warning("[%s] %s", self.cfg.node_id, message)
             self.life.spawn(self.life.finish("lost", message, EXIT_COORDINATOR_LOST, message))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, Protocol
 
 from elasticd.names import RESTART_CAUSES, Cause, NodeStatus, Role
+
+TALLIED = frozenset({"role", "status"})  # the fields that move a record between `node_counts` groups
 
 
 @dataclass
@@ -27,6 +29,20 @@ class NodeRecord:
     workers: list[dict[str, Any]] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
     restarts: dict[Cause, int] = field(default_factory=lambda: dict.fromkeys(RESTART_CAUSES, 0))  # its workers
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A tallied record tells its tally (elasticd/tally.py) when it changes group: counts cost O(1), not a scan.
+        tally = self.__dict__.get("_tally") if name in TALLIED else None
+        if tally is None:
+            object.__setattr__(self, name, value)
+            return
+        before = self.group()
+        object.__setattr__(self, name, value)
+        tally.moved(before, self.group())
+
+    def group(self) -> str:
+        """Its group in `status`'s `node_counts`: `alive/<role>`, or `lost`, or `left`."""
+        return f"{self.status}/{self.role}" if self.status == NodeStatus.alive else str(self.status)
 
     def public(self, now: float) -> dict[str, Any]:
         """The record as `status` shows it: shallow (it is encoded at once), not asdict's deep copy of every
@@ -71,7 +87,12 @@ class Round:
         return list(self._by_node)
 
     def public(self) -> dict[str, Any]:
-        return asdict(self)
+        """As `status` and `ranks` show it; built by hand: asdict's deep copy of every member was most of a
+        `status` summary at 2,048 nodes (the records are encoded at once, never kept)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["members"] = [vars(e).copy() for e in self.members]
+        data["timeline"] = dict(self.timeline)
+        return data
 
 
 def sticky_order(previous: list[str], candidates: list[NodeRecord]) -> list[str]:

@@ -53,6 +53,7 @@ class NodeAgent:
         self._exit_watch: asyncio.TimerHandle | None = None  # armed when a worker finished before its peers
         self._tasks: set[asyncio.Future[Any]] = set()
         self._go: dict[int, asyncio.Event] = {}  # round -> set when the coordinator says its workers may start
+        self.reports: dict[str, dict[str, Any]] = {}  # this round's `round_progress` (stopped, spawned), to resend
         self.output_pattern = compile_pattern(cfg.metrics_from_output) if cfg.metrics_from_output else None
         self.output_step: Callable[[int, dict[str, Any]], None] = lambda _rank, _fields: None  # the daemon wires it
         self.gpu = GpuSampler(cfg.heartbeat_s)  # NVML read once per heartbeat for all workers
@@ -90,18 +91,23 @@ class NodeAgent:
                     event.set()  # wake an older round's wait: it is superseded
         async with self._round_lock:
             if round_id is not None and (round_id <= self.round_id or round_id < self.latest_round):
+                if round_id == self.round_id:  # the coordinator asks again: our `stopped` did not reach it
+                    self.report_again("stopped")
                 return  # a stale or repeated assignment, or one a newer round already replaced
-            stopped = await self.stop_workers()
+            # The old workers' `workers_stopped` rides on the progress report: one frame per node, not two.
+            held: list[dict[str, Any]] | None = [] if round_id is not None else None
+            stopped = await self.stop_workers(held)
             if round_id is None:
                 self.state, self.reason = str(body.get("state", NodeState.waiting)), str(body.get("reason", ""))
                 log.warning("[%s] %s: %s", self.cfg.node_id, self.state, self.reason)
                 return
             self.round_id, self.assignment = round_id, body
             self.rank_metrics, self.drained_ranks, self.drained_reported = {}, set(), False
+            self.reports = {}
             if self._exit_watch is not None:
                 self._exit_watch.cancel()
                 self._exit_watch = None
-            self.to_coord(MeshOp.round_progress, {"round": round_id, "stopped": stopped})  # may release the barrier
+            self.report("stopped", {"round": round_id, "stopped": stopped, "events": held})
             if body["state"] != NodeState.running:
                 self.state = body["state"]
                 return
@@ -116,9 +122,9 @@ class NodeAgent:
             except OSError as exc:
                 self.report_failure(None, f"could not start workers on node {self.cfg.node_id}: {exc}")
                 return
-            self.event(EventKind.workers_started, round=round_id, ranks=body["ranks"], world_size=body["world_size"],
-                       pids=[w.proc.pid for w in self.group.workers])
-            self.to_coord(MeshOp.round_progress, {"round": round_id, "spawned": time.time()})
+            started = event_body(EventKind.workers_started, round=round_id, ranks=body["ranks"],
+                                 world_size=body["world_size"], pids=[w.proc.pid for w in self.group.workers])
+            self.report("spawned", {"round": round_id, "spawned": time.time(), "events": [started]})
 
     async def open_store(self, round_id: int, body: dict[str, Any]) -> dict[str, str] | None:
         """The env that points workers at the round's store; {} without keys (rank 0 hosts it); None: failed."""
@@ -139,14 +145,32 @@ class NodeAgent:
         return self.latest_round <= round_id
 
     def go(self, round_id: int) -> None:
+        if round_id == self.round_id and "spawned" in self.reports:  # a `go` again: our `spawned` was lost
+            self.report_again("spawned")
         self._go.setdefault(round_id, asyncio.Event()).set()
 
-    async def stop_workers(self) -> float:
+    def report(self, phase: str, body: dict[str, Any]) -> None:
+        """A step of this round, kept until the next round: the mesh may drop it, the coordinator asks again."""
+        self.reports[phase] = body
+        self.to_coord(MeshOp.round_progress, body)
+
+    def report_again(self, phase: str) -> None:
+        """Only a report older than the loss limit: a younger one is more likely queued than lost, and a
+        busy coordinator asking again must not get a second copy of every member's report."""
+        body = self.reports.get(phase)
+        if body is not None and time.time() - float(body[phase]) > self.cfg.lost_after_s:
+            self.to_coord(MeshOp.round_progress, body)
+
+    async def stop_workers(self, held: list[dict[str, Any]] | None = None) -> float:
+        """Stop this round's workers; their `workers_stopped` event goes to `held` when given, else is sent."""
         group, self.group = self.group, None
         if group and group.running:
             await group.stop(self.cfg.grace_s)
-            self.event(EventKind.workers_stopped, round=group.round_id,
-                       exit_codes={w.rank: w.exit_code for w in group.workers})
+            fields = {"round": group.round_id, "exit_codes": {w.rank: w.exit_code for w in group.workers}}
+            if held is None:
+                self.event(EventKind.workers_stopped, **fields)
+            else:
+                held.append(event_body(EventKind.workers_stopped, **fields))
         if self.round_store is not None:
             await self.round_store.close()  # the store goes with the round's workers
         return time.time()
@@ -210,6 +234,11 @@ class NodeAgent:
         self.state, self.reason = NodeState.ending, reason
         await self.stop_workers()
         self.exit_code = 0 if state in (JobState.succeeded, JobState.stopped) else 1
+
+
+def event_body(kind: EventKind, **fields: Any) -> dict[str, Any]:
+    """A node event as the coordinator adopts it: from an `event` frame, or in `round_progress.events`."""
+    return {"kind": kind, "ts": time.time(), **fields}
 
 
 def describe_exit(code: int | None) -> str:

@@ -19,7 +19,7 @@ from elasticd.output_metrics import OUTPUT
 
 DELIVERY_BUDGET_S = 0.15  # the shim's 50 ms report coalescing plus request delivery, with room to spare
 QUERY_TIMEOUT_S = 1.0
-Send = Callable[[str, MeshOp, dict[str, Any]], None]  # (node_id, op, body)
+SendAll = Callable[[list[str], MeshOp, dict[str, Any]], None]  # (node ids, op, body): one message to many
 
 
 class StepRequest(StrEnum):
@@ -50,14 +50,13 @@ class StepQuery:
 class StepAgreement:
     """Open step queries by op id; the coordinator resolves each once it is answered or expires."""
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: SendAll) -> None:
         self.send = send
         self.queries: dict[str, StepQuery] = {}
 
     def ask(self, op_id: str, request: StepRequest, members: list[str], now: float) -> None:
         self.queries[op_id] = StepQuery(op_id, request, set(members), now + QUERY_TIMEOUT_S)
-        for node_id in members:  # the coordinator's own node answers at once, inside this loop
-            self.send(node_id, MeshOp.step_query, {"op_id": op_id})
+        self.send(members, MeshOp.step_query, {"op_id": op_id})  # our own node answers at once, inside this call
 
     def answer(self, node_id: str, body: dict[str, Any]) -> StepQuery | None:
         """A node's `step_report`; returns the query once every node has answered it."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from sim import Sim
+from sim import COORD, Sim
 
 from elasticd.commands import REGISTRY
 from elasticd.config import STOP_SLACK_S
@@ -329,6 +329,23 @@ def test_registration_storm_of_200_nodes_makes_exactly_one_round() -> None:
     assert [e.node_id for e in sim.round.members] == [f"n{i:04d}" for i in range(200)]
 
 
+def test_a_storm_past_the_target_makes_the_rest_standby_and_losses_promote_them() -> None:
+    """Roles come from a kept count of active nodes (not a scan per registration): it must stay exact."""
+    sim = Sim(200, nproc=1, min_nodes=1, max_nodes=150)
+    sim.start(spacing=0.001)
+    sim.formed()
+    counts = sim.coordinator.status(sim.clock.now, limit=0)["node_counts"]
+    assert counts == {"alive/active": 150, "alive/standby": 50} and sim.round.world_size == 150
+    for node_id in ("n0003", "n0100", "n0149"):
+        sim.nodes[node_id].kill()
+    sim.formed(2)
+    counts = sim.coordinator.status(sim.clock.now, limit=0)["node_counts"]
+    assert counts == {"alive/active": 150, "alive/standby": 47, "lost": 3} and sim.round.world_size == 150
+    sim.add("late").start()  # the job is at its target: a newcomer waits as a standby, no round
+    sim.run(2.0)
+    assert sim.coordinator.nodes["late"].role == Role.standby and sim.round.round_id == 2
+
+
 @pytest.mark.parametrize(("change", "gone"), [("drain", "killed"), ("join", "left")])
 def test_a_member_gone_during_a_graceful_stop_abandons_it_and_reforms_promptly(change: str, gone: str) -> None:
     sim = shim_job("abcd", max_nodes=5)
@@ -434,11 +451,15 @@ def test_a_repeated_register_from_a_welcomed_daemon_is_answered_again_and_change
 
 @pytest.mark.parametrize("nodes", [64, 512])
 def test_a_round_costs_the_coordinator_a_constant_number_of_frames_per_node(nodes: int) -> None:
-    """Formation, a join, a node loss: each sends at most FRAMES_PER_NODE frames per node (O(N), not O(N²)).
+    """Formation, a join, a node loss: each costs the coordinator at most FRAMES_PER_NODE frames per node, in
+    and out together (O(N), not O(N²)).
 
-    A member's part of a round is its `welcome`, `round`, `go` and perhaps a `probe` or a resend: about 4, so
-    8 is a ceiling with room, and far below the N frames per node that relaying every event to everyone costs.
-    Heartbeat answers are steady traffic (one per node per second), not the round's: they are not counted.
+    A member's part of a graceful round (a join re-forms) is `step_query` and its `step_report`,
+    `drain_workers`, its `round`, `round_progress` when its old workers stopped, `go`, and `round_progress`
+    when its new ones started: 7. Its `workers_stopped`/`workers_started` events ride on those two
+    `round_progress` frames (a member of the real daemon sends them so; these simulated ones send none), else
+    they would be 2 more. 8 leaves one for a resend or a `probe`; relaying every event to everyone cost N.
+    Heartbeats and their answers are steady traffic (one each per node per second), not the round's.
     """
     sim = Sim(nodes, nproc=8, min_nodes=1, max_nodes=nodes + 1)
     sim.start()
@@ -450,8 +471,8 @@ def test_a_round_costs_the_coordinator_a_constant_number_of_frames_per_node(node
         else:
             sim.nodes["n0003"].kill()
         sim.formed(sim.round.round_id + 1, timeout=60)
-        sent = [m for m in sim.sent if m.order >= mark and m.src == "coordinator" and m.op != MeshOp.hb]
-        assert len(sent) <= FRAMES_PER_NODE * (nodes + 1), (change, len(sent))
+        frames = [m for m in sim.sent if m.order >= mark and COORD in (m.src, m.dst) and m.op != MeshOp.hb]
+        assert len(frames) <= FRAMES_PER_NODE * (nodes + 1), (change, len(frames))
 
 
 def test_a_5s_stall_of_the_coordinators_loop_declares_nobody_lost() -> None:
@@ -475,6 +496,9 @@ def test_a_stall_with_nothing_waiting_still_gives_the_members_their_time_back() 
     sim.stall_coordinator(5.0, lose_waiting=True)
     sim.run(0.5)
     assert sim.kinds(K.node_lost, since=mark) == []
+    # ... and the members, who judge the coordinator's silence too, hear from it at once, all together
+    resumed = [m for m in sim.msgs(MeshOp.hb, since=mark) if "beat" not in m.body]
+    assert sorted(m.dst for m in resumed) == ["b", "c", "d"] and len({m.at for m in resumed}) == 1
 
 
 def test_status_pages_the_node_list_and_counts_every_node() -> None:

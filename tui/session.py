@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any, Protocol
@@ -64,33 +63,47 @@ class ZmqTelemetry:
 
     def __init__(self, topics: tuple[str, ...] = ("hb.", "st."), batch: int = 4096,
                  credentials: Credentials | None = None) -> None:
+        self.topics, self.credentials = topics, credentials
+        self.pubs: set[str] = set()
+        self.batch = batch
+        self.retired: list[zmq.asyncio.Socket] = []  # replaced sockets, closed once no drain reads them
+        self.open()
+
+    def open(self) -> None:
         self.sock = zmq.asyncio.Context.instance().socket(zmq.SUB)
         self.sock.setsockopt(zmq.LINGER, 0)
-        if credentials is not None:
-            credentials.apply(self.sock)
-        for topic in topics:
+        if self.credentials is not None:
+            self.credentials.apply(self.sock)
+        for topic in self.topics:
             self.sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
         # non-blocking reads without a future each
         self.sync: zmq.Socket[bytes] = zmq.Socket.shadow(self.sock.underlying)
-        self.pubs: set[str] = set()
-        self.batch = batch
 
     def follow(self, pubs: set[str]) -> None:
-        for pub in pubs - self.pubs:
+        """Connect to these PUBs only. A SUB never disconnects one: libzmq aborts the process when a message
+        of two frames is queued from the PUB being disconnected (libzmq#2163, `!_more` in fq.cpp), which
+        paging a large job hit. Dropping any PUB takes a fresh socket instead."""
+        added = pubs - self.pubs
+        if self.pubs - pubs:
+            self.retired.append(self.sock)
+            self.open()
+            added = set(pubs)
+        for pub in added:
             self.sock.connect(pub)
-        for pub in self.pubs - pubs:
-            with contextlib.suppress(zmq.ZMQError):
-                self.sock.disconnect(pub)
         self.pubs = set(pubs)
 
     async def drain(self, timeout_s: float) -> list[Event]:
         """Every message ready now (waiting up to `timeout_s` for the first); malformed frames are dropped."""
-        if not await self.sock.poll(int(timeout_s * 1000)):
+        for old in self.retired:  # drains run one at a time: none reads these any more
+            old.close()
+        self.retired.clear()
+        sock, sync = self.sock, self.sync  # a `follow` meanwhile swaps the socket: this drain ends on its own
+        if not await sock.poll(int(timeout_s * 1000)):
             return []
         found: list[Event] = []
         while len(found) < self.batch:
             try:
-                frames = self.sync.recv_multipart(zmq.NOBLOCK)
+                frames = sync.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
             event = parse_telemetry(frames)
@@ -99,7 +112,8 @@ class ZmqTelemetry:
         return found
 
     def close(self) -> None:
-        self.sock.close()
+        for sock in (*self.retired, self.sock):
+            sock.close()
 
 
 class JobSession:
