@@ -24,6 +24,7 @@ from elasticd.control import ControlPlane
 from elasticd.coordinator import Coordinator
 from elasticd.events import EventLog
 from elasticd.exporter import MetricsExporter, bind_host_of
+from elasticd.job_store import JobStore
 from elasticd.member import Member
 from elasticd.membership import MemoryStore
 from elasticd.mesh import CoordinatorMesh, MemberMesh
@@ -71,6 +72,7 @@ class Daemon:
         self.gate: Gatekeeper | None = None
         self.tunnel: TunnelServer | None = None  # with --keys: how other nodes reach our round's store
         self.exporter: MetricsExporter | None = None  # --metrics-port
+        self.job_store = JobStore()  # the coordinator's: in-place resizes of shim workers (not with --keys yet)
 
     # ---- set-up ------------------------------------------------------------------------------
     def bind_mesh(self) -> None:
@@ -150,6 +152,8 @@ class Daemon:
             self.to_coord(MeshOp.announce, {})  # the first round waits for us rather than forming without us
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.zygote.ready.wait(), ZYGOTE_WARMUP_S)
+        if self.coordinator is not None and self.keys is None and not self.cfg.no_python:  # the first round uses it
+            self.coordinator.resizer.store = await self.job_store.start(self.cfg, self.node.spawner, self.host)
         self.member.start_registering()
 
     async def run(self) -> int:
@@ -164,6 +168,7 @@ class Daemon:
 
     async def shutdown(self) -> None:
         await self.node.stop_workers()
+        await self.job_store.stop()
         if self.zygote is not None:
             await self.zygote.close()
         for task in self.tasks:

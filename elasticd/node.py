@@ -15,6 +15,7 @@ from elasticd.beats import BeatDiff, PortPool
 from elasticd.config import STOP_SLACK_S, JobConfig
 from elasticd.gpu import GpuSampler
 from elasticd.names import EventKind, JobState, MeshOp, NodeState
+from elasticd.node_resize import InPlace
 from elasticd.output_metrics import compile_pattern, parse_line
 from elasticd.round_store import RoundStore, StoreError
 from elasticd.spawner import Spawner
@@ -58,6 +59,7 @@ class NodeAgent:
         self.gpu = GpuSampler(cfg.heartbeat_s)  # NVML read once per heartbeat for all workers
         self.beats = BeatDiff()  # what the coordinator already holds: heartbeats carry only the rest
         self.ports = PortPool()
+        self.in_place = InPlace(self)  # in-place rounds: shim workers kept through membership changes
 
     def register_body(self) -> dict[str, Any]:
         self.beats.reset()  # a new record at the coordinator: the next heartbeat carries everything again
@@ -91,7 +93,8 @@ class NodeAgent:
         async with self._round_lock:
             if round_id is not None and (round_id <= self.round_id or round_id < self.latest_round):
                 return  # a stale or repeated assignment, or one a newer round already replaced
-            stopped = await self.stop_workers()
+            kept = await self.in_place.keep(body) if self.in_place.applies(body) else []
+            stopped = await self.stop_workers()  # what was not kept in place
             if round_id is None:
                 self.state, self.reason = str(body.get("state", NodeState.waiting)), str(body.get("reason", ""))
                 log.warning("[%s] %s: %s", self.cfg.node_id, self.state, self.reason)
@@ -107,17 +110,21 @@ class NodeAgent:
                 return
             self.state = NodeState.running
             store_env = await self.open_store(round_id, body)  # while other nodes still stop their old workers
-            if store_env is None or not await self.wait_for_go(round_id):
-                return  # no store, or a newer round replaced this one while its old workers were being stopped
+            if store_env is None:
+                return
+            # Kept workers belong to the new group at once: a newer round that supersedes this one stops them.
             self.group = WorkerGroup(self.cfg, round_id, body, {**self.worker_env, **store_env}, self.on_worker_exit,
-                                     self.spawner, self.on_worker_line if self.output_pattern else None)
+                                     self.spawner, self.on_worker_line if self.output_pattern else None, kept)
+            if not await self.wait_for_go(round_id):
+                return  # a newer round replaced this one while its old workers were being stopped
+            self.in_place.publish(self.group, kept, body)  # the survivors join first: they wait on nothing
             try:
                 await self.group.spawn()
             except OSError as exc:
                 self.report_failure(None, f"could not start workers on node {self.cfg.node_id}: {exc}")
                 return
             self.event(EventKind.workers_started, round=round_id, ranks=body["ranks"], world_size=body["world_size"],
-                       pids=[w.proc.pid for w in self.group.workers])
+                       pids=[w.proc.pid for w in self.group.workers], kept=[w.proc.pid for w in kept])
             self.to_coord(MeshOp.round_progress, {"round": round_id, "spawned": time.time()})
 
     async def open_store(self, round_id: int, body: dict[str, Any]) -> dict[str, str] | None:

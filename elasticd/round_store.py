@@ -53,8 +53,8 @@ class StoreHost:
         self.output = asyncio.create_task(self.log_output())  # keep its pipe drained; torch may warn there
 
     @classmethod
-    async def start(cls, spawner: Spawner, env: dict[str, str]) -> StoreHost:
-        proc = await spawner.spawn(STORE_HOST_ENTRY, env, os.getcwd())
+    async def start(cls, spawner: Spawner, env: dict[str, str], bind: str = "") -> StoreHost:
+        proc = await spawner.spawn([*STORE_HOST_ENTRY, *([bind] if bind else [])], env, os.getcwd())
         port = None
         with contextlib.suppress(asyncio.TimeoutError):
             port = await asyncio.wait_for(read_port(proc), START_TIMEOUT_S)

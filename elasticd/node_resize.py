@@ -1,0 +1,115 @@
+"""A node's side of an in-place round: keep its live shim workers (same PIDs), re-rank them, fork only the missing.
+
+docs/architecture.md, "Generations". The node agent calls `keep` where it would stop its workers and `publish`
+where it would only spawn; the worker channel feeds `on_hello`, `on_left`, `on_joined`, `on_failed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from elasticd.names import EventKind, MeshOp, NodeState
+from elasticd.protocol import new_id
+from elasticd.workers import Worker, WorkerGroup
+
+if TYPE_CHECKING:
+    from elasticd.node import NodeAgent
+
+log = logging.getLogger("elasticd")
+LEAVE_SLACK_S = 10.0  # beyond the grace period: a survivor blocked in a collective errors at its group's timeout
+SendToWorker = Callable[[int, str, dict[str, Any]], bool]  # (pid, op, body) -> sent
+
+
+class InPlace:
+    def __init__(self, node: NodeAgent) -> None:
+        self.node = node
+        self.send: SendToWorker = lambda _pid, _op, _body: False  # the worker channel wires itself in
+        self.capable: set[int] = set()  # pids whose hello said they resize in place (trainer_shim.Elastic)
+        self.left: dict[int, dict[str, Any]] = {}  # pid -> its `left` (the step it holds), until it joins again
+        self.joined: dict[int, dict[str, Any]] = {}  # pid -> its `joined` in the current round
+        self.failed_round = 0  # the last round whose failure was reported (one report per round)
+        self.resizing = False  # between an in-place round's arrival and its workers' publication
+
+    # -- what the workers say ------------------------------------------------------------------------
+    def on_hello(self, pid: int, in_place: bool) -> None:
+        if in_place:
+            self.capable.add(pid)
+
+    def ready(self) -> bool:
+        """Every live worker of this node can resize in place (the step agreement's `in_place`)."""
+        group = self.node.group
+        return group is not None and bool(group.running) and all(w.proc.pid in self.capable for w in group.running)
+
+    def on_left(self, body: dict[str, Any]) -> None:
+        pid, rank = int(body["pid"]), int(body["rank"])
+        self.left[pid] = body
+        error = body.get("error")
+        if not error:
+            self.node.drained_ranks.add(rank)  # out of the group at the agreed step: the node's part is done
+            self.node.check_drained()
+            return
+        self.node.event(EventKind.worker_left, round=body.get("round"), rank=rank, pid=pid, step=body.get("step"),
+                        error=error)
+        if not self.resizing and self.node.state == NodeState.running:  # a peer died: heal in place
+            self.node.report_failure(None, f"worker rank {rank} on node {self.node.cfg.node_id} lost its process "
+                                     f"group at step {body.get('step')}: {error}")
+
+    def on_joined(self, body: dict[str, Any]) -> None:
+        group = self.node.group
+        if group is None or body.get("round") != group.round_id:
+            return
+        self.joined[int(body["pid"])] = body
+        pids = {w.proc.pid for w in group.workers}
+        if pids and pids <= self.joined.keys():
+            mine = [self.joined[p] for p in pids]
+            self.node.to_coord(MeshOp.round_progress, {
+                "round": group.round_id, **{k: max(float(j.get(k) or 0.0) for j in mine)
+                                            for k in ("group_ready", "synced")}})
+
+    def on_failed(self, body: dict[str, Any]) -> None:
+        round_id = int(body.get("round") or 0)
+        if round_id <= self.failed_round:
+            return
+        self.failed_round = round_id
+        reason = f"rank {body.get('rank')} on node {self.node.cfg.node_id}: {body.get('reason')}"
+        self.node.to_coord(MeshOp.resize_failed, {"round": round_id, "reason": reason})
+
+    # -- the round ---------------------------------------------------------------------------------------
+    def applies(self, body: dict[str, Any]) -> bool:
+        return bool(body.get("in_place")) and body.get("state") == NodeState.running and self.node.group is not None
+
+    async def keep(self, body: dict[str, Any]) -> list[Worker]:
+        """Survivors out of their old group (asked now if the agreed step did not do it); released from it."""
+        group = self.node.group
+        assert group is not None
+        self.resizing = True
+        survivors = [w for w in group.running if w.proc.pid in self.capable]
+        for worker in survivors:
+            if worker.proc.pid not in self.left:  # a crash or a loss: nobody agreed a step; leave at once
+                self.send(worker.proc.pid, "resize", {"request_id": new_id(), "at_step": None,
+                                                      "round": body["round"]})
+        deadline = time.monotonic() + self.node.cfg.grace_s + LEAVE_SLACK_S
+        while time.monotonic() < deadline and any(w.exit_code is None and w.proc.pid not in self.left
+                                                  for w in survivors):
+            await asyncio.sleep(0.005)
+        kept = [w for w in survivors if w.exit_code is None and w.proc.pid in self.left]
+        if len(kept) < len(survivors):
+            log.warning("[%s] %d worker(s) did not leave their group in time; they are replaced",
+                        self.node.cfg.node_id, len(survivors) - len(kept))
+        group.release(kept)
+        return kept
+
+    def publish(self, group: WorkerGroup, kept: list[Worker], body: dict[str, Any]) -> None:
+        """Tell each kept worker its place in the new generation; newcomers read theirs from their environment."""
+        self.joined = {}
+        for worker in kept:
+            self.left.pop(worker.proc.pid, None)
+            self.send(worker.proc.pid, "generation", {
+                "round": group.round_id, "rank": worker.rank, "world_size": body["world_size"],
+                "local_rank": worker.local_rank, "group_rank": body["group_rank"],
+                "group_world_size": body["group_world_size"], "store": body["store"], "prefix": body["prefix"]})
+        self.resizing = False
