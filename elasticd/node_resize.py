@@ -67,8 +67,8 @@ class InPlace:
         if pids and pids <= self.joined.keys():
             mine = [self.joined[p] for p in pids]
             self.node.to_coord(MeshOp.round_progress, {
-                "round": group.round_id, **{k: max(float(j.get(k) or 0.0) for j in mine)
-                                            for k in ("group_ready", "synced")}})
+                "round": group.round_id, "in_place": all(j.get("in_place") is True for j in mine),
+                **{k: max(float(j.get(k) or 0.0) for j in mine) for k in ("group_ready", "synced")}})
 
     def on_failed(self, body: dict[str, Any]) -> None:
         round_id = int(body.get("round") or 0)

@@ -38,6 +38,7 @@ class Resizer:
         self.agreed_at = 0.0  # a graceful change's ranks left their group at an agreed step: its round is in place
         self.fall_back = ""  # why the next round restarts its workers (the last in-place resize failed)
         self.current: InPlaceRound | None = None
+        self.in_place_nodes: dict[str, int] = {}  # node -> the round in which all its ranks joined as in-place workers
 
     def agree(self, query: StepQuery, now: float) -> bool:
         """A graceful change: resize in place when every member answered, each with only in-place workers."""
@@ -55,7 +56,9 @@ class Resizer:
         if not self.store or previous is None or fall_back:
             return False
         survivors = [m for m in members if previous.has(m.node_id)]
-        if not survivors or not (agreed or all(self.capable(m, previous) for m in survivors)):
+        capable = all(self.in_place_nodes.get(m.node_id) == previous.round_id or self.capable(m, previous)
+                      for m in survivors)
+        if not survivors or not (agreed or capable):
             return False
         self.current = InPlaceRound(round_id, {m.node_id for m in members}, now,
                                     {"detect": detected, "agreed": agreed or detected})
@@ -78,6 +81,8 @@ class Resizer:
                 "prefix": f"elastic/{self.job_id}/g{round_id}"}
 
     def progress(self, node_id: str, body: dict[str, Any], rnd: Round) -> None:
+        if body.get("in_place") is True:
+            self.in_place_nodes[node_id] = rnd.round_id
         cur = self.current
         if cur is None or cur.round_id != rnd.round_id:
             return

@@ -60,6 +60,7 @@ class Elastic:
         self.rank, self.world_size, self.round, self.step = 0, 1, 0, 0
         self._committed: dict[str, int] | None = None  # the sampler's position at the last completed step
         self._store: dist.Store | None = None
+        self._opened: set[str] = set()  # the current group's sockets (severed on leaving)
         self.local_device = torch.device("cpu")
         if self.backend == "nccl":
             # NCCL's default (3) tears the process down on an error: keep it, so it can leave and rejoin.
@@ -82,7 +83,7 @@ class Elastic:
         started = time.time()
         if gen is not None:
             self._store = open_store(gen.store, self.timeout_s)
-            join(gen, self.backend, self._store, self.timeout_s)
+            self._opened = join(gen, self.backend, self._store, self.timeout_s)
             self.round = gen.round
         elif "WORLD_SIZE" in env and "MASTER_ADDR" in env:
             dist.init_process_group(self.backend)
@@ -94,8 +95,8 @@ class Elastic:
         if isinstance(self.session, Session):
             if self.in_place:
                 self.session.rejoin(self.rank, self.round, in_place=True)
-            self.session.joined(self.round, self.step, {"started": started, "group_ready": ready,
-                                                        "synced": time.time()})
+            self.session.joined(self.round, self.step, self.in_place, {"started": started, "group_ready": ready,
+                                                                       "synced": time.time()})
         return self.step
 
     def _rebind(self) -> None:
@@ -133,14 +134,17 @@ class Elastic:
         """
         if self.in_place and isinstance(self.session, Session) and self.session.should_resize(self.step):
             self._resize(None)
+        error = None
         try:
             fn(self.step + 1)
         except RuntimeError as exc:  # gloo and NCCL report a lost peer as RuntimeError (DistBackendError)
             if not self.in_place:
                 raise
+            error = _reason(exc)  # the traceback's frames (and what they hold) go with the except block
+        if error is not None:
             if self.sampler is not None and self._committed is not None:
                 self.sampler.load_state_dict(self._committed)  # the step in flight is trained again
-            self._resize(_reason(exc))
+            self._resize(error)
             return self.step
         self.step += 1
         self._commit()
@@ -152,7 +156,7 @@ class Elastic:
         session = self.session
         assert isinstance(session, Session) and self._store is not None
         rid = session.last_request_id if error is None else None
-        leave(self.backend, failed=error is not None)
+        leave(self.backend, error is not None, self._opened)
         session.left(self.step, rid, error)
         body = session.wait_generation(self.round, GENERATION_WAIT_S)
         if body is None:
@@ -161,15 +165,15 @@ class Elastic:
         gen = Generation.from_body(body)
         self.round = gen.round
         try:
-            join(gen, self.backend, self._store, self.timeout_s)
+            self._opened = join(gen, self.backend, self._store, self.timeout_s)
             ready = time.time()
             self._rebind()
         except Exception as exc:  # a callback, the broadcast, the group's init: the daemon restarts us instead
             session.resize_failed(gen.round, _reason(exc))
-            leave(self.backend, failed=True)
+            leave(self.backend, True, self._opened)
             self._await_restart(gen.round)
         session.rejoin(self.rank, gen.round, in_place=True)
-        session.joined(gen.round, self.step, {"group_ready": ready, "synced": time.time()})
+        session.joined(gen.round, self.step, True, {"group_ready": ready, "synced": time.time()})
 
     def _await_restart(self, round_id: int) -> None:
         """The coordinator answers a failed resize with a restart round, whose first act stops this process."""

@@ -6,7 +6,10 @@ tests (and scripts/gpu_resize_check.sh) drive them directly.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import socket
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -53,14 +56,39 @@ def open_store(addr: str, timeout_s: float) -> dist.Store:
                          wait_for_workers=False)
 
 
-def join(gen: Generation, backend: str, store: dist.Store, timeout_s: float) -> None:
-    """Init the default group of this generation; a fresh prefix per generation (a reused one hangs, #55967)."""
+_FD_DIR = "/proc/self/fd"
+
+
+def _sockets() -> dict[str, int]:
+    """This process's sockets: 'socket:[inode]' -> fd (Linux; elsewhere none, and leaving relies on destroy)."""
+    found: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir(_FD_DIR):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"{_FD_DIR}/{name}")
+                if link.startswith("socket:"):
+                    found[link] = int(name)
+    return found
+
+
+def join(gen: Generation, backend: str, store: dist.Store, timeout_s: float) -> set[str]:
+    """Init the default group of this generation on a fresh prefix (a reused one hangs, #55967).
+
+    Returns the sockets the group opened (its gloo pairs), for `leave` to sever.
+    """
+    before = _sockets().keys()
     dist.init_process_group(backend, store=dist.PrefixStore(gen.prefix, store), rank=gen.rank,
                             world_size=gen.world_size, timeout=timedelta(seconds=timeout_s))
+    return set(_sockets().keys() - before)
 
 
-def leave(backend: str, failed: bool) -> None:
-    """Leave the current group. NCCL: finish queued kernels first, or abort after a failure (destroy can hang)."""
+def leave(backend: str, failed: bool, opened: set[str]) -> None:
+    """Leave the current group. NCCL: finish queued kernels first, or abort after a failure (destroy can hang).
+
+    gloo: destroy does not close the group while anything still holds it (DDP's hooks on the parameters do),
+    so a peer blocked in a collective with us would wait for its timeout; shutting our pair sockets down makes
+    it fail at once and leave too. Listening sockets are left alone (gloo aborts on a failed accept).
+    """
     if not dist.is_initialized():
         return
     if backend == "nccl":
@@ -69,6 +97,13 @@ def leave(backend: str, failed: bool) -> None:
             return
         torch.cuda.synchronize()
     dist.destroy_process_group()
+    for link, fd in _sockets().items():
+        if link not in opened:
+            continue
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
+            if sock.family in (socket.AF_INET, socket.AF_INET6) \
+                    and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                sock.shutdown(socket.SHUT_RDWR)
 
 
 class _Slot:

@@ -183,10 +183,10 @@ class Session:
         self._send(self._frame("left", {"rank": self.rank, "pid": os.getpid(), "round": self.round,
                                         "step": int(step), "request_id": request_id, "error": error}))
 
-    def joined(self, round_id: int, step: int, timeline: dict[str, float]) -> None:
+    def joined(self, round_id: int, step: int, in_place: bool, timeline: dict[str, float]) -> None:
         """This rank is in generation `round_id` and holds the freshest state (timeline: wall-clock seconds)."""
         self._send(self._frame("joined", {"rank": self.rank, "pid": os.getpid(), "round": round_id,
-                                          "step": int(step), **timeline}))
+                                          "step": int(step), "in_place": in_place, **timeline}))
 
     def resize_failed(self, round_id: int, reason: str) -> None:
         self._send(self._frame("resize_failed", {"rank": self.rank, "pid": os.getpid(), "round": round_id,

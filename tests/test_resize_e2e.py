@@ -1,0 +1,115 @@
+"""In-place resizes under real daemons: survivors keep their PIDs through every membership change and a crash."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from collections import Counter
+from pathlib import Path
+
+from harness import SHIM, Job
+from test_shim_e2e import cli, wait_for
+
+DATASET = 1000  # examples/train_shim.py
+ARGS = ("--steps", "100000", "--ckpt-every", "0", "--step-time", "0.05", "--batch", "16", "--micro", "8")
+
+
+def pids_of(job: Job, node: str) -> set[int]:
+    return {w["pid"] for w in cli(job, "workers")["nodes"].get(node, []) if w["state"] == "running"}
+
+
+def rank0_steps(folder: Path) -> list[int]:
+    """Rank 0's steps in the order its worlds trained them (a world's files carry its round)."""
+    files = sorted(folder.glob("rank0-round*.log"), key=lambda p: int(re.search(r"round(\d+)", p.name)[1]))
+    return [int(line.split()[0]) for f in files for line in f.read_text().splitlines()]
+
+
+def epoch_counts(folder: Path) -> dict[int, Counter[int]]:
+    counts: dict[int, Counter[int]] = {}
+    for path in folder.glob("rank*-round*.log"):
+        for line in path.read_text().splitlines():
+            for part in line.split()[1:]:
+                epoch, _, ids = part.partition(":")
+                if ids:
+                    counts.setdefault(int(epoch), Counter()).update(int(i) for i in ids.split(","))
+    return counts
+
+
+def resized(job: Job, world: int, since: int) -> dict:
+    """The in-place round of that world size after `since`, once its `resize` event closed its timeline."""
+    started = job.wait_event("round_started", lambda e: e["world_size"] == world, since=since)
+    assert started["in_place"], started
+    done = job.wait_event("resize", lambda e: e["round"] == started["round"], since=since)
+    assert list(done["timeline"]) == ["detect", "agreed", "left", "group_ready", "synced", "first_step"]
+    return started
+
+
+def test_survivors_keep_their_processes_through_joins_drains_scale_leaves_and_crashes(tmp_path: Path) -> None:
+    samples = tmp_path / "samples"
+    job = Job(tmp_path, nnodes="1:2", nproc=2)
+    args = (*ARGS, "--ckpt-dir", str(tmp_path / "ckpt"), "--sample-log", str(samples))
+    try:
+        job.start("a", SHIM, *args)
+        first = job.wait_event("round_started", lambda e: e["world_size"] == 2)
+        job.wait_event("first_step", since=first["seq"])
+        wait_for(lambda: len(pids_of(job, "a")) == 2)
+        a_pids = pids_of(job, "a")
+
+        mark = job.seq()
+        b = job.start("b", SHIM, *args)  # b joins: a's ranks leave at one step and meet b's new ones
+        resized(job, 4, mark)
+        assert pids_of(job, "a") == a_pids
+        b_pids = pids_of(job, "b")
+
+        mark = job.seq()
+        cli(job, "drain", "b")
+        resized(job, 2, mark)
+        mark = job.seq()
+        cli(job, "scale", "2")  # b is back: its workers are new processes, a's are the same
+        resized(job, 4, mark)
+        assert pids_of(job, "a") == a_pids and not pids_of(job, "b") & b_pids
+
+        mark = job.seq()
+        b.signal(signal.SIGTERM)  # a preemption notice: b's ranks leave at one step, b exits 0
+        assert b.wait_exit(30) == 0
+        resized(job, 2, mark)
+        assert pids_of(job, "a") == a_pids
+        mark = job.seq()
+        b = job.start("b", SHIM, *args)
+        resized(job, 4, mark)
+
+        mark = job.seq()
+        victim = min(a_pids)
+        os.kill(victim, signal.SIGKILL)  # a crash: the survivors heal from each other, no checkpoint is read
+        healed = resized(job, 4, mark)
+        assert healed["cause"] == "failure"
+        survivor = a_pids - {victim}
+        assert survivor < pids_of(job, "a")
+        a_pids = pids_of(job, "a")
+
+        mark = job.seq()
+        b.kill_with_workers()  # node b loses power: a's ranks re-form without it
+        resized(job, 2, mark)
+        assert pids_of(job, "a") == a_pids
+        trained = len(rank0_steps(samples))
+        wait_for(lambda: len(rank0_steps(samples)) > trained + 5)  # the last world trains on
+        assert not list((tmp_path / "ckpt").glob("ckpt-*.pt"))  # --ckpt-every 0: no newcomer had a file to read
+    finally:
+        job.close()
+
+    steps = rank0_steps(samples)
+    gaps = [b - a for a, b in zip(steps, steps[1:], strict=False)]
+    # Consecutive, but for at most the step in flight when a peer died (a rank that had finished it).
+    assert set(gaps) <= {1, 2} and gaps.count(2) <= 1, steps
+    counts = epoch_counts(samples)
+    complete = [e for e in counts if e + 1 in counts]  # epochs the job finished
+    assert complete, "no epoch finished"
+    for epoch in complete:
+        assert sorted(counts[epoch]) == list(range(DATASET)), f"epoch {epoch}: a sample was skipped"
+        assert set(counts[epoch].values()) == {1}, f"epoch {epoch}: a sample was trained twice"
+    digests: dict[int, set[str]] = {}
+    for line in (samples / "digests.log").read_text().splitlines():
+        round_id, _, _, digest = line.split()
+        digests.setdefault(int(round_id), set()).add(digest)
+    assert all(len(d) == 1 for d in digests.values()), digests  # every world began bitwise identical
