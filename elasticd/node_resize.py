@@ -71,6 +71,7 @@ class InPlace:
                 **{k: max(float(j.get(k) or 0.0) for j in mine) for k in ("group_ready", "synced")}})
 
     def on_failed(self, body: dict[str, Any]) -> None:
+        self.capable.discard(int(body["pid"]))  # it waits to be replaced: no later round keeps it
         round_id = int(body.get("round") or 0)
         if round_id <= self.failed_round:
             return

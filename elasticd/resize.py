@@ -51,6 +51,8 @@ class Resizer:
               now: float) -> bool:
         """Whether round `round_id` keeps its survivors' workers; it is tracked until its `resize` event."""
         agreed, self.agreed_at = self.agreed_at, 0.0
+        if self.current is not None and previous is not None and self.current.round_id == previous.round_id:
+            self.abandon(f"round {round_id} started before generation {previous.round_id} had synced")
         fall_back, self.fall_back = self.fall_back, ""
         self.current = None
         if not self.store or previous is None or fall_back:

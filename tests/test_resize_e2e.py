@@ -113,3 +113,25 @@ def test_survivors_keep_their_processes_through_joins_drains_scale_leaves_and_cr
         round_id, _, _, digest = line.split()
         digests.setdefault(int(round_id), set()).add(digest)
     assert all(len(d) == 1 for d in digests.values()), digests  # every world began bitwise identical
+
+
+def test_a_resize_whose_rebuild_raises_falls_back_to_a_restart_and_the_job_goes_on(tmp_path: Path) -> None:
+    job = Job(tmp_path, nnodes="1:2", nproc=1)
+    args = (*ARGS, "--ckpt-dir", str(tmp_path / "ckpt"), "--fail-resize")
+    try:
+        job.start("a", SHIM, *args)
+        first = job.wait_event("round_started", lambda e: e["world_size"] == 1)
+        job.wait_event("first_step", since=first["seq"])
+        a_pids = pids_of(job, "a")
+        mark = job.seq()
+        job.start("b", SHIM, *args)
+        grown = job.wait_event("round_started", lambda e: e["world_size"] == 2, since=mark)
+        assert grown["in_place"]
+        failed = job.wait_event("resize_failed", since=mark)
+        assert "--fail-resize" in failed["reason"] and failed["round"] == grown["round"]
+        restarted = job.wait_event("round_started", lambda e: not e["in_place"], since=failed["seq"])
+        assert restarted["world_size"] == 2 and "in-place resize failed" in restarted["detail"]
+        job.wait_event("first_step", since=restarted["seq"])  # the job goes on, in new processes
+        wait_for(lambda: len(pids_of(job, "a")) == 1 and not pids_of(job, "a") & a_pids)
+    finally:
+        job.close()
