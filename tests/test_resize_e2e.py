@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
@@ -99,7 +100,7 @@ def test_survivors_keep_their_processes_through_joins_drains_scale_leaves_and_cr
         job.close()
 
     steps = rank0_steps(samples)
-    gaps = [b - a for a, b in zip(steps, steps[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(steps)]
     # Consecutive, but for at most the step in flight when a peer died (a rank that had finished it).
     assert set(gaps) <= {1, 2} and gaps.count(2) <= 1, steps
     counts = epoch_counts(samples)
