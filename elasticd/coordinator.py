@@ -354,7 +354,8 @@ class Coordinator:
         if self.transition is not None and pending.cause in (Cause.membership, Cause.operator) \
                 and not self.round_lost_a_member():
             return  # a graceful stop is in flight; its end starts the round (a lost member abandons it)
-        if self.awaiting_announced(sum(1 for n in self.alive() if n.role == Role.active), now):
+        if self.awaiting_announced(sum(1 for n in self.alive() if n.role == Role.active), now) \
+                or (self.round is None and self.resizer.store_pending):
             return
         self.pending = None
         if not self.reform_first(pending):

@@ -144,7 +144,16 @@ class Daemon:
                       asyncio.create_task(self.channel.serve()), *self.plane.tasks()]
         if self.tunnel is not None:
             self.tasks.append(asyncio.create_task(self.tunnel.serve()))
+        if self.coordinator is not None and self.keys is None and not self.cfg.no_python:
+            self.coordinator.resizer.store_pending = True  # the first round waits for it: its workers use it
+            self.spawn(self.start_job_store(self.coordinator))
         self.spawn(self.register_when_warm())
+
+    async def start_job_store(self, coordinator: Coordinator) -> None:
+        try:
+            coordinator.resizer.store = await self.job_store.start(self.cfg, self.node.spawner, self.host)
+        finally:
+            coordinator.resizer.store_pending = False
 
     async def register_when_warm(self) -> None:
         """Join only once workers can start at once: the job keeps training while our zygote imports torch."""
@@ -152,8 +161,6 @@ class Daemon:
             self.to_coord(MeshOp.announce, {})  # the first round waits for us rather than forming without us
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.zygote.ready.wait(), ZYGOTE_WARMUP_S)
-        if self.coordinator is not None and self.keys is None and not self.cfg.no_python:  # the first round uses it
-            self.coordinator.resizer.store = await self.job_store.start(self.cfg, self.node.spawner, self.host)
         self.member.start_registering()
 
     async def run(self) -> int:

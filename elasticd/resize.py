@@ -35,6 +35,7 @@ class Resizer:
         self.job_id = job_id
         self.emit = emit
         self.store = ""  # host:port of the job's store (elasticd/job_store.py); "" means no in-place resizes
+        self.store_pending = False  # the store is starting: the first round waits for it
         self.agreed_at = 0.0  # a graceful change's ranks left their group at an agreed step: its round is in place
         self.fall_back = ""  # why the next round restarts its workers (the last in-place resize failed)
         self.current: InPlaceRound | None = None
