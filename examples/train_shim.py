@@ -122,7 +122,7 @@ def main() -> int:
         if rank == 0:
             print(f"world_size={size} round={round_id} start_step={elastic.step} epoch={sampler.epoch} "
                   f"consumed={sampler.consumed} micro={w.gb.micro_batch} accum={w.gb.accum_steps} "
-                  f"pid={os.getpid()}", flush=True)
+                  f"pid={os.getpid()} t={time.time():.4f}", flush=True)
 
     def get_state() -> dict:
         return {"model": model.state_dict(), "opt": opt.state_dict()}
