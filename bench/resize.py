@@ -36,7 +36,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 from procs import PY, ROOT, Launched, free_port, kill_all, on_signal, tree
 
 SCRIPT = ROOT / "examples" / "train_shim.py"
@@ -215,6 +214,10 @@ def summarize(runs: list[dict[str, Any]], systems: list[str]) -> dict[str, dict[
     return table
 
 
+def stall(cell: dict[str, Any]) -> str:
+    return "n/a" if cell["n/a"] else ("timeout" if cell["stall_s"] is None else f"{cell['stall_s']:.3f}")
+
+
 def markdown(result: dict[str, Any]) -> str:
     systems, table = result["systems"], result["table"]
     head = ["event", *[f"{s} stall (s)" for s in systems], *[f"{s} lost" for s in systems], "in-place target",
@@ -224,19 +227,12 @@ def markdown(result: dict[str, Any]) -> str:
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for ev in EVENTS:
         cells = table[ev]
-
-        def stall(s: str) -> str:
-            c = cells[s]
-            return "n/a" if c["n/a"] else ("timeout" if c["stall_s"] is None else f"{c['stall_s']:.3f}")
-
-        def lost(s: str) -> str:
-            c = cells[s]
-            return "n/a" if c["n/a"] or c["steps_lost"] is None else str(c["steps_lost"])
-
         ip, rs = cells.get("in-place", {}).get("stall_s"), cells.get("restart", {}).get("stall_s")
         ratio = f"{rs / ip:.1f}x" if ip and rs else "-"
-        lines.append("| " + " | ".join([ev, *map(stall, systems), *map(lost, systems), f"<= {TARGETS[ev]}",
-                                        ratio]) + " |")
+        stalls = [stall(cells[s]) for s in systems]
+        lost = ["n/a" if cells[s]["n/a"] or cells[s]["steps_lost"] is None else str(cells[s]["steps_lost"])
+                for s in systems]
+        lines.append("| " + " | ".join([ev, *stalls, *lost, f"<= {TARGETS[ev]}", ratio]) + " |")
     return "\n".join(lines) + "\n"
 
 

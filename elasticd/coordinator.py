@@ -107,6 +107,7 @@ class Coordinator:
             MeshOp.step_report: self.on_step_report,
             MeshOp.pong: lambda sender, _body, now: self.pong(sender, now),
             MeshOp.event: lambda sender, body, _now: self.adopt({**body, "node": sender}),
+            MeshOp.warm: lambda sender, _body, _now: self.resizer.warm(sender),
             MeshOp.resize_failed: lambda _sender, body, now: self.resize_failed(int(body["round"]),
                                                                                 str(body.get("reason", "")), now),
         }
@@ -176,8 +177,9 @@ class Coordinator:
     def welcome(self, node: NodeRecord) -> dict[str, Any]:
         """What a member needs to start: its role, the round, and where the job's events are published."""
         ours = self.nodes.get(self.cfg.node_id)
+        prewarm = node.role == Role.active and self.resizer.prewarm(node, self.round, self.clock())
         return {"ok": True, "role": node.role, "round": self.round.round_id if self.round else 0,
-                "events_pub": ours.pub if ours else ""}
+                "events_pub": ours.pub if ours else "", "prewarm": prewarm}
 
     def register(self, body: dict[str, Any], now: float) -> dict[str, Any]:
         node_id, instance = body["node_id"], body["instance"]
@@ -355,7 +357,9 @@ class Coordinator:
                 and not self.round_lost_a_member():
             return  # a graceful stop is in flight; its end starts the round (a lost member abandons it)
         if self.awaiting_announced(sum(1 for n in self.alive() if n.role == Role.active), now) \
-                or (self.round is None and self.resizer.store_pending):
+                or (self.round is None and self.resizer.store_pending) \
+                or (pending.cause in (Cause.membership, Cause.operator)  # a failure's round cannot wait
+                    and self.resizer.warming_up({n.node_id for n in self.alive()}, now)):
             return
         self.pending = None
         if not self.reform_first(pending):

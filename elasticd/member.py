@@ -95,6 +95,8 @@ class Member:
             self.registered, self.duplicate_since = True, 0.0
             self.events_pub = str(body.get("events_pub", ""))
             self.node.state = str(body.get("role", NodeState.active))
+            if body.get("prewarm"):
+                self.life.spawn(self.node.in_place.prestart())
             return
         reason = str(body.get("reason", "registration refused"))
         now = time.time()

@@ -42,6 +42,7 @@ class MeshOp(StrEnum):
     step_report = "step_report"
     pong = "pong"
     resize_failed = "resize_failed"  # an in-place resize failed on that node: restart instead
+    warm = "warm"  # a joiner's pre-started workers are up and wait for their generation
     # coordinator -> member
     welcome = "welcome"
     unknown = "unknown"

@@ -16,6 +16,8 @@ from elasticd.names import EventKind, MeshOp, NodeState
 from elasticd.protocol import new_id
 from elasticd.workers import Worker, WorkerGroup
 
+PRESTART_ENV = "ELASTICD_AWAIT_GENERATION"  # a pre-started worker: RANK and WORLD_SIZE come with its generation
+
 if TYPE_CHECKING:
     from elasticd.node import NodeAgent
 
@@ -35,9 +37,29 @@ class InPlace:
         self.resizing = False  # between an in-place round's arrival and its workers' publication
 
     # -- what the workers say ------------------------------------------------------------------------
-    def on_hello(self, pid: int, in_place: bool) -> None:
-        if in_place:
+    def on_hello(self, pid: int, body: dict[str, Any]) -> None:
+        if body.get("in_place") is True:
             self.capable.add(pid)
+        if body.get("waiting") is True:  # pre-started: out of any group, like a survivor that has left
+            self.left[pid] = body
+            group = self.node.group
+            if group is not None and group.round_id == 0 and {w.proc.pid for w in group.running} <= self.left.keys():
+                self.node.to_coord(MeshOp.warm, {})
+
+    async def prestart(self) -> None:
+        """Start this node's workers before the round that adds it: they load, then wait for their generation."""
+        if self.node.group is not None:
+            return
+        nproc = self.node.cfg.nproc_per_node
+        placeholder = {"ranks": list(range(nproc)), "world_size": nproc, "group_rank": 0, "group_world_size": 1,
+                       "master_addr": "", "master_port": 0, "restart_count": 0, "max_restarts": 0}
+        env = {**self.node.worker_env, PRESTART_ENV: "1"}
+        self.node.group = group = WorkerGroup(self.node.cfg, 0, placeholder, env, self.node.on_worker_exit,
+                                              self.node.spawner)
+        try:
+            await group.spawn()
+        except OSError as exc:
+            log.warning("[%s] could not pre-start workers: %s", self.node.cfg.node_id, exc)
 
     def ready(self) -> bool:
         """Every live worker of this node can resize in place (the step agreement's `in_place`)."""

@@ -16,6 +16,7 @@ from elasticd.names import EventKind
 from elasticd.step_agreement import StepQuery
 
 RESIZE_TIMEOUT_S = 30.0  # an in-place round whose ranks have not all synced by then falls back to a restart
+WARM_TIMEOUT_S = 30.0  # how long a join's round waits for the joiner's pre-started workers
 Emit = Callable[..., dict[str, Any]]  # Coordinator.emit
 
 
@@ -40,6 +41,7 @@ class Resizer:
         self.fall_back = ""  # why the next round restarts its workers (the last in-place resize failed)
         self.current: InPlaceRound | None = None
         self.in_place_nodes: dict[str, int] = {}  # node -> the round in which all its ranks joined as in-place workers
+        self.warming: dict[str, float] = {}  # joiner -> since when its pre-started workers are starting
 
     def agree(self, query: StepQuery, now: float) -> bool:
         """A graceful change: resize in place when every member answered, each with only in-place workers."""
@@ -74,6 +76,25 @@ class Resizer:
         ranks = {str(r): node.metrics.get(str(r)) for r in (entry.ranks if entry else [])}
         return bool(ranks) and all(isinstance(m, dict) and m.get("in_place") is True
                                    and m.get("round") == previous.round_id for m in ranks.values())
+
+    def prewarm(self, node: NodeRecord, rnd: Round | None, now: float) -> bool:
+        """A node joining a running job of in-place workers starts its own before the change: it is told so in
+        its welcome, and the change waits (at most WARM_TIMEOUT_S) until they are up."""
+        if not self.store or self.fall_back or rnd is None or rnd.has(node.node_id) \
+                or not all(self.in_place_nodes.get(n) == rnd.round_id for n in rnd.node_ids()):
+            return False
+        self.warming.setdefault(node.node_id, now)
+        return True
+
+    def warm(self, node_id: str) -> None:
+        self.warming.pop(node_id, None)
+
+    def warming_up(self, alive: set[str], now: float) -> bool:
+        """A joiner's workers are still starting: the round that adds it waits for them."""
+        for node_id, since in list(self.warming.items()):
+            if node_id not in alive or now - since > WARM_TIMEOUT_S:
+                del self.warming[node_id]
+        return bool(self.warming)
 
     def fields(self, round_id: int) -> dict[str, Any]:
         """What a round's assignment adds: the store and prefix for every round, whether this one is in place."""

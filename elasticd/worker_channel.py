@@ -71,7 +71,7 @@ class WorkerChannel:
             in_place = body.get("in_place") is True
             self.idents[rank] = (ident, round_id)
             self.pids[int(body.get("pid", 0))] = ident
-            self.node.in_place.on_hello(int(body.get("pid", 0)), in_place)
+            self.node.in_place.on_hello(int(body.get("pid", 0)), body)
             self.node.rank_metrics[rank] = {"rank": rank, "round": round_id, "hello": now, "last_step_at": now,
                                             "in_place": in_place}
             return

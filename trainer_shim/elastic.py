@@ -27,6 +27,8 @@ from trainer_shim.noop import NullSession
 from trainer_shim.session import Session
 
 GENERATION_WAIT_S = 120.0  # after leaving, how long to wait for the next generation before giving up
+PRESTART_WAIT_S = 600.0  # a worker started before its round waits at most this long for it
+PRESTART_ENV = "ELASTICD_AWAIT_GENERATION"  # set by the daemon on a joiner's pre-started workers
 RESTART_WAIT_S = 120.0  # after a failed resize, how long the daemon has to replace this process
 
 
@@ -81,6 +83,9 @@ class Elastic:
         self._commit()
         self.in_place = self.want_in_place and isinstance(self.session, Session) and gen is not None
         started = time.time()
+        if env.get(PRESTART_ENV) and isinstance(self.session, Session):
+            gen = self._await_first(self.session)  # started early, for a round that adds this node
+            self.in_place = True
         if gen is not None:
             self._store = open_store(gen.store, self.timeout_s)
             self._opened = join(gen, self.backend, self._store, self.timeout_s)
@@ -98,6 +103,14 @@ class Elastic:
             self.session.joined(self.round, self.step, self.in_place, {"started": started, "group_ready": ready,
                                                                        "synced": time.time()})
         return self.step
+
+    def _await_first(self, session: Session) -> Generation:
+        """A worker started before its round: say so (it holds no group yet), then wait for its generation."""
+        session.rejoin(session.rank, 0, in_place=True, waiting=True)
+        body = session.wait_generation(0, PRESTART_WAIT_S)
+        if body is None:
+            raise SystemExit(f"elastic: started early, but no generation came within {PRESTART_WAIT_S:.0f}s")
+        return Generation.from_body(body)
 
     def _rebind(self) -> None:
         """After joining: take the freshest state, re-fit the sampler, reseed, then the script's rebuild."""

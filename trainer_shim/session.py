@@ -94,7 +94,7 @@ class Session:
         self._mid = '","node":' + json.dumps(node) + ',"seq":'
         self.rejoin(rank, round_id, in_place=False)
 
-    def rejoin(self, rank: int, round_id: int, in_place: bool) -> None:
+    def rejoin(self, rank: int, round_id: int, in_place: bool, waiting: bool = False) -> None:
         """Say hello as `rank` of `round_id`: at start, and again on each generation joined in place."""
         self.rank, self.round = rank, round_id
         self._rank_s = '{"rank":' + str(int(rank)) + ',"step":'
@@ -102,7 +102,7 @@ class Session:
         self._sent_any = False  # the first step of a generation goes out at once: it closes its timeline
         self._last = time.perf_counter()
         self._send(self._frame("hello", {"rank": rank, "local_rank": self.local_rank, "pid": os.getpid(),
-                                         "round": round_id, "in_place": in_place}))
+                                         "round": round_id, "in_place": in_place, "waiting": waiting}))
 
     # -- sending --------------------------------------------------------------------------------------
     def _frame(self, op: str, body: dict[str, Any]) -> bytes:
