@@ -455,7 +455,7 @@ class Coordinator:
             "restart_count": self.restarts[Cause.failure], "max_restarts": self.cfg.max_restarts,
             "store_tunnel": self.nodes[rnd.members[0].node_id].store_tunnel,  # rank 0's node: it hosts the store
             "node_restarts": dict(node.restarts),  # for the node's own metrics (elasticd/exporter.py)
-            **self.resizer.fields(rnd.round_id),
+            **self.resizer.fields(rnd, entry is None and node.role == Role.standby),
         }
 
     def round_progress(self, node_id: str, body: dict[str, Any]) -> None:

@@ -107,6 +107,8 @@ class NodeAgent:
             self.to_coord(MeshOp.round_progress, {"round": round_id, "stopped": stopped})  # may release the barrier
             if body["state"] != NodeState.running:
                 self.state = body["state"]
+                if body.get("prewarm"):  # a standby of an in-place job: its workers wait, ready to join
+                    await self.in_place.prestart()
                 return
             self.state = NodeState.running
             store_env = await self.open_store(round_id, body)  # while other nodes still stop their old workers

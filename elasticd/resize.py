@@ -96,13 +96,15 @@ class Resizer:
                 del self.warming[node_id]
         return bool(self.warming)
 
-    def fields(self, round_id: int) -> dict[str, Any]:
-        """What a round's assignment adds: the store and prefix for every round, whether this one is in place."""
+    def fields(self, rnd: Round, standby: bool) -> dict[str, Any]:
+        """What a round's assignment adds: the store and prefix for every round, whether this one is in place,
+        and for a standby node of an in-place job whether to keep workers started, waiting (hot spares)."""
         if not self.store:
             return {"in_place": False}
         cur = self.current
-        return {"in_place": cur is not None and cur.round_id == round_id, "store": self.store,
-                "prefix": f"elastic/{self.job_id}/g{round_id}"}
+        in_place = cur is not None and cur.round_id == rnd.round_id
+        return {"in_place": in_place, "store": self.store, "prefix": f"elastic/{self.job_id}/g{rnd.round_id}",
+                "prewarm": standby and not self.fall_back and in_place}
 
     def progress(self, node_id: str, body: dict[str, Any], rnd: Round) -> None:
         if body.get("in_place") is True:
