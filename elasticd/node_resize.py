@@ -10,24 +10,40 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from elasticd.config import JobConfig
 from elasticd.names import EventKind, MeshOp, NodeState
 from elasticd.protocol import new_id
+from elasticd.spawner import Spawner
 from elasticd.workers import Worker, WorkerGroup
 
 PRESTART_ENV = "ELASTICD_AWAIT_GENERATION"  # a pre-started worker: RANK and WORLD_SIZE come with its generation
-
-if TYPE_CHECKING:
-    from elasticd.node import NodeAgent
 
 log = logging.getLogger("elasticd")
 LEAVE_SLACK_S = 10.0  # beyond the grace period: a survivor blocked in a collective errors at its group's timeout
 SendToWorker = Callable[[int, str, dict[str, Any]], bool]  # (pid, op, body) -> sent
 
 
+class Agent(Protocol):
+    """What this needs of the node agent (elasticd/node.py), which owns it."""
+
+    cfg: JobConfig
+    group: WorkerGroup | None
+    drained_ranks: set[int]
+    state: str
+    worker_env: dict[str, str]
+    spawner: Spawner
+
+    def check_drained(self) -> None: ...
+    def event(self, kind: EventKind, **fields: Any) -> None: ...
+    def report_failure(self, worker: Worker | None, reason: str, hang: bool = False) -> None: ...
+    def to_coord(self, op: MeshOp, body: dict[str, Any]) -> None: ...
+    def on_worker_exit(self, worker: Worker) -> None: ...
+
+
 class InPlace:
-    def __init__(self, node: NodeAgent) -> None:
+    def __init__(self, node: Agent) -> None:
         self.node = node
         self.send: SendToWorker = lambda _pid, _op, _body: False  # the worker channel wires itself in
         self.capable: set[int] = set()  # pids whose hello said they resize in place (trainer_shim.Elastic)

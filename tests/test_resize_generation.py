@@ -40,34 +40,38 @@ def member(proc: int, backend: str, store_addr: str, worlds: list[int], out: dic
     comm = device if backend == "nccl" else torch.device("cpu")
     store = open_store(store_addr, 30)
     model, opt = fresh(device, seed=proc)
-    step, seen = 0, []
+    me = {"model": model, "opt": opt, "step": 0}  # what this process holds now
+
+    def snapshot() -> dict:
+        return {"model": me["model"].state_dict(), "opt": me["opt"].state_dict(), "step": me["step"]}
+
+    seen = []
     for gen, world in enumerate(worlds, start=1):
         if proc >= world:
             if proc < max(worlds):  # out of this world: it comes back as a newcomer, with nothing trained
-                model, opt, step = *fresh(device, seed=100 + gen), 0
+                me["model"], me["opt"] = fresh(device, seed=100 + gen)
+                me["step"] = 0
             continue
         if gen == 3 and proc == 0 and world > 1:  # rank 0 was replaced (a crash): rank 1 is the freshest now
-            model, opt, step = *fresh(device, seed=300), 0
+            me["model"], me["opt"] = fresh(device, seed=300)
+            me["step"] = 0
         opened = join(Generation(gen, proc, world, store_addr, f"test/g{gen}"), backend, store, 30)
-
-        def snapshot() -> dict:
-            return {"model": model.state_dict(), "opt": opt.state_dict(), "step": step}
-
-        synced = sync(step, snapshot, comm, device)
+        synced = sync(me["step"], snapshot, comm, device)
         if synced.state is not None:
-            model.load_state_dict(synced.state["model"])
-            opt.load_state_dict(synced.state["opt"])
-        step = synced.step
+            me["model"].load_state_dict(synced.state["model"])
+            me["opt"].load_state_dict(synced.state["opt"])
+        me["step"] = synced.step
         digests: list[str | None] = [None] * world
         dist.all_gather_object(digests, state_digest(snapshot()))
         seen.append((gen, synced.source, len(set(digests))))
-        ddp = DDP(model, init_sync=False)
+        ddp = DDP(me["model"], init_sync=False)
         for _ in range(2):  # each rank its own data: DDP keeps them identical only if they began identical
-            opt.zero_grad()
-            x = torch.randn(4, 8, device=device, generator=None) * (proc + 1)
+            me["opt"].zero_grad()
+            x = torch.randn(4, 8, device=device) * (proc + 1)
             ddp(x).pow(2).mean().backward()
-            opt.step()
-            step += 1
+            me["opt"].step()
+            me["step"] += 1
+        del ddp
         leave(backend, False, opened)
     out[proc] = seen
 
