@@ -27,7 +27,6 @@ from trainer_shim.noop import NullSession
 from trainer_shim.session import Session
 
 GENERATION_WAIT_S = 120.0  # after leaving, how long to wait for the next generation before giving up
-PRESTART_WAIT_S = 600.0  # a worker started before its round waits at most this long for it
 PRESTART_ENV = "ELASTICD_AWAIT_GENERATION"  # set by the daemon on a joiner's pre-started workers
 RESTART_WAIT_S = 120.0  # after a failed resize, how long the daemon has to replace this process
 
@@ -105,11 +104,14 @@ class Elastic:
         return self.step
 
     def _await_first(self, session: Session) -> Generation:
-        """A worker started before its round: say so (it holds no group yet), then wait for its generation."""
+        """A worker started before its round: say so (it holds no group yet), then wait for its generation.
+
+        It waits as long as its node keeps it (a standby node's spare may wait for hours); its daemon stops it.
+        """
         session.rejoin(session.rank, 0, in_place=True, waiting=True)
-        body = session.wait_generation(0, PRESTART_WAIT_S)
-        if body is None:
-            raise SystemExit(f"elastic: started early, but no generation came within {PRESTART_WAIT_S:.0f}s")
+        body = None
+        while body is None:
+            body = session.wait_generation(0, GENERATION_WAIT_S)
         return Generation.from_body(body)
 
     def _rebind(self) -> None:
