@@ -179,7 +179,7 @@ class Coordinator:
         ours = self.nodes.get(self.cfg.node_id)
         prewarm = node.role == Role.active and self.resizer.prewarm(node, self.round, self.clock())
         return {"ok": True, "role": node.role, "round": self.round.round_id if self.round else 0,
-                "events_pub": ours.pub if ours else "", "prewarm": prewarm}
+                "events_pub": ours.pub if ours else "", **({"prewarm": True} if prewarm else {})}
 
     def register(self, body: dict[str, Any], now: float) -> dict[str, Any]:
         node_id, instance = body["node_id"], body["instance"]

@@ -168,6 +168,7 @@ class NodeAgent:
             self.output_step(worker.rank, fields)
 
     def on_worker_exit(self, worker: Worker) -> None:
+        self.in_place.gone(worker.proc.pid)
         group = self.group
         if worker.stopping or group is None or worker not in group.workers:
             return

@@ -77,6 +77,12 @@ class InPlace:
         except OSError as exc:
             log.warning("[%s] could not pre-start workers: %s", self.node.cfg.node_id, exc)
 
+    def gone(self, pid: int) -> None:
+        """A worker exited: what it said goes with it (its pid may come back as another process)."""
+        self.capable.discard(pid)
+        self.left.pop(pid, None)
+        self.joined.pop(pid, None)
+
     def ready(self) -> bool:
         """Every live worker of this node can resize in place (the step agreement's `in_place`)."""
         group = self.node.group
