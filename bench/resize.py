@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 from procs import PY, ROOT, Launched, free_port, kill_all, on_signal, tree
 
 SCRIPT = ROOT / "examples" / "train_shim.py"
@@ -124,11 +125,18 @@ class Job:
                 "first_new_step": first[2], "steps_lost": max(0, last[2] - start_step)}
 
     def worker_pids(self, node: str) -> list[int]:
+        """The node's live workers now (elasticd: from its latest `workers_started` event, never stale)."""
         if self.system == "torchrun":
             return [p.pid for p in tree(self.nodes[node].proc.pid)[1:]
                     if "train_shim.py" in " ".join(p.cmdline())]
-        cp = self.cli("workers", "--json")
-        return [w["pid"] for w in json.loads(cp.stdout)["nodes"].get(node, []) if w["state"] == "running"]
+        started = self.started(node)
+        return [pid for pid in started.get("pids", []) if psutil.pid_exists(pid)]
+
+    def started(self, node: str) -> dict[str, Any]:
+        """The node's latest `workers_started` event: its workers' pids, and those kept in place."""
+        cp = self.cli("events", "--json", "--kind", "workers_started")
+        found = [e for e in json.loads(cp.stdout)["events"] if e["node"] == node]
+        return found[-1] if found else {}
 
     def stop(self) -> None:
         for n in self.nodes.values():
@@ -166,7 +174,8 @@ def lifetime(system: str, rep: int, args: argparse.Namespace, logdir: Path) -> d
                 out["events"][name] = {"timed_out": True}
                 print(f"  [{system}] {name}: timed out", flush=True)
                 return
-            res = {**job.measure(world_t, start), "a_pids_kept": sorted(a_pids & set(job.worker_pids("a")))}
+            kept = [] if system == "torchrun" else job.started("a").get("kept", [])
+            res = {**job.measure(world_t, start), "a_pids_kept": sorted(kept)}
             out["events"][name] = res
             print(f"  [{system}] {name}: {res}", flush=True)
 
@@ -178,7 +187,6 @@ def lifetime(system: str, rep: int, args: argparse.Namespace, logdir: Path) -> d
 
         def crash() -> str:
             victim = max(job.worker_pids("a"))
-            a_pids.discard(victim)
             os.kill(victim, signal.SIGKILL)
             return "sigkill worker"
 

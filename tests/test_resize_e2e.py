@@ -46,6 +46,13 @@ def resized(job: Job, world: int, since: int) -> dict:
     return started
 
 
+def kept(job: Job, node: str, rnd: dict) -> tuple[set[int], set[int]]:
+    """(every pid, the pids kept in place) of that node's workers in that round, from its `workers_started`."""
+    ev = job.wait_event("workers_started", lambda e: e["node"] == node and e["round"] == rnd["round"],
+                        since=rnd["seq"])
+    return set(ev["pids"]), set(ev["kept"])
+
+
 def test_survivors_keep_their_processes_through_joins_drains_scale_leaves_and_crashes(tmp_path: Path) -> None:
     samples = tmp_path / "samples"
     job = Job(tmp_path, nnodes="1:2", nproc=2)
@@ -58,41 +65,36 @@ def test_survivors_keep_their_processes_through_joins_drains_scale_leaves_and_cr
         a_pids = pids_of(job, "a")
 
         mark = job.seq()
-        b = job.start("b", SHIM, *args)  # b joins: a's ranks leave at one step and meet b's new ones
-        resized(job, 4, mark)
-        assert pids_of(job, "a") == a_pids
-        b_pids = pids_of(job, "b")
+        b = job.start("b", SHIM, *args)  # b joins: a's ranks leave at one step and meet b's (pre-started) ones
+        assert kept(job, "a", resized(job, 4, mark)) == (a_pids, a_pids)
 
         mark = job.seq()
         cli(job, "drain", "b")
-        resized(job, 2, mark)
+        assert kept(job, "a", resized(job, 2, mark)) == (a_pids, a_pids)
         mark = job.seq()
-        cli(job, "scale", "2")  # b is back: its workers are new processes, a's are the same
-        resized(job, 4, mark)
-        assert pids_of(job, "a") == a_pids and not pids_of(job, "b") & b_pids
+        cli(job, "scale", "2")  # b is back: a's workers are the same processes
+        assert kept(job, "a", resized(job, 4, mark)) == (a_pids, a_pids)
 
         mark = job.seq()
         b.signal(signal.SIGTERM)  # a preemption notice: b's ranks leave at one step, b exits 0
         assert b.wait_exit(30) == 0
-        resized(job, 2, mark)
-        assert pids_of(job, "a") == a_pids
+        assert kept(job, "a", resized(job, 2, mark)) == (a_pids, a_pids)
         mark = job.seq()
         b = job.start("b", SHIM, *args)
-        resized(job, 4, mark)
+        assert kept(job, "a", resized(job, 4, mark)) == (a_pids, a_pids)
 
         mark = job.seq()
         victim = min(a_pids)
         os.kill(victim, signal.SIGKILL)  # a crash: the survivors heal from each other, no checkpoint is read
         healed = resized(job, 4, mark)
         assert healed["cause"] == "failure"
-        survivor = a_pids - {victim}
-        assert survivor < pids_of(job, "a")
-        a_pids = pids_of(job, "a")
+        now, kept_now = kept(job, "a", healed)
+        assert kept_now == a_pids - {victim} and len(now) == 2 and victim not in now  # one replacement forked
+        a_pids = now
 
         mark = job.seq()
         b.kill_with_workers()  # node b loses power: a's ranks re-form without it
-        resized(job, 2, mark)
-        assert pids_of(job, "a") == a_pids
+        assert kept(job, "a", resized(job, 2, mark)) == (a_pids, a_pids)
         trained = len(rank0_steps(samples))
         wait_for(lambda: len(rank0_steps(samples)) > trained + 5)  # the last world trains on
         assert not list((tmp_path / "ckpt").glob("ckpt-*.pt"))  # --ckpt-every 0: no newcomer had a file to read
