@@ -131,7 +131,7 @@ class WorkerGroup:
             worker.watch = asyncio.create_task(self._watch(worker))
 
     async def _watch(self, worker: Worker) -> None:
-        prefix = f"[{self.cfg.node_id}:{worker.rank}] ".encode()
+        prefix, rank = b"", None
         shown = self.cfg.console_ranks is None or worker.local_rank in self.cfg.console_ranks  # --redirects & co
         assert worker.proc.stdout is not None
         with open(worker.log_path, "ab") as log_file:
@@ -143,6 +143,8 @@ class WorkerGroup:
                 if self.on_line is not None:
                     self.on_line(worker, text)
                 if shown:
+                    if worker.rank != rank:  # a worker kept through an in-place resize takes its new rank
+                        rank, prefix = worker.rank, f"[{self.cfg.node_id}:{worker.rank}] ".encode()
                     sys.stdout.buffer.write(prefix + line)
                     sys.stdout.flush()
         worker.exit_code = await worker.proc.wait()
