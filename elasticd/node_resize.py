@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -16,7 +17,7 @@ from elasticd.config import JobConfig
 from elasticd.names import EventKind, MeshOp, NodeState
 from elasticd.protocol import new_id
 from elasticd.spawner import Spawner
-from elasticd.workers import Worker, WorkerGroup
+from elasticd.workers import Worker, WorkerGroup, signal_worker
 
 PRESTART_ENV = "ELASTICD_AWAIT_GENERATION"  # a pre-started worker: RANK and WORLD_SIZE come with its generation
 
@@ -82,6 +83,16 @@ class InPlace:
         self.capable.discard(pid)
         self.left.pop(pid, None)
         self.joined.pop(pid, None)
+
+    def end_hung(self, rank: int) -> None:
+        """A hung in-place worker is stopped at once: its peers, blocked in a collective with it, then fail at
+        once and heal in place (otherwise they would wait for their group's timeout). The restart path stops
+        it too, only later."""
+        group = self.node.group
+        for worker in group.running if group else []:
+            if worker.rank == rank and worker.proc.pid in self.capable:
+                worker.stopping = True  # already reported as hung: its death is no second failure
+                signal_worker(worker.proc.pid, signal.SIGKILL)
 
     def ready(self) -> bool:
         """Every live worker of this node can resize in place (the step agreement's `in_place`)."""

@@ -167,6 +167,7 @@ class WorkerChannel:
                 self.node.report_failure(None, f"worker rank {rank} on node {self.cfg.node_id} made no step "
                                          f"for {silent:.1f}s (hang timeout {self.cfg.hang_timeout_s:.0f}s)",
                                          hang=True)
+                self.node.in_place.end_hung(rank)
 
     def close(self) -> None:
         if self.sock is not None:
