@@ -94,7 +94,7 @@ class NodeAgent:
             if round_id is not None and (round_id <= self.round_id or round_id < self.latest_round):
                 return  # a stale or repeated assignment, or one a newer round already replaced
             kept = await self.in_place.keep(body) if self.in_place.applies(body) else []
-            stopped = await self.stop_workers()  # what was not kept in place
+            stopped = await self.stop_workers(kept)  # what was not kept in place
             if round_id is None:
                 self.state, self.reason = str(body.get("state", NodeState.waiting)), str(body.get("reason", ""))
                 log.warning("[%s] %s: %s", self.cfg.node_id, self.state, self.reason)
@@ -150,12 +150,14 @@ class NodeAgent:
     def go(self, round_id: int) -> None:
         self._go.setdefault(round_id, asyncio.Event()).set()
 
-    async def stop_workers(self) -> float:
+    async def stop_workers(self, kept: list[Worker] | None = None) -> float:
+        """Stop this round's workers; those `kept` in place (out of their group already) end the round too."""
         group, self.group = self.group, None
-        if group and group.running:
+        if group and (group.running or kept):
             await group.stop(self.cfg.grace_s)
             self.event(EventKind.workers_stopped, round=group.round_id,
-                       exit_codes={w.rank: w.exit_code for w in group.workers})
+                       exit_codes={w.rank: w.exit_code for w in group.workers},
+                       **({"kept": [w.proc.pid for w in kept]} if kept else {}))
         if self.round_store is not None:
             await self.round_store.close()  # the store goes with the round's workers
         return time.time()
