@@ -87,11 +87,10 @@ class InPlace:
     def end_hung(self, rank: int) -> None:
         """A hung in-place worker is stopped at once: its peers, blocked in a collective with it, then fail at
         once and heal in place (otherwise they would wait for their group's timeout). The restart path stops
-        it too, only later."""
+        it too, only later. Its exit is reported as any exit is; the coordinator takes it for an echo."""
         group = self.node.group
         for worker in group.running if group else []:
             if worker.rank == rank and worker.proc.pid in self.capable:
-                worker.stopping = True  # already reported as hung: its death is no second failure
                 signal_worker(worker.proc.pid, signal.SIGKILL)
 
     def ready(self) -> bool:

@@ -77,6 +77,10 @@ class Resizer:
         return bool(ranks) and all(isinstance(m, dict) and m.get("in_place") is True
                                    and m.get("round") == previous.round_id for m in ranks.values())
 
+    def force_restart(self, reason: str) -> None:
+        """The next round restarts every worker whatever they support (`elasticd restart` means it)."""
+        self.fall_back = reason
+
     def prewarm(self, node: NodeRecord, rnd: Round | None, now: float) -> bool:
         """A node joining a running job of in-place workers starts its own before the change: it is told so in
         its welcome, and the change waits (at most WARM_TIMEOUT_S) until they are up."""
