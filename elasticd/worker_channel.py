@@ -72,6 +72,8 @@ class WorkerChannel:
             self.idents[rank] = (ident, round_id)
             self.pids[int(body.get("pid", 0))] = ident
             self.node.in_place.on_hello(int(body.get("pid", 0)), body)
+            if body.get("waiting") is True:
+                return  # started before its round: its rank is a placeholder, no metrics until it joins one
             self.node.rank_metrics[rank] = {"rank": rank, "round": round_id, "hello": now, "last_step_at": now,
                                             "in_place": in_place}
             return
