@@ -93,6 +93,8 @@ class NodeAgent:
         async with self._round_lock:
             if round_id is not None and (round_id <= self.round_id or round_id < self.latest_round):
                 return  # a stale or repeated assignment, or one a newer round already replaced
+            if body.get("job_store_tunnel") and self.round_store is not None:  # with --keys: through our relay
+                body = {**body, "store": await self.round_store.job_store(str(body["job_store_tunnel"]))}
             kept = await self.in_place.keep(body) if self.in_place.applies(body) else []
             stopped = await self.stop_workers(kept)  # what was not kept in place
             if round_id is None:

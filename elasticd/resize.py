@@ -37,6 +37,7 @@ class Resizer:
         self.emit = emit
         self.store = ""  # host:port of the job's store (elasticd/job_store.py); "" means no in-place resizes
         self.store_pending = False  # the store is starting: the first round waits for it
+        self.tunnel = ""  # with --keys: the coordinator's store tunnel, through which every node reaches the store
         self.agreed_at = 0.0  # a graceful change's ranks left their group at an agreed step: its round is in place
         self.fall_back = ""  # why the next round restarts its workers (the last in-place resize failed)
         self.current: InPlaceRound | None = None
@@ -108,7 +109,8 @@ class Resizer:
         cur = self.current
         in_place = cur is not None and cur.round_id == rnd.round_id
         return {"in_place": in_place, "store": self.store, "prefix": f"elastic/{self.job_id}/g{rnd.round_id}",
-                "prewarm": standby and not self.fall_back and in_place}
+                "prewarm": standby and not self.fall_back and in_place,
+                **({"job_store_tunnel": self.tunnel} if self.tunnel else {})}
 
     def progress(self, node_id: str, body: dict[str, Any], rnd: Round) -> None:
         if body.get("in_place") is True:

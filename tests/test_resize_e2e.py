@@ -12,6 +12,9 @@ from pathlib import Path
 from harness import SHIM, Job
 from test_shim_e2e import cli, wait_for
 
+from elasticd.auth import KeyStore
+from elasticd.client import Credentials
+
 DATASET = 1000  # examples/train_shim.py
 ARGS = ("--steps", "100000", "--ckpt-every", "0", "--step-time", "0.05", "--batch", "16", "--micro", "8")
 
@@ -136,5 +139,24 @@ def test_a_resize_whose_rebuild_raises_falls_back_to_a_restart_and_the_job_goes_
         assert restarted["world_size"] == 2 and "in-place resize failed" in restarted["detail"]
         job.wait_event("first_step", since=restarted["seq"])  # the job goes on, in new processes
         wait_for(lambda: len(pids_of(job, "a")) == 1 and not pids_of(job, "a") & a_pids)
+    finally:
+        job.close()
+
+
+def test_with_keys_the_job_store_is_reached_through_the_tunnel_and_a_join_resizes_in_place(tmp_path: Path) -> None:
+    store = KeyStore(tmp_path / "keys")
+    store.init()
+    job = Job(tmp_path, nnodes="1:2", nproc=1, extra=["--keys", str(tmp_path / "keys")])
+    job.credentials = Credentials.load(str(store.create_client("ops", "operator")), str(store.node_dir / "node.key"))
+    args = (*ARGS, "--ckpt-dir", str(tmp_path / "ckpt"))
+    try:
+        job.start("a", SHIM, *args)
+        first = job.wait_event("round_started", lambda e: e["world_size"] == 1)
+        job.wait_event("first_step", since=first["seq"])
+        a_pids = set(job.wait_event("workers_started", lambda e: e["node"] == "a")["pids"])
+        mark = job.seq()
+        job.start("b", SHIM, *args)
+        grown = resized(job, 2, mark)
+        assert kept(job, "a", grown) == (a_pids, a_pids)
     finally:
         job.close()
