@@ -22,6 +22,8 @@ start=$(date +%s)
 
 "$PY" bench/recovery.py --repeat "$REPEAT" --repeat-per "$REPEAT_PER" \
     --systems "$SYSTEMS" --out "$OUT/recovery.json" | tee "$OUT/recovery.log" || echo "recovery.py failed ($?)"
+"$PY" bench/resize.py --out "$OUT/resize.json" | tee "$OUT/resize.log" \
+    || echo "resize.py failed ($?)"  # ~3.5 min: in place, restart, torchrun-tuned, one lifetime each
 "$PY" bench/daemon_overhead.py --out "$OUT/daemon_overhead.json" | tee "$OUT/daemon_overhead.log" \
     || echo "daemon_overhead.py failed ($?)"
 if [ -f bench/shim_overhead.py ]; then
@@ -44,6 +46,8 @@ fi
          "(REPEAT=$REPEAT REPEAT_PER=$REPEAT_PER)"
     echo
     cat "$OUT/recovery.md" 2>/dev/null || echo "(recovery.py produced no table: see recovery.log)"
+    echo
+    cat "$OUT/resize.md" 2>/dev/null || echo "(resize.py produced no table: see resize.log)"
     echo
     cat "$OUT/daemon_overhead.md" 2>/dev/null || echo "(daemon_overhead.py produced no table)"
     if [ -f "$OUT/shim_overhead.txt" ]; then

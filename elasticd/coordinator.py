@@ -17,6 +17,7 @@ from elasticd.events import EventLog, emit_log
 from elasticd.membership import MembershipStore, NodeRecord, Round, build_rank_map, sticky_order
 from elasticd.names import ENDED, RESTART_CAUSES, Cause, EventKind, JobState, MeshOp, NodeStatus, Role
 from elasticd.protocol import Envelope, new_id
+from elasticd.resize import Resizer
 from elasticd.step_agreement import WORKER_OPS, StepAgreement, StepQuery, StepRequest
 from elasticd.tally import ACTIVE, NodeTally
 from elasticd.transitions import DRAIN_TIMEOUT_S, After, Transition, TransitionKind
@@ -84,6 +85,7 @@ class Coordinator:
         self.closed: dict[str, float] = {}  # node id -> when the mesh saw its connection close
         self.transition: Transition | None = None
         self.agreement = StepAgreement(self.send_all)
+        self.resizer = Resizer(cfg.job_id, self.emit)  # in-place rounds (elasticd/resize.py)
         self.reformed = False  # the workers already stopped gracefully for the pending round
         self.announced: dict[str, float] = {}  # node id -> when it said it is warming up to join
         # Nodes whose workers of the previous round still run: the new round's workers start when this
@@ -112,6 +114,9 @@ class Coordinator:
             MeshOp.step_report: self.on_step_report,
             MeshOp.pong: lambda sender, _body, now: self.pong(sender, now),
             MeshOp.event: lambda sender, body, _now: self.adopt({**body, "node": sender}),
+            MeshOp.warm: lambda sender, _body, _now: self.resizer.warm(sender),
+            MeshOp.resize_failed: lambda _sender, body, now: self.resize_failed(int(body["round"]),
+                                                                                str(body.get("reason", "")), now),
         }
 
     # ---- messages -----------------------------------------------------------------------------
@@ -189,8 +194,9 @@ class Coordinator:
     def welcome(self, node: NodeRecord) -> dict[str, Any]:
         """What a member needs to start: its role, the round, and where the job's events are published."""
         ours = self.nodes.get(self.cfg.node_id)
+        prewarm = node.role == Role.active and self.resizer.prewarm(node, self.round, self.clock())
         return {"ok": True, "role": node.role, "round": self.round.round_id if self.round else 0,
-                "events_pub": ours.pub if ours else ""}
+                "events_pub": ours.pub if ours else "", **({"prewarm": True} if prewarm else {})}
 
     def register(self, body: dict[str, Any], now: float) -> dict[str, Any]:
         node_id, instance = body["node_id"], body["instance"]
@@ -359,6 +365,8 @@ class Coordinator:
         if self.state == JobState.waiting and now - self.waiting_since > self.cfg.join_timeout_s:
             self.end(JobState.failed, f"join timeout: {self.reason} for {self.cfg.join_timeout_s:.0f}s", now)
         self.finish_transition_if_ready(now)
+        if self.resizer.expired(now):
+            self.restart_after_resize(now)
         for query in self.agreement.expired(now):
             self.resolve_step(query)
 
@@ -378,7 +386,10 @@ class Coordinator:
         if self.transition is not None and pending.cause in (Cause.membership, Cause.operator) \
                 and not self.round_lost_a_member():
             return  # a graceful stop is in flight; its end starts the round (a lost member abandons it)
-        if self.awaiting_announced(self.tally.count(ACTIVE), now):
+        if self.awaiting_announced(self.tally.count(ACTIVE), now) \
+                or (self.round is None and self.resizer.store_pending) \
+                or (pending.cause in (Cause.membership, Cause.operator)  # a failure's round cannot wait
+                    and self.resizer.warming_up({n.node_id for n in self.alive()}, now)):
             return
         self.pending = None
         if not self.reform_first(pending):
@@ -433,6 +444,7 @@ class Coordinator:
         round_id = (previous.round_id + 1) if previous else 1
         rnd = Round(round_id, entries, world, master.host, port, cause if previous else Cause.start, detail, now,
                     timeline={"detect": detected, "rendezvous": now})
+        in_place = self.state == JobState.running and self.resizer.begin(previous, members, round_id, detected, now)
         self.round, self.state, self.reason = rnd, JobState.running, ""
         self.stopped_at, self.spawned_at, self.resent, self.reported = {}, {}, {}, set()
         self.done_nodes = set()
@@ -440,7 +452,7 @@ class Coordinator:
                              if n in self.nodes and self.nodes[n].status == NodeStatus.alive}
         self.store.put_round(rnd)
         self.emit(EventKind.round_started, round=round_id, world_size=world, cause=rnd.cause, detail=detail,
-                  rank_map={e.node_id: e.ranks for e in entries})
+                  rank_map={e.node_id: e.ranks for e in entries}, in_place=in_place)
         for node in self.alive():
             self.send(node.node_id, MeshOp.round, self.assignment(node.node_id))
         self.release_barrier(None)
@@ -471,6 +483,7 @@ class Coordinator:
             "restart_count": self.restarts[Cause.failure], "max_restarts": self.cfg.max_restarts,
             "store_tunnel": self.nodes[rnd.members[0].node_id].store_tunnel,  # rank 0's node: it hosts the store
             "node_restarts": dict(node.restarts),  # for the node's own metrics (elasticd/exporter.py)
+            **self.resizer.fields(rnd, entry is None and node.role == Role.standby),
         }
 
     def round_progress(self, node_id: str, body: dict[str, Any]) -> None:
@@ -495,12 +508,14 @@ class Coordinator:
             rnd.timeline["stopped"] = max(self.stopped_at.get(n, rnd.timeline["rendezvous"]) for n in rnd.node_ids())
             rnd.timeline["spawned"] = max(self.spawned_at.values())
             self.emit(EventKind.round_complete, round=rnd.round_id, cause=rnd.cause, timeline=self.timeline(rnd))
+        self.resizer.progress(node_id, body, rnd)
 
     def first_step(self, node_id: str, round_id: int, at: float) -> None:
         rnd = self.round
         if rnd and round_id == rnd.round_id and "first_step" not in rnd.timeline:
             rnd.timeline["first_step"] = at
             self.emit(EventKind.first_step, node_id, round=round_id, cause=rnd.cause, timeline=self.timeline(rnd))
+            self.resizer.first_step(rnd, at)
 
     @staticmethod
     def timeline(rnd: Round) -> dict[str, float]:
@@ -601,6 +616,7 @@ class Coordinator:
         else:
             self.schedule(trans.cause, trans.detail, trans.started, due=now)
             self.reformed = True
+            self.start_pending_round(now)  # at once, not at the next tick: the ranks wait for it
 
     def abandon_transition(self) -> None:
         """A round that starts anyway (a failure, a lost node) ends a graceful stop where it stands."""
@@ -646,11 +662,28 @@ class Coordinator:
         if self.round is None or self.state != JobState.running:
             return
         at_step = query.at_step()
-        self.emit(EventKind.step_agreed, op_id=query.op_id, op=query.request, at_step=at_step)
         trans = self.transition
-        if at_step is None and trans is not None and trans.op_id == query.op_id:
+        ours = trans is not None and trans.op_id == query.op_id
+        request = query.request
+        if ours and trans is not None and trans.then == After.round and at_step is not None \
+                and request == StepRequest.drain and self.resizer.agree(query, self.clock()):
+            request = StepRequest.resize  # every rank leaves its group at that step and keeps its process
+        self.emit(EventKind.step_agreed, op_id=query.op_id, op=request, at_step=at_step)
+        if at_step is None and ours and trans is not None:
             trans.awaiting.clear()  # no shim worker reports steps: nobody will say `drained`
-        self.send_all(self.round.node_ids(), WORKER_OPS[query.request], {"request_id": query.op_id, "at_step": at_step})
+        self.send_all(self.round.node_ids(), WORKER_OPS[request], {"request_id": query.op_id, "at_step": at_step})
+
+    def resize_failed(self, round_id: int, reason: str, now: float) -> None:
+        if self.resizer.failed(round_id, reason):
+            self.restart_after_resize(now)
+
+    def restart_after_resize(self, now: float) -> None:
+        """An in-place round failed: today's restart path, at once (its ranks are waiting, not training)."""
+        rnd = self.round
+        if rnd is None or self.state != JobState.running:
+            return
+        self.reformed = True  # no step to agree: the ranks are out of any group
+        self.schedule(rnd.cause, f"in-place resize failed: {self.resizer.fall_back}", now, due=now)
 
     # ---- reading ------------------------------------------------------------------------------
     def status(self, now: float, offset: int = 0, limit: int | None = None) -> dict[str, Any]:

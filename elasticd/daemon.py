@@ -25,6 +25,7 @@ from elasticd.coordinator import Coordinator
 from elasticd.events import EventLog
 from elasticd.exporter import MetricsExporter, bind_host_of
 from elasticd.failover import Failover
+from elasticd.job_store import JobStore
 from elasticd.member import Member
 from elasticd.membership import MemoryStore
 from elasticd.mesh import CoordinatorMesh, MemberMesh
@@ -34,7 +35,8 @@ from elasticd.protocol import Envelope
 from elasticd.round_store import RoundStore
 from elasticd.runtime import advertised_addr, is_local_host, remove_endpoints, socket_ifname_env, write_endpoints
 from elasticd.spawner import Spawner, Zygote
-from elasticd.store_tunnel import TunnelServer
+from elasticd.store_host import LOOPBACK
+from elasticd.store_tunnel import JOB_STORE, TunnelServer
 from elasticd.transitions import After, TransitionKind
 from elasticd.worker_channel import WorkerChannel
 from elasticd.workers import base_env
@@ -75,6 +77,7 @@ class Daemon:
         self.tunnel: TunnelServer | None = None  # with --keys: how other nodes reach our round's store
         self.exporter: MetricsExporter | None = None  # --metrics-port
         self.failover: Failover | None = None  # --rdzv-backend etcd: the coordinator is elected (elasticd/failover.py)
+        self.job_store = JobStore()  # the coordinator's: in-place resizes of shim workers
 
     # ---- set-up ------------------------------------------------------------------------------
     def bind_mesh(self) -> None:
@@ -150,7 +153,21 @@ class Daemon:
             self.tasks.append(asyncio.create_task(self.member_mesh.serve(lambda _s, env: self.member.receive(env))))
         if self.tunnel is not None:
             self.tasks.append(asyncio.create_task(self.tunnel.serve()))
+        if self.coordinator is not None and not self.cfg.no_python:
+            self.coordinator.resizer.store_pending = True  # the first round waits for it: its workers use it
+            self.spawn(self.start_job_store(self.coordinator))
         self.spawn(self.register_when_warm())
+
+    async def start_job_store(self, coordinator: Coordinator) -> None:
+        """With --keys it binds loopback and every node reaches it through our store tunnel (JOB_STORE)."""
+        try:
+            bind = LOOPBACK if self.tunnel is not None else self.host
+            coordinator.resizer.store = addr = await self.job_store.start(self.cfg, self.node.spawner, bind)
+            if addr and self.tunnel is not None:
+                self.tunnel.host_round(JOB_STORE, int(addr.rpartition(":")[2]))
+                coordinator.resizer.tunnel = self.tunnel.endpoint
+        finally:
+            coordinator.resizer.store_pending = False
 
     async def register_when_warm(self) -> None:
         """Join only once workers can start at once: the job keeps training while our zygote imports torch."""
@@ -172,6 +189,9 @@ class Daemon:
 
     async def shutdown(self) -> None:
         await self.node.stop_workers()
+        await self.job_store.stop()
+        if self.node.round_store is not None:
+            self.node.round_store.close_job_store()
         if self.zygote is not None:
             await self.zygote.close()
         for task in self.tasks:

@@ -64,6 +64,7 @@ class Host(Protocol):
     def to_coord(self, op: MeshOp, body: dict[str, Any]) -> None: ...
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
     async def finish(self, state: str, reason: str, code: int | None = None, message: str = "") -> None: ...
+    async def start_job_store(self, coordinator: Coordinator) -> None: ...
 
 
 class Failover:
@@ -196,6 +197,9 @@ class Failover:
             d.member_mesh.close()
             d.member_mesh, self.member_endpoint = None, ""
         self.serving = asyncio.create_task(self.mesh.serve(d.on_peer, d.on_connection_closed))
+        if not d.cfg.no_python:  # in-place resizes need the job's store on the coordinator's node: ours now
+            c.resizer.store_pending = True
+            d.spawn(d.start_job_store(c))
         previous_node = snap.job.get("coordinator", "")
         c.emit(EventKind.coordinator_elected, epoch=leader.epoch, previous=previous_node,
                restored_round=c.round.round_id if c.round else 0)

@@ -23,7 +23,7 @@ EXIT_COORDINATOR_LOST = 3
 WEDGED_LIMITS = 10
 # What a node on its way out still acts on: its workers' drain, and the word that it is out (or the job is over).
 LEAVING_OPS = frozenset({MeshOp.left, MeshOp.job_end, MeshOp.hb, MeshOp.probe, MeshOp.step_query,
-                         MeshOp.drain_workers, MeshOp.checkpoint_workers})
+                         MeshOp.drain_workers, MeshOp.checkpoint_workers, MeshOp.resize_workers})
 
 
 class Lifecycle(Protocol):
@@ -75,9 +75,11 @@ class Member:
                                                                 str(body.get("reason", "")))),
             MeshOp.probe: lambda body: to_coord(MeshOp.pong, {"round": body.get("round")}),
             MeshOp.step_query: lambda body: to_coord(MeshOp.step_report, {
-                "op_id": body.get("op_id"), **local_answer(node.rank_metrics, node.round_id)}),
+                "op_id": body.get("op_id"), **local_answer(node.rank_metrics, node.round_id),
+                "in_place": node.in_place.ready()}),
             MeshOp.drain_workers: lambda body: channel.request(StepRequest.drain, body),
             MeshOp.checkpoint_workers: lambda body: channel.request(StepRequest.checkpoint, body),
+            MeshOp.resize_workers: lambda body: channel.request(StepRequest.resize, body),
             MeshOp.kill_worker: lambda body: life.spawn(node.kill_worker(int(body["rank"]))),
         }
 
@@ -100,6 +102,8 @@ class Member:
             self.registered, self.duplicate_since = True, 0.0
             self.events_pub = str(body.get("events_pub", ""))
             self.node.state = str(body.get("role", NodeState.active))
+            if body.get("prewarm"):
+                self.life.spawn(self.node.in_place.prestart())
             return
         reason = str(body.get("reason", "registration refused"))
         now = time.time()

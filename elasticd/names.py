@@ -41,6 +41,8 @@ class MeshOp(StrEnum):
     first_step = "first_step"
     step_report = "step_report"
     pong = "pong"
+    resize_failed = "resize_failed"  # an in-place resize failed on that node: restart instead
+    warm = "warm"  # a joiner's pre-started workers are up and wait for their generation
     # coordinator -> member
     welcome = "welcome"
     unknown = "unknown"
@@ -52,6 +54,7 @@ class MeshOp(StrEnum):
     step_query = "step_query"
     drain_workers = "drain_workers"
     checkpoint_workers = "checkpoint_workers"
+    resize_workers = "resize_workers"  # shim ranks leave their group at the agreed step, keeping their process
     kill_worker = "kill_worker"
 
 
@@ -110,6 +113,9 @@ class EventKind(StrEnum):
     reform_progress = "reform_progress"
     reform_complete = "reform_complete"
     reform_abandoned = "reform_abandoned"
+    # in-place resizes (coordinator): the round kept its shim workers' processes
+    resize = "resize"  # a generation formed in place: its timeline (agreed, left, group ready, synced, first step)
+    resize_failed = "resize_failed"  # an in-place resize failed; a restart round follows, with the reason
     # a node's own (sent to the coordinator, which numbers them)
     workers_started = "workers_started"
     workers_stopped = "workers_stopped"
@@ -117,6 +123,7 @@ class EventKind(StrEnum):
     worker_exit_timeout = "worker_exit_timeout"
     worker_killed = "worker_killed"
     worker_hung = "worker_hung"
+    worker_left = "worker_left"  # a shim rank left its process group after a collective error (a peer died)
     checkpoint_saved = "checkpoint_saved"
     checkpoint_skipped = "checkpoint_skipped"
     command_received = "command_received"

@@ -15,6 +15,7 @@ from elasticd.beats import BeatDiff, PortPool
 from elasticd.config import STOP_SLACK_S, JobConfig
 from elasticd.gpu import GpuSampler
 from elasticd.names import EventKind, JobState, MeshOp, NodeState
+from elasticd.node_resize import InPlace
 from elasticd.output_metrics import compile_pattern, parse_line
 from elasticd.round_store import RoundStore, StoreError
 from elasticd.spawner import Spawner
@@ -59,6 +60,7 @@ class NodeAgent:
         self.gpu = GpuSampler(cfg.heartbeat_s)  # NVML read once per heartbeat for all workers
         self.beats = BeatDiff()  # what the coordinator already holds: heartbeats carry only the rest
         self.ports = PortPool()
+        self.in_place = InPlace(self)  # in-place rounds: shim workers kept through membership changes
 
     def register_body(self) -> dict[str, Any]:
         self.beats.reset()  # a new record at the coordinator: the next heartbeat carries everything again
@@ -94,9 +96,12 @@ class NodeAgent:
                 if round_id == self.round_id:  # the coordinator asks again: our `stopped` did not reach it
                     self.report_again("stopped")
                 return  # a stale or repeated assignment, or one a newer round already replaced
+            if body.get("job_store_tunnel") and self.round_store is not None:  # with --keys: through our relay
+                body = {**body, "store": await self.round_store.job_store(str(body["job_store_tunnel"]))}
+            kept = await self.in_place.keep(body) if self.in_place.applies(body) else []
             # The old workers' `workers_stopped` rides on the progress report: one frame per node, not two.
             held: list[dict[str, Any]] | None = [] if round_id is not None else None
-            stopped = await self.stop_workers(held)
+            stopped = await self.stop_workers(kept, held)  # what was not kept in place
             if round_id is None:
                 self.state, self.reason = str(body.get("state", NodeState.waiting)), str(body.get("reason", ""))
                 log.warning("[%s] %s: %s", self.cfg.node_id, self.state, self.reason)
@@ -110,20 +115,27 @@ class NodeAgent:
             self.report("stopped", {"round": round_id, "stopped": stopped, "events": held})
             if body["state"] != NodeState.running:
                 self.state = body["state"]
+                if body.get("prewarm"):  # a standby of an in-place job: its workers wait, ready to join
+                    await self.in_place.prestart()
                 return
             self.state = NodeState.running
             store_env = await self.open_store(round_id, body)  # while other nodes still stop their old workers
-            if store_env is None or not await self.wait_for_go(round_id):
-                return  # no store, or a newer round replaced this one while its old workers were being stopped
+            if store_env is None:
+                return
+            # Kept workers belong to the new group at once: a newer round that supersedes this one stops them.
             self.group = WorkerGroup(self.cfg, round_id, body, {**self.worker_env, **store_env}, self.on_worker_exit,
-                                     self.spawner, self.on_worker_line if self.output_pattern else None)
+                                     self.spawner, self.on_worker_line if self.output_pattern else None, kept)
+            if not await self.wait_for_go(round_id):
+                return  # a newer round replaced this one while its old workers were being stopped
+            self.in_place.publish(self.group, kept, body)  # the survivors join first: they wait on nothing
             try:
                 await self.group.spawn()
             except OSError as exc:
                 self.report_failure(None, f"could not start workers on node {self.cfg.node_id}: {exc}")
                 return
             started = event_body(EventKind.workers_started, round=round_id, ranks=body["ranks"],
-                                 world_size=body["world_size"], pids=[w.proc.pid for w in self.group.workers])
+                                 world_size=body["world_size"], pids=[w.proc.pid for w in self.group.workers],
+                                 kept=[w.proc.pid for w in kept])
             self.report("spawned", {"round": round_id, "spawned": time.time(), "events": [started]})
 
     async def open_store(self, round_id: int, body: dict[str, Any]) -> dict[str, str] | None:
@@ -161,12 +173,14 @@ class NodeAgent:
         if body is not None and time.time() - float(body[phase]) > self.cfg.lost_after_s:
             self.to_coord(MeshOp.round_progress, body)
 
-    async def stop_workers(self, held: list[dict[str, Any]] | None = None) -> float:
-        """Stop this round's workers; their `workers_stopped` event goes to `held` when given, else is sent."""
+    async def stop_workers(self, kept: list[Worker] | None = None, held: list[dict[str, Any]] | None = None) -> float:
+        """Stop this round's workers; those `kept` in place (out of their group already) end the round too.
+        Their `workers_stopped` event goes to `held` when given, else is sent."""
         group, self.group = self.group, None
-        if group and group.running:
+        if group and (group.running or kept):
             await group.stop(self.cfg.grace_s)
-            fields = {"round": group.round_id, "exit_codes": {w.rank: w.exit_code for w in group.workers}}
+            fields = {"round": group.round_id, "exit_codes": {w.rank: w.exit_code for w in group.workers},
+                      **({"kept": [w.proc.pid for w in kept]} if kept else {})}
             if held is None:
                 self.event(EventKind.workers_stopped, **fields)
             else:
@@ -183,6 +197,7 @@ class NodeAgent:
             self.output_step(worker.rank, fields)
 
     def on_worker_exit(self, worker: Worker) -> None:
+        self.in_place.gone(worker.proc.pid)
         group = self.group
         if worker.stopping or group is None or worker not in group.workers:
             return

@@ -15,7 +15,7 @@ from elasticd.auth import NodeKeys
 from elasticd.config import JobConfig
 from elasticd.spawner import Spawner, WorkerProcess
 from elasticd.store_host import LOOPBACK, READY
-from elasticd.store_tunnel import RoundRelay, TunnelServer
+from elasticd.store_tunnel import JOB_STORE, RoundRelay, TunnelServer
 from elasticd.workers import base_env, signal_worker
 
 log = logging.getLogger("elasticd")
@@ -53,8 +53,8 @@ class StoreHost:
         self.output = asyncio.create_task(self.log_output())  # keep its pipe drained; torch may warn there
 
     @classmethod
-    async def start(cls, spawner: Spawner, env: dict[str, str]) -> StoreHost:
-        proc = await spawner.spawn(STORE_HOST_ENTRY, env, os.getcwd())
+    async def start(cls, spawner: Spawner, env: dict[str, str], bind: str = "") -> StoreHost:
+        proc = await spawner.spawn([*STORE_HOST_ENTRY, *([bind] if bind else [])], env, os.getcwd())
         port = None
         with contextlib.suppress(asyncio.TimeoutError):
             port = await asyncio.wait_for(read_port(proc), START_TIMEOUT_S)
@@ -87,7 +87,22 @@ class RoundStore:
         self.round_id = 0
         self.host: StoreHost | None = None
         self.relay: RoundRelay | None = None
+        self.job_relay: tuple[str, RoundRelay, int] | None = None  # (tunnel, relay, port) to the job's store
         self.stopping: set[asyncio.Task[None]] = set()
+
+    async def job_store(self, tunnel: str) -> str:
+        """Where this node's workers reach the job's long-lived store: one relay for the job, opened once."""
+        if self.job_relay is None or self.job_relay[0] != tunnel:
+            if self.job_relay is not None:
+                self.job_relay[1].close()
+            relay = RoundRelay(self.ctx, self.keys, JOB_STORE, tunnel)
+            self.job_relay = (tunnel, relay, await relay.start())
+        return f"{LOOPBACK}:{self.job_relay[2]}"
+
+    def close_job_store(self) -> None:
+        if self.job_relay is not None:
+            self.job_relay[1].close()
+            self.job_relay = None
 
     async def open(self, round_id: int, assignment: dict[str, Any]) -> dict[str, str]:
         """The env that points this node's workers at the round's store: its own, or the tunnel to the master's."""

@@ -27,10 +27,12 @@ class StepRequest(StrEnum):
 
     drain = "drain"
     checkpoint = "checkpoint"
+    resize = "resize"  # leave the process group at the step, keep the process (an in-place drain)
 
 
 WORKER_OPS: dict[StepRequest, MeshOp] = {StepRequest.drain: MeshOp.drain_workers,
-                                         StepRequest.checkpoint: MeshOp.checkpoint_workers}
+                                         StepRequest.checkpoint: MeshOp.checkpoint_workers,
+                                         StepRequest.resize: MeshOp.resize_workers}
 
 
 @dataclass
@@ -41,6 +43,7 @@ class StepQuery:
     deadline: float
     steps: list[int] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
+    in_place: bool = True  # every node answered that all its workers can resize in place
 
     def at_step(self) -> int | None:
         """The step every rank acts at, or None when no rank reports through the shim."""
@@ -64,6 +67,7 @@ class StepAgreement:
         if query is None or node_id not in query.awaiting:
             return None
         query.awaiting.discard(node_id)
+        query.in_place = query.in_place and body.get("in_place") is True
         step, step_time = body.get("step"), body.get("step_time")
         if isinstance(step, int) and not isinstance(step, bool):
             query.steps.append(step)

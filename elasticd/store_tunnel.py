@@ -103,6 +103,9 @@ async def pump(reader: asyncio.StreamReader, stream: Stream, send: Send) -> None
         await send(TunnelOp.close, b"")
 
 
+JOB_STORE = 0  # the tunnel's id for the job's long-lived store (in-place resizes); rounds count from 1
+
+
 class TunnelServer:
     """The ROUTER every keyed daemon binds; it relays streams to this node's store host when it is the master."""
 
@@ -122,11 +125,13 @@ class TunnelServer:
         if not future.done():
             future.set_result(port)
 
-    def close_round(self, round_id: int) -> None:
+    def close_round(self, round_id: int, job_store: bool = False) -> None:
+        """Rounds up to `round_id` are over here; the job store (JOB_STORE) only with `job_store`."""
         self.retired = max(self.retired, round_id)
-        for old in [r for r in self.stores if r <= round_id]:
+        first = JOB_STORE if job_store else JOB_STORE + 1
+        for old in [r for r in self.stores if first <= r <= round_id]:
             self.stores.pop(old).cancel()
-        for key in [k for k, s in self.streams.items() if s.round_id <= round_id]:
+        for key in [k for k, s in self.streams.items() if first <= s.round_id <= round_id]:
             self.streams.pop(key).cancel()
 
     def _store(self, round_id: int) -> asyncio.Future[int]:
@@ -172,12 +177,12 @@ class TunnelServer:
         self.streams.pop(key, None)
 
     async def store_port(self, round_id: int) -> int:
-        if round_id <= self.retired:
+        if JOB_STORE < round_id <= self.retired:
             raise OSError(f"round {round_id} is over on this node")
         return await asyncio.wait_for(asyncio.shield(self._store(round_id)), STORE_WAIT_S)
 
     def close(self) -> None:
-        self.close_round(max([self.retired, *self.stores, *(k[1] for k in self.streams)]))
+        self.close_round(max([self.retired, *self.stores, *(k[1] for k in self.streams)]), job_store=True)
         self.sock.close()
 
 

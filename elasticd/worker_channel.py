@@ -34,6 +34,8 @@ class WorkerChannel:
         self.idents: dict[int, tuple[bytes, int]] = {}  # rank -> (identity, round)
         self.hung_reported: set[tuple[int, int]] = set()
         self.dropped_frames = 0
+        self.pids: dict[int, bytes] = {}  # pid -> identity: a worker kept in place keeps its socket, not its rank
+        node.in_place.send = self.send_to_pid
 
     def bind(self) -> dict[str, str]:
         self.path = worker_socket(self.cfg.job_id, self.cfg.node_id, os.getpid())
@@ -66,8 +68,19 @@ class WorkerChannel:
         rank = int(body["rank"])
         if env.op == "hello":
             round_id = int(body.get("round", self.node.round_id))
+            in_place = body.get("in_place") is True
             self.idents[rank] = (ident, round_id)
-            self.node.rank_metrics[rank] = {"rank": rank, "round": round_id, "hello": now, "last_step_at": now}
+            self.pids[int(body.get("pid", 0))] = ident
+            self.node.in_place.on_hello(int(body.get("pid", 0)), body)
+            if body.get("waiting") is True:
+                return  # started before its round: its rank is a placeholder, no metrics until it joins one
+            self.node.rank_metrics[rank] = {"rank": rank, "round": round_id, "hello": now, "last_step_at": now,
+                                            "in_place": in_place}
+            return
+        in_place_ops = {"left": self.node.in_place.on_left, "joined": self.node.in_place.on_joined,
+                        "resize_failed": self.node.in_place.on_failed}
+        if env.op in in_place_ops:  # from a worker between rounds: its rank and round are changing
+            in_place_ops[env.op](body)
             return
         metrics = self.node.rank_metrics.get(rank)
         if metrics is None or metrics.get("round") != self.node.round_id:
@@ -130,6 +143,19 @@ class WorkerChannel:
                     self.dropped_frames += 1
         return sent
 
+    def send_to_pid(self, pid: int, op: str, body: dict[str, Any]) -> bool:
+        """One request to one worker (in-place resizes address a process, whatever its rank)."""
+        ident = self.pids.get(pid)
+        if self.sock is None or ident is None:
+            return False
+        frame = encode(Envelope("req", op, body, node=self.cfg.node_id, ts=time.time()))
+        try:
+            self.sock.send_multipart([ident, frame], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            self.dropped_frames += 1
+            return False
+        return True
+
     def check_hangs(self, now: float) -> None:
         for rank, metrics in list(self.node.rank_metrics.items()):
             key = (rank, int(metrics.get("round", 0)))
@@ -143,6 +169,7 @@ class WorkerChannel:
                 self.node.report_failure(None, f"worker rank {rank} on node {self.cfg.node_id} made no step "
                                          f"for {silent:.1f}s (hang timeout {self.cfg.hang_timeout_s:.0f}s)",
                                          hang=True)
+                self.node.in_place.end_hung(rank)
 
     def close(self) -> None:
         if self.sock is not None:

@@ -30,6 +30,7 @@ class Worker:
     stopping: bool = False
     ps: psutil.Process | None = None
     tail: list[str] = field(default_factory=list)
+    watch: asyncio.Task[None] | None = None  # reads its output and reports its exit; moves with it to a new round
 
     @property
     def status(self) -> str:
@@ -79,7 +80,8 @@ class WorkerGroup:
     """All workers of this node for one round."""
 
     def __init__(self, cfg: JobConfig, round_id: int, assignment: dict[str, Any], extra_env: dict[str, str],
-                 on_exit: ExitHandler, spawner: Spawner, on_line: LineHandler | None = None) -> None:
+                 on_exit: ExitHandler, spawner: Spawner, on_line: LineHandler | None = None,
+                 kept: list[Worker] | None = None) -> None:
         self.cfg = cfg
         self.spawner = spawner
         self.round_id = round_id
@@ -87,8 +89,11 @@ class WorkerGroup:
         self.extra_env = extra_env
         self.on_exit = on_exit
         self.on_line = on_line
-        self.workers: list[Worker] = []
-        self._tasks: list[asyncio.Task[None]] = []
+        # Workers kept from the last round (an in-place resize) take this node's lowest ranks, in their old order,
+        # and keep their local rank (their device); spawn() forks the rest.
+        self.workers: list[Worker] = sorted(kept or [], key=lambda w: w.rank)
+        for worker, rank in zip(self.workers, assignment["ranks"], strict=False):
+            worker.rank = rank
 
     def env_for(self, local_rank: int, rank: int) -> dict[str, str]:
         a, cfg = self.assignment, self.cfg
@@ -105,23 +110,28 @@ class WorkerGroup:
             "ELASTICD_NODE_ID": cfg.node_id, "ELASTICD_ROUND": str(self.round_id),
             "ELASTICD_JOB_ID": cfg.job_id, "ELASTICD_HANG_TIMEOUT": str(cfg.hang_timeout_s),
         })
+        if a.get("store"):  # the job's long-lived store and this generation's prefix in it (in-place resizes)
+            env.update(ELASTICD_STORE=str(a["store"]), ELASTICD_STORE_PREFIX=str(a["prefix"]))
         env.update(self.extra_env)
         return env
 
     async def spawn(self) -> None:
         log_dir = Path(self.cfg.log_dir) / self.cfg.job_id / self.cfg.node_id / f"round-{self.round_id:04d}"
         log_dir.mkdir(parents=True, exist_ok=True)
-        for local_rank, rank in enumerate(self.assignment["ranks"]):
+        ranks = list(self.assignment["ranks"])[len(self.workers):]
+        taken = {w.local_rank for w in self.workers}
+        free = [slot for slot in range(len(self.assignment["ranks"])) if slot not in taken]
+        for local_rank, rank in zip(free, ranks, strict=False):
             log_path = log_dir / f"rank-{rank}.log"
             proc = await self.spawner.spawn(self.cfg.entry, self.env_for(local_rank, rank), os.getcwd())
             worker = Worker(local_rank, rank, proc, log_path, time.time())
             with contextlib.suppress(psutil.Error):
                 worker.ps = psutil.Process(proc.pid)
             self.workers.append(worker)
-            self._tasks.append(asyncio.create_task(self._watch(worker)))
+            worker.watch = asyncio.create_task(self._watch(worker))
 
     async def _watch(self, worker: Worker) -> None:
-        prefix = f"[{self.cfg.node_id}:{worker.rank}] ".encode()
+        prefix, rank = b"", None
         shown = self.cfg.console_ranks is None or worker.local_rank in self.cfg.console_ranks  # --redirects & co
         assert worker.proc.stdout is not None
         with open(worker.log_path, "ab") as log_file:
@@ -133,6 +143,8 @@ class WorkerGroup:
                 if self.on_line is not None:
                     self.on_line(worker, text)
                 if shown:
+                    if worker.rank != rank:  # a worker kept through an in-place resize takes its new rank
+                        rank, prefix = worker.rank, f"[{self.cfg.node_id}:{worker.rank}] ".encode()
                     sys.stdout.buffer.write(prefix + line)
                     sys.stdout.flush()
         worker.exit_code = await worker.proc.wait()
@@ -157,7 +169,11 @@ class WorkerGroup:
         if self.running:
             self.signal_all(signal.SIGKILL)
         # Grandchildren that left the group are not ours to chase; the group kill covers the usual ones.
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(w.watch for w in self.workers if w.watch is not None), return_exceptions=True)
+
+    def release(self, workers: list[Worker]) -> None:
+        """Hand these workers to the next round (kept in place): this group no longer stops or reports them."""
+        self.workers = [w for w in self.workers if w not in workers]
 
     def kill_worker(self, rank: int, sig: int = signal.SIGKILL) -> bool:
         for worker in self.running:

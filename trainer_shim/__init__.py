@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from trainer_shim.elastic import Elastic
 from trainer_shim.noop import NullSession
 from trainer_shim.session import Request, Session
 
-__all__ = ["NullSession", "Request", "Session", "init"]
+__all__ = ["Elastic", "NullSession", "Request", "Session", "init"]
 
 
 def _int(env: Mapping[str, str], name: str, default: int = 0) -> int:

@@ -39,6 +39,9 @@ class NullSession:
     def should_stop(self, step: int) -> bool:
         return False
 
+    def should_resize(self, step: int) -> bool:
+        return False
+
     @property
     def pending(self) -> list[Request]:
         return []

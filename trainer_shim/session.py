@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import math
 import os
@@ -14,6 +15,9 @@ from typing import Any, cast
 import zmq
 
 from elasticd.protocol import Envelope, ProtocolError, decode, encode, new_id
+
+# What the daemon may ask (docs/worker-channel.md): act at a step boundary, or (`generation`) join a new world.
+REQUEST_OPS = ("checkpoint", "drain", "resize", "generation")
 
 
 @dataclass
@@ -84,12 +88,21 @@ class Session:
         self._sock.setsockopt(zmq.SNDHWM, 1000)
         self._sock.setsockopt(zmq.IMMEDIATE, 0)  # queue while the daemon restarts; the HWM bounds it
         self._sock.connect(addr)
+        self._generation: dict[str, Any] | None = None  # the newest `generation` the daemon published to us
         # The step frame's constant parts, precomputed so report() formats only the numbers.
         self._head = '{"v":1,"type":"ev","op":"step","id":"' + self._idp
         self._mid = '","node":' + json.dumps(node) + ',"seq":'
+        self.rejoin(rank, round_id, in_place=False)
+
+    def rejoin(self, rank: int, round_id: int, in_place: bool, waiting: bool = False) -> None:
+        """Say hello as `rank` of `round_id`: at start, and again on each generation joined in place."""
+        self.rank, self.round = rank, round_id
         self._rank_s = '{"rank":' + str(int(rank)) + ',"step":'
-        self._send(self._frame("hello", {"rank": rank, "local_rank": local_rank, "pid": os.getpid(),
-                                         "round": round_id}))
+        self._held, self._held_samples, self._held_tokens, self._held_steps = None, 0, 0, 0
+        self._sent_any = False  # the first step of a generation goes out at once: it closes its timeline
+        self._last = time.perf_counter()
+        self._send(self._frame("hello", {"rank": rank, "local_rank": self.local_rank, "pid": os.getpid(),
+                                         "round": round_id, "in_place": in_place, "waiting": waiting}))
 
     # -- sending --------------------------------------------------------------------------------------
     def _frame(self, op: str, body: dict[str, Any]) -> bytes:
@@ -164,6 +177,35 @@ class Session:
         self._send_held()
         self._send(self._frame("drained", {"rank": self.rank, "step": int(step), "request_id": rid}))
 
+    def left(self, step: int, request_id: str | None, error: str | None = None) -> None:
+        """This rank left its process group after `step` (at the agreed step, or on a collective error)."""
+        self._send_held()
+        self._send(self._frame("left", {"rank": self.rank, "pid": os.getpid(), "round": self.round,
+                                        "step": int(step), "request_id": request_id, "error": error}))
+
+    def joined(self, round_id: int, step: int, in_place: bool, timeline: dict[str, float]) -> None:
+        """This rank is in generation `round_id` and holds the freshest state (timeline: wall-clock seconds)."""
+        self._send(self._frame("joined", {"rank": self.rank, "pid": os.getpid(), "round": round_id,
+                                          "step": int(step), "in_place": in_place, **timeline}))
+
+    def resize_failed(self, round_id: int, reason: str) -> None:
+        self._send(self._frame("resize_failed", {"rank": self.rank, "pid": os.getpid(), "round": round_id,
+                                                 "reason": reason}))
+
+    def wait_generation(self, after_round: int, timeout_s: float) -> dict[str, Any] | None:
+        """Block until the daemon publishes a generation newer than `after_round`; None on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.poll()
+            gen = self._generation
+            if gen is not None and int(gen.get("round", 0)) > after_round:
+                return gen
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            with contextlib.suppress(zmq.ZMQError):
+                self._sock.poll(int(min(left, 0.5) * 1000) + 1, zmq.POLLIN)
+
     # -- receiving ------------------------------------------------------------------------------------
     def poll(self) -> None:
         """Read every queued request without waiting; each new one is acknowledged."""
@@ -181,7 +223,11 @@ class Session:
             env = decode(frame)
         except ProtocolError:
             return  # a malformed frame must not stop training
-        if env.type != "req" or env.op not in ("checkpoint", "drain"):
+        if env.type != "req" or env.op not in REQUEST_OPS:
+            return
+        if env.op == "generation":
+            if isinstance(env.body.get("round"), int):
+                self._generation = dict(env.body)
             return
         rid = str(env.body.get("request_id") or env.id)
         at = env.body.get("at_step")
@@ -208,6 +254,10 @@ class Session:
     def should_stop(self, step: int) -> bool:
         """True once a drain is due: save, report_checkpoint, drained(step), then exit 0."""
         return self._take("drain", step)
+
+    def should_resize(self, step: int) -> bool:
+        """True once an in-place resize is due (trainer_shim.Elastic acts on it; scripts need not)."""
+        return self._take("resize", step)
 
     @property
     def pending(self) -> list[Request]:

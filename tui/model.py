@@ -52,6 +52,7 @@ class NodeView:
     pub: str = ""
     ranks: list[int] = field(default_factory=list)
     workers: list[dict[str, Any]] = field(default_factory=list)
+    kept: set[int] = field(default_factory=set)  # pids its last round kept in place (an in-place resize)
     last_seen: float | None = None
     heard_at: float | None = None  # the last heartbeat this console received itself (status is second-hand)
     daemon_state: str = ""
@@ -99,6 +100,7 @@ class JobModel:
         self.node_order: dict[str, int] = {}  # node id -> position in `nodes` (nodes are never removed)
         self.round_first_step: dict[int, int] = {}  # round -> the first step this console saw in it
         self.round_sizes: dict[int, int] = {}  # round -> world size, from round_started events
+        self.round_in_place: dict[int, bool] = {}  # round -> its survivors kept their processes
         self.newest_checkpoint: RankView | None = None  # the rank whose checkpoint is the job's newest
         self.names: dict[int, tuple[int, dict[str, str]]] = {}  # width -> (node count, short names)
         self.nodes_total = 0  # nodes in the job, from `status` (more than `nodes` holds when it is paged)
@@ -236,6 +238,7 @@ class JobModel:
         if kind == "workers_started" and node_id:
             self.node(node_id).restarts = sum(1 for e in self.events if e.get("kind") == "workers_started"
                                               and e.get("node") == node_id) - 1
+            self.node(node_id).kept = {int(pid) for pid in event.get("kept") or []}
         elif kind == "node_role" and node_id:
             self.node(node_id).role = str(event.get("role", ""))
         elif kind in ("node_lost", "node_left") and node_id:
@@ -243,6 +246,7 @@ class JobModel:
         elif kind == "round_started":
             self.job.round, self.job.world_size = int(event.get("round", 0)), int(event.get("world_size", 0))
             self.round_sizes[self.job.round] = self.job.world_size
+            self.round_in_place[self.job.round] = bool(event.get("in_place"))
         elif kind == "checkpoint_saved" and event.get("rank") is not None:
             self.apply_checkpoint(event)
         elif kind == "job_end":

@@ -15,6 +15,7 @@ def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
 
 def apply(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
     now = c.clock()
+    c.resizer.force_restart("operator restart")  # new processes, even for workers that could resize in place
     c.schedule(Cause.operator, "operator restart", now, due=now)
     return {"ok": True, "accepted": True}
 

@@ -85,7 +85,7 @@ class NodeDetailScreen(Screen[None]):
         self.query_one("#detail-title", Static).update(
             f"node {name} · host {node.host or '?'} · {node.role}/{node.daemon_state or node.status} · "
             f"{self.model.node_liveness(node)} {format_age(self.model.heartbeat_age(node))}")
-        rows: list[Row] = [(str(w.get("pid")), [str(w.get("rank")), str(w.get("local_rank")), str(w.get("pid")),
+        rows: list[Row] = [(str(w.get("pid")), [str(w.get("rank")), str(w.get("local_rank")), pid_cell(w, node.kept),
                  Text(str(w.get("state")), style="green" if w.get("state") == "running" else "red"),
                  "-" if w.get("exit_code") is None else str(w.get("exit_code")),
                  f"{float(w.get('cpu_percent') or 0):.0f}", format_bytes(w.get("rss")),
@@ -125,3 +125,12 @@ class NodeDetailScreen(Screen[None]):
         for title, tail in message.tails.items():
             text.append(f"── {title} ──\n", style="bold cyan").append(tail + "\n")
         self.query_one("#tails", Static).update(text or "(no workers reported)")
+
+
+def pid_cell(worker: dict[str, Any], kept: set[int]) -> Text:
+    """A worker kept through an in-place resize shows it: same process, new rank."""
+    pid = worker.get("pid")
+    text = Text(str(pid))
+    if pid in kept:
+        text.append(" kept", style="bold cyan")
+    return text

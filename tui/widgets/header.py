@@ -21,7 +21,8 @@ def header_text(model: JobModel, readonly: bool, jobs: list[str], view: str, wid
             text.append(f" {job_id} ", style="reverse bold" if job_id == job.job_id else "dim")
         text.append("  ([ ] or :job ID)\n", style="dim")
     text.append(f"job {job.job_id or '?'} ", style="bold").append(job.state, STATE_STYLE.get(job.state, "")).append(" ")
-    text.append(f"  round {job.round}  world {job.world_size}  target {job.target} nodes  "
+    text.append(f"  round {job.round}{' in place' if model.round_in_place.get(job.round) else ''}  "
+                f"world {job.world_size}  target {job.target} nodes  "
                 f"min:max {job.min_nodes}:{job.max_nodes}  "
                 f"coordinator {model.short_name(job.coordinator, name_width(width)) if job.coordinator else '?'}"
                 + (f" (epoch {job.epoch})" if job.epoch else ""))

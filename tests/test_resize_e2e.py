@@ -1,0 +1,162 @@
+"""In-place resizes under real daemons: survivors keep their PIDs through every membership change and a crash."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import signal
+from collections import Counter
+from pathlib import Path
+
+from harness import SHIM, Job
+from test_shim_e2e import cli, wait_for
+
+from elasticd.auth import KeyStore
+from elasticd.client import Credentials
+
+DATASET = 1000  # examples/train_shim.py
+ARGS = ("--steps", "100000", "--ckpt-every", "0", "--step-time", "0.05", "--batch", "16", "--micro", "8")
+
+
+def pids_of(job: Job, node: str) -> set[int]:
+    return {w["pid"] for w in cli(job, "workers")["nodes"].get(node, []) if w["state"] == "running"}
+
+
+def rank0_steps(folder: Path) -> list[int]:
+    """Rank 0's steps in the order its worlds trained them (a world's files carry its round)."""
+    files = sorted(folder.glob("rank0-round*.log"), key=lambda p: int(re.search(r"round(\d+)", p.name)[1]))
+    return [int(line.split()[0]) for f in files for line in f.read_text().splitlines()]
+
+
+def epoch_counts(folder: Path) -> dict[int, Counter[int]]:
+    counts: dict[int, Counter[int]] = {}
+    for path in folder.glob("rank*-round*.log"):
+        for line in path.read_text().splitlines():
+            for part in line.split()[1:]:
+                epoch, _, ids = part.partition(":")
+                if ids:
+                    counts.setdefault(int(epoch), Counter()).update(int(i) for i in ids.split(","))
+    return counts
+
+
+def resized(job: Job, world: int, since: int) -> dict:
+    """The in-place round of that world size after `since`, once its `resize` event closed its timeline."""
+    started = job.wait_event("round_started", lambda e: e["world_size"] == world, since=since)
+    assert started["in_place"], started
+    done = job.wait_event("resize", lambda e: e["round"] == started["round"], since=since)
+    assert list(done["timeline"]) == ["detect", "agreed", "left", "group_ready", "synced", "first_step"]
+    return started
+
+
+def kept(job: Job, node: str, rnd: dict) -> tuple[set[int], set[int]]:
+    """(every pid, the pids kept in place) of that node's workers in that round, from its `workers_started`."""
+    ev = job.wait_event("workers_started", lambda e: e["node"] == node and e["round"] == rnd["round"],
+                        since=rnd["seq"])
+    return set(ev["pids"]), set(ev["kept"])
+
+
+def test_survivors_keep_their_processes_through_joins_drains_scale_leaves_and_crashes(tmp_path: Path) -> None:
+    samples = tmp_path / "samples"
+    job = Job(tmp_path, nnodes="1:2", nproc=2)
+    args = (*ARGS, "--ckpt-dir", str(tmp_path / "ckpt"), "--sample-log", str(samples))
+    try:
+        job.start("a", SHIM, *args)
+        first = job.wait_event("round_started", lambda e: e["world_size"] == 2)
+        job.wait_event("first_step", since=first["seq"])
+        wait_for(lambda: len(pids_of(job, "a")) == 2)
+        a_pids = pids_of(job, "a")
+
+        mark = job.seq()
+        b = job.start("b", SHIM, *args)  # b joins: a's ranks leave at one step and meet b's (pre-started) ones
+        assert kept(job, "a", resized(job, 4, mark)) == (a_pids, a_pids)
+
+        mark = job.seq()
+        cli(job, "drain", "b")
+        assert kept(job, "a", resized(job, 2, mark)) == (a_pids, a_pids)
+        mark = job.seq()
+        cli(job, "scale", "2")  # b is back: a's workers are the same processes
+        assert kept(job, "a", resized(job, 4, mark)) == (a_pids, a_pids)
+
+        mark = job.seq()
+        b.signal(signal.SIGTERM)  # a preemption notice: b's ranks leave at one step, b exits 0
+        assert b.wait_exit(30) == 0
+        assert kept(job, "a", resized(job, 2, mark)) == (a_pids, a_pids)
+        mark = job.seq()
+        b = job.start("b", SHIM, *args)
+        assert kept(job, "a", resized(job, 4, mark)) == (a_pids, a_pids)
+
+        mark = job.seq()
+        victim = min(a_pids)
+        os.kill(victim, signal.SIGKILL)  # a crash: the survivors heal from each other, no checkpoint is read
+        healed = resized(job, 4, mark)
+        assert healed["cause"] == "failure"
+        now, kept_now = kept(job, "a", healed)
+        assert kept_now == a_pids - {victim} and len(now) == 2 and victim not in now  # one replacement forked
+        a_pids = now
+
+        mark = job.seq()
+        b.kill_with_workers()  # node b loses power: a's ranks re-form without it
+        assert kept(job, "a", resized(job, 2, mark)) == (a_pids, a_pids)
+        trained = len(rank0_steps(samples))
+        wait_for(lambda: len(rank0_steps(samples)) > trained + 5)  # the last world trains on
+        assert not list((tmp_path / "ckpt").glob("ckpt-*.pt"))  # --ckpt-every 0: no newcomer had a file to read
+    finally:
+        job.close()
+
+    steps = rank0_steps(samples)
+    gaps = [b - a for a, b in itertools.pairwise(steps)]
+    # Consecutive, but for at most the step in flight when a peer died (a rank that had finished it).
+    assert set(gaps) <= {1, 2} and gaps.count(2) <= 1, steps
+    counts = epoch_counts(samples)
+    complete = [e for e in counts if e + 1 in counts]  # epochs the job finished
+    assert complete, "no epoch finished"
+    for epoch in complete:
+        assert sorted(counts[epoch]) == list(range(DATASET)), f"epoch {epoch}: a sample was skipped"
+        assert set(counts[epoch].values()) == {1}, f"epoch {epoch}: a sample was trained twice"
+    digests: dict[int, set[str]] = {}
+    for line in (samples / "digests.log").read_text().splitlines():
+        round_id, _, _, digest = line.split()
+        digests.setdefault(int(round_id), set()).add(digest)
+    assert all(len(d) == 1 for d in digests.values()), digests  # every world began bitwise identical
+
+
+def test_a_resize_whose_rebuild_raises_falls_back_to_a_restart_and_the_job_goes_on(tmp_path: Path) -> None:
+    job = Job(tmp_path, nnodes="1:2", nproc=1)
+    args = (*ARGS, "--ckpt-dir", str(tmp_path / "ckpt"), "--fail-resize")
+    try:
+        job.start("a", SHIM, *args)
+        first = job.wait_event("round_started", lambda e: e["world_size"] == 1)
+        job.wait_event("first_step", since=first["seq"])
+        a_pids = pids_of(job, "a")
+        mark = job.seq()
+        job.start("b", SHIM, *args)
+        grown = job.wait_event("round_started", lambda e: e["world_size"] == 2, since=mark)
+        assert grown["in_place"]
+        failed = job.wait_event("resize_failed", since=mark)
+        assert "--fail-resize" in failed["reason"] and failed["round"] == grown["round"]
+        restarted = job.wait_event("round_started", lambda e: not e["in_place"], since=failed["seq"])
+        assert restarted["world_size"] == 2 and "in-place resize failed" in restarted["detail"]
+        job.wait_event("first_step", since=restarted["seq"])  # the job goes on, in new processes
+        wait_for(lambda: len(pids_of(job, "a")) == 1 and not pids_of(job, "a") & a_pids)
+    finally:
+        job.close()
+
+
+def test_with_keys_the_job_store_is_reached_through_the_tunnel_and_a_join_resizes_in_place(tmp_path: Path) -> None:
+    store = KeyStore(tmp_path / "keys")
+    store.init()
+    job = Job(tmp_path, nnodes="1:2", nproc=1, extra=["--keys", str(tmp_path / "keys")])
+    job.credentials = Credentials.load(str(store.create_client("ops", "operator")), str(store.node_dir / "node.key"))
+    args = (*ARGS, "--ckpt-dir", str(tmp_path / "ckpt"))
+    try:
+        job.start("a", SHIM, *args)
+        first = job.wait_event("round_started", lambda e: e["world_size"] == 1)
+        job.wait_event("first_step", since=first["seq"])
+        a_pids = set(job.wait_event("workers_started", lambda e: e["node"] == "a")["pids"])
+        mark = job.seq()
+        job.start("b", SHIM, *args)
+        grown = resized(job, 2, mark)
+        assert kept(job, "a", grown) == (a_pids, a_pids)
+    finally:
+        job.close()

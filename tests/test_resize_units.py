@@ -1,0 +1,67 @@
+"""The coordinator's in-place decisions (elasticd/resize.py), without daemons: which rounds keep their workers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from elasticd.membership import NodeRecord, RankEntry, Round
+from elasticd.names import Cause, EventKind
+from elasticd.resize import Resizer
+
+
+def round_of(round_id: int, nodes: dict[str, list[int]]) -> Round:
+    members = [RankEntry(n, i, "127.0.0.1", ranks) for i, (n, ranks) in enumerate(nodes.items())]
+    return Round(round_id, members, sum(len(r) for r in nodes.values()), "127.0.0.1", 1, Cause.membership, "", 0.0)
+
+
+def node(node_id: str, round_id: int, in_place: bool, ranks: list[int]) -> NodeRecord:
+    rec = NodeRecord(node_id, "127.0.0.1", len(ranks), "i", 1)
+    rec.metrics = {str(r): {"round": round_id, "in_place": in_place} for r in ranks}
+    return rec
+
+
+def resizer() -> tuple[Resizer, list[tuple[str, dict[str, Any]]]]:
+    events: list[tuple[str, dict[str, Any]]] = []
+    r = Resizer("job", lambda kind, **fields: events.append((kind, fields)) or {})
+    r.store = "127.0.0.1:1"
+    return r, events
+
+
+def test_a_round_is_in_place_only_when_every_survivor_resizes_in_place() -> None:
+    r, _ = resizer()
+    prev = round_of(1, {"a": [0, 1], "b": [2, 3]})
+    assert not r.begin(None, [node("a", 1, True, [0, 1])], 1, 0.0, 0.0)  # the first round forks everyone
+    assert r.begin(prev, [node("a", 1, True, [0, 1]), node("c", 0, False, [])], 2, 0.0, 0.0)  # c: a newcomer
+    assert r.fields(round_of(2, {"a": [0, 1], "c": [2, 3]}), False) == {
+        "in_place": True, "store": "127.0.0.1:1", "prefix": "elastic/job/g2", "prewarm": False}
+    assert not r.begin(prev, [node("a", 1, True, [0, 1]), node("b", 1, False, [2, 3])], 3, 0.0, 0.0)
+    r.store = ""
+    assert not r.begin(prev, [node("a", 1, True, [0, 1])], 4, 0.0, 0.0)  # no job store (--keys): restart
+    assert r.fields(round_of(4, {"a": [0, 1]}), False) == {"in_place": False}
+
+
+def test_a_failed_resize_is_an_event_and_the_next_round_restarts() -> None:
+    r, events = resizer()
+    prev = round_of(1, {"a": [0, 1]})
+    assert r.begin(prev, [node("a", 1, True, [0, 1])], 2, 0.0, 0.0)
+    assert not r.failed(1, "a stale round's failure")  # only the round in flight can fail
+    assert r.failed(2, "rank 1 on node a: RuntimeError: boom")
+    assert events == [(EventKind.resize_failed, {"generation": 2, "round": 2,
+                                                 "reason": "rank 1 on node a: RuntimeError: boom"})]
+    assert not r.begin(round_of(2, {"a": [0, 1]}), [node("a", 2, True, [0, 1])], 3, 0.0, 0.0)
+    assert r.begin(round_of(3, {"a": [0, 1]}), [node("a", 3, True, [0, 1])], 4, 0.0, 0.0)  # once only
+
+
+def test_a_generation_that_never_syncs_falls_back_and_one_that_does_closes_its_timeline() -> None:
+    r, events = resizer()
+    prev, nxt = round_of(1, {"a": [0, 1]}), round_of(2, {"a": [0, 1]})
+    assert r.begin(prev, [node("a", 1, True, [0, 1])], 2, 10.0, 10.0)
+    nxt.timeline["go"] = 10.1
+    r.progress("a", {"round": 2, "group_ready": 10.2, "synced": 10.3, "in_place": True}, nxt)
+    r.first_step(nxt, 10.4)
+    kind, fields = events[-1]
+    assert kind == EventKind.resize and fields["timeline"] == {
+        "detect": 0.0, "agreed": 0.0, "left": 0.1, "group_ready": 0.2, "synced": 0.3, "first_step": 0.4}
+    assert r.begin(nxt, [node("a", 0, False, [0, 1])], 3, 20.0, 20.0)  # its `synced` said in place
+    assert not r.expired(20.0 + 29) and r.expired(20.0 + 31)
+    assert events[-1][0] == EventKind.resize_failed and "synced within 30s" in events[-1][1]["reason"]

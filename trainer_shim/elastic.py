@@ -1,0 +1,202 @@
+"""In-place resizes for a training loop: the script says how to get and set its state and what to rebuild.
+
+    elastic = Elastic(session, state_dict=get, load_state_dict=put, on_world=rebuild, sampler=sampler)
+    elastic.init(step)                       # joins the first generation; state comes from the freshest rank
+    while elastic.step < total:
+        elastic.run_step(train_one_step)     # train_one_step(step); resizes in place between steps
+
+Under elasticd, a membership change (join, drain, scale, leave, a peer's crash) keeps this process: at the
+agreed step it leaves its process group, waits for the daemon's next generation, joins it, takes the state
+from the freshest rank and calls `on_world(rank, world_size)`. Without a daemon (plain torchrun, one process)
+it is a plain `init_process_group` and a loop. docs/architecture.md, "Generations".
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from trainer_shim.data import ElasticSampler
+from trainer_shim.generation import DEFAULT_TIMEOUT_S, Generation, join, leave, open_store, sync
+from trainer_shim.noop import NullSession
+from trainer_shim.session import Session
+
+GENERATION_WAIT_S = 120.0  # after leaving, how long to wait for the next generation before giving up
+PRESTART_ENV = "ELASTICD_AWAIT_GENERATION"  # set by the daemon on a joiner's pre-started workers
+RESTART_WAIT_S = 120.0  # after a failed resize, how long the daemon has to replace this process
+
+
+class _Stepper(Protocol):
+    def __call__(self, step: int) -> None: ...
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def _seed(seed: int, step: int, rank: int) -> int:
+    return (seed * 1_000_003 + step * 1009 + rank) % (1 << 63)
+
+
+class Elastic:
+    """Keeps this worker's process through membership changes; falls back to a restart when it cannot."""
+
+    def __init__(self, session: Session | NullSession, *, state_dict: Callable[[], Any],
+                 load_state_dict: Callable[[Any], None], on_world: Callable[[int, int], None],
+                 sampler: ElasticSampler | None = None, backend: str | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, seed: int = 0, in_place: bool = True) -> None:
+        self.session = session
+        self.state_dict, self.load_state_dict, self.on_world = state_dict, load_state_dict, on_world
+        self.sampler = sampler
+        self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        self.timeout_s, self.seed = timeout_s, seed
+        self.want_in_place = in_place
+        self.in_place = False  # set by init(): a daemon, a job store and the script's consent
+        self.rank, self.world_size, self.round, self.step = 0, 1, 0, 0
+        self._committed: dict[str, int] | None = None  # the sampler's position at the last completed step
+        self._store: dist.Store | None = None
+        self._opened: set[str] = set()  # the current group's sockets (severed on leaving)
+        self.local_device = torch.device("cpu")
+        if self.backend == "nccl":
+            # NCCL's default (3) tears the process down on an error: keep it, so it can leave and rejoin.
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+            self.local_device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(self.local_device)
+
+    @property
+    def comm_device(self) -> torch.device:
+        return self.local_device if self.backend == "nccl" else torch.device("cpu")
+
+    # -- joining ---------------------------------------------------------------------------------------
+    def init(self, step: int = 0) -> int:
+        """Join the first generation and take the freshest state (a newcomer needs no checkpoint)."""
+        env = os.environ
+        gen = Generation.from_env(env)
+        self.step = step
+        self._commit()
+        self.in_place = self.want_in_place and isinstance(self.session, Session) and gen is not None
+        started = time.time()
+        if env.get(PRESTART_ENV) and isinstance(self.session, Session):
+            gen = self._await_first(self.session)  # started early, for a round that adds this node
+            self.in_place = True
+        if gen is not None:
+            self._store = open_store(gen.store, self.timeout_s)
+            self._opened = join(gen, self.backend, self._store, self.timeout_s)
+            self.round = gen.round
+        elif "WORLD_SIZE" in env and "MASTER_ADDR" in env:
+            dist.init_process_group(self.backend)
+        else:  # a bare `python script.py`: a one-process group keeps the DDP code path identical
+            self.backend = "gloo"
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        ready = time.time()
+        self._rebind()
+        if isinstance(self.session, Session):
+            if self.in_place:
+                self.session.rejoin(self.rank, self.round, in_place=True)
+            self.session.joined(self.round, self.step, self.in_place, {"started": started, "group_ready": ready,
+                                                                       "synced": time.time()})
+        return self.step
+
+    def _await_first(self, session: Session) -> Generation:
+        """A worker started before its round: say so (it holds no group yet), then wait for its generation.
+
+        It waits as long as its node keeps it (a standby node's spare may wait for hours); its daemon stops it.
+        """
+        session.rejoin(session.rank, 0, in_place=True, waiting=True)
+        body = None
+        while body is None:
+            body = session.wait_generation(0, GENERATION_WAIT_S)
+        return Generation.from_body(body)
+
+    def _rebind(self) -> None:
+        """After joining: take the freshest state, re-fit the sampler, reseed, then the script's rebuild."""
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        synced = sync(self.step, self._snapshot, self.comm_device, self.local_device)
+        if synced.state is not None:
+            self._restore(synced.state)
+        self.step = synced.step
+        if self.sampler is not None:
+            self.sampler.set_world(self.rank, self.world_size)
+        torch.manual_seed(_seed(self.seed, self.step, self.rank))
+        self.on_world(self.rank, self.world_size)
+
+    def _snapshot(self) -> dict[str, Any]:
+        return {"user": self.state_dict(), "sampler": self._committed, "step": self.step, "seed": self.seed}
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.load_state_dict(state["user"])
+        self.seed = int(state["seed"])
+        if self.sampler is not None and state["sampler"] is not None:
+            self.sampler.load_state_dict(state["sampler"])
+            self._committed = self.sampler.state_dict()
+
+    def _commit(self) -> None:
+        if self.sampler is not None:
+            self._committed = self.sampler.state_dict()
+
+    # -- the loop --------------------------------------------------------------------------------------
+    def run_step(self, fn: _Stepper) -> int:
+        """Run `fn(step + 1)`; on success that step is committed. Returns the step this rank now holds.
+
+        A collective error in `fn` (a peer died) loses only that step: the sampler goes back to the last
+        committed position, the rank leaves its group and rejoins the next generation with the survivors.
+        """
+        if self.in_place and isinstance(self.session, Session) and self.session.should_resize(self.step):
+            self._resize(None)
+        error = None
+        try:
+            fn(self.step + 1)
+        except RuntimeError as exc:  # gloo and NCCL report a lost peer as RuntimeError (DistBackendError)
+            if not self.in_place:
+                raise
+            error = _reason(exc)  # the traceback's frames (and what they hold) go with the except block
+        if error is not None:
+            if self.sampler is not None and self._committed is not None:
+                self.sampler.load_state_dict(self._committed)  # the step in flight is trained again
+            self._resize(error)
+            return self.step
+        self.step += 1
+        self._commit()
+        if self.in_place and isinstance(self.session, Session) and self.session.should_resize(self.step):
+            self._resize(None)
+        return self.step
+
+    def _resize(self, error: str | None) -> None:
+        session = self.session
+        assert isinstance(session, Session) and self._store is not None
+        rid = session.last_request_id if error is None else None
+        leave(self.backend, error is not None, self._opened)
+        session.left(self.step, rid, error)
+        body = session.wait_generation(self.round, GENERATION_WAIT_S)
+        if body is None:
+            raise SystemExit(f"elastic: no new generation within {GENERATION_WAIT_S:.0f}s after leaving round "
+                             f"{self.round}")
+        gen = Generation.from_body(body)
+        self.round = gen.round
+        try:
+            self._opened = join(gen, self.backend, self._store, self.timeout_s)
+            ready = time.time()
+            self._rebind()
+        except Exception as exc:  # a callback, the broadcast, the group's init: the daemon restarts us instead
+            session.resize_failed(gen.round, _reason(exc))
+            leave(self.backend, True, self._opened)
+            self._await_restart(gen.round)
+        session.rejoin(self.rank, gen.round, in_place=True)
+        session.joined(gen.round, self.step, True, {"group_ready": ready, "synced": time.time()})
+
+    def _await_restart(self, round_id: int) -> None:
+        """The coordinator answers a failed resize with a restart round, whose first act stops this process."""
+        deadline = time.monotonic() + RESTART_WAIT_S
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+        raise SystemExit(f"elastic: resize to round {round_id} failed and no restart came")
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,217 @@
+"""One generation's process group: join it on the job's long-lived store, leave it, take state from the freshest rank.
+
+docs/architecture.md, "Generations". No daemon here: the functions work on any torch.distributed world, so
+tests (and scripts/gpu_resize_check.sh) drive them directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import socket
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+STORE_ENV = "ELASTICD_STORE"  # host:port of the job's long-lived c10d store (hosted by the coordinator's daemon)
+PREFIX_ENV = "ELASTICD_STORE_PREFIX"  # this generation's key prefix in it
+DEFAULT_TIMEOUT_S = 10.0  # short: a peer that is alive but absent is only noticed at this timeout (gloo)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """Where and as whom a worker joins: the round is the generation number."""
+
+    round: int
+    rank: int
+    world_size: int
+    store: str
+    prefix: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Generation | None:
+        """The worker's first generation, from its environment; None without a job store (plain torchrun)."""
+        if not env.get(STORE_ENV) or not env.get(PREFIX_ENV):
+            return None
+        return cls(int(env.get("ELASTICD_ROUND", "0")), int(env["RANK"]), int(env["WORLD_SIZE"]), env[STORE_ENV],
+                   env[PREFIX_ENV])
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Generation:
+        """A `generation` message of the worker channel (docs/worker-channel.md)."""
+        return cls(int(body["round"]), int(body["rank"]), int(body["world_size"]), str(body["store"]),
+                   str(body["prefix"]))
+
+
+def open_store(addr: str, timeout_s: float) -> dist.Store:
+    """A client of the job's store; one per process, reused by every generation under its own prefix."""
+    host, _, port = addr.rpartition(":")
+    return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+
+
+_FD_DIR = "/proc/self/fd"
+
+
+def _sockets() -> dict[str, int]:
+    """This process's sockets: 'socket:[inode]' -> fd (Linux; elsewhere none, and leaving relies on destroy)."""
+    found: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir(_FD_DIR):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"{_FD_DIR}/{name}")
+                if link.startswith("socket:"):
+                    found[link] = int(name)
+    return found
+
+
+def join(gen: Generation, backend: str, store: dist.Store, timeout_s: float) -> set[str]:
+    """Init the default group of this generation on a fresh prefix (a reused one hangs, #55967).
+
+    Returns the sockets the group opened (its gloo pairs), for `leave` to sever.
+    """
+    before = _sockets().keys()
+    dist.init_process_group(backend, store=dist.PrefixStore(gen.prefix, store), rank=gen.rank,
+                            world_size=gen.world_size, timeout=timedelta(seconds=timeout_s))
+    return set(_sockets().keys() - before)
+
+
+def leave(backend: str, failed: bool, opened: set[str]) -> None:
+    """Leave the current group. NCCL: finish queued kernels first, or abort after a failure (destroy can hang).
+
+    gloo: destroy does not close the group while anything still holds it (DDP's hooks on the parameters do),
+    so a peer blocked in a collective with us would wait for its timeout; shutting our pair sockets down makes
+    it fail at once and leave too. Listening sockets are left alone (gloo aborts on a failed accept).
+    """
+    if not dist.is_initialized():
+        return
+    if backend == "nccl":
+        if failed:
+            dist.distributed_c10d._abort_process_group()
+            return
+        torch.cuda.synchronize()
+    dist.destroy_process_group()
+    for link, fd in _sockets().items():
+        if link not in opened:
+            continue
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
+            if sock.family in (socket.AF_INET, socket.AF_INET6) \
+                    and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+class _Slot:
+    """Where a tensor was in a packed state: the tensors travel apart, by dtype, in flat buffers."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __reduce__(self) -> tuple[type[_Slot], tuple[int]]:
+        return (_Slot, (self.index,))
+
+
+def pack(obj: Any, tensors: list[torch.Tensor]) -> Any:
+    """The state with every tensor replaced by a `_Slot` (appended to `tensors`): small, picklable metadata."""
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj.detach())
+        return _Slot(len(tensors) - 1)
+    if isinstance(obj, dict):
+        items = [(k, pack(v, tensors)) for k, v in obj.items()]
+        return OrderedDict(items) if isinstance(obj, OrderedDict) else dict(items)
+    if isinstance(obj, list | tuple):
+        return type(obj)(pack(v, tensors) for v in obj)
+    return obj
+
+
+def unpack(obj: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(obj, _Slot):
+        return tensors[obj.index]
+    if isinstance(obj, dict):
+        items = [(k, unpack(v, tensors)) for k, v in obj.items()]
+        return OrderedDict(items) if isinstance(obj, OrderedDict) else dict(items)
+    if isinstance(obj, list | tuple):
+        return type(obj)(unpack(v, tensors) for v in obj)
+    return obj
+
+
+def _wire(dtype: torch.dtype) -> torch.dtype:
+    return torch.uint8 if dtype == torch.bool else dtype  # gloo has no bool reductions or broadcasts of it
+
+
+def broadcast_tensors(tensors: list[torch.Tensor], specs: list[tuple[torch.dtype, tuple[int, ...], str]],
+                      source: int, comm_device: torch.device, local_device: torch.device) -> list[torch.Tensor]:
+    """One flat broadcast per dtype from `source`; receivers get new tensors (CUDA ones on `local_device`)."""
+    out: list[torch.Tensor | None] = list(tensors) if tensors else [None] * len(specs)
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for i, (dtype, _, _) in enumerate(specs):
+        by_dtype.setdefault(dtype, []).append(i)
+    mine = dist.get_rank() == source
+    for dtype, idxs in by_dtype.items():
+        sizes = [int(torch.Size(specs[i][1]).numel()) for i in idxs]
+        if mine:
+            flat = torch.cat([tensors[i].reshape(-1).to(comm_device, _wire(dtype)) for i in idxs]) if idxs \
+                else torch.empty(0, dtype=_wire(dtype), device=comm_device)
+        else:
+            flat = torch.empty(sum(sizes), dtype=_wire(dtype), device=comm_device)
+        dist.broadcast(flat, source)
+        if mine:
+            continue
+        for i, part in zip(idxs, flat.split(sizes), strict=True):
+            where = local_device if specs[i][2] == "cuda" else torch.device("cpu")
+            out[i] = part.view(specs[i][1]).to(where, dtype, copy=True)
+    return [t for t in out if t is not None]
+
+
+@dataclass
+class Synced:
+    step: int  # the freshest step of the world, which every rank now holds
+    source: int  # the rank that sent it: the lowest holding that step
+    state: Any  # what the source sent (None on the source itself)
+
+
+def sync(step: int, snapshot: Callable[[], Any], comm_device: torch.device, local_device: torch.device) -> Synced:
+    """Agree on the max step; the lowest rank holding it broadcasts its state (metadata, then flat tensors)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    top = torch.tensor([step], dtype=torch.int64, device=comm_device)
+    dist.all_reduce(top, dist.ReduceOp.MAX)
+    freshest = int(top.item())
+    holder = torch.tensor([rank if step == freshest else world], dtype=torch.int64, device=comm_device)
+    dist.all_reduce(holder, dist.ReduceOp.MIN)
+    source = int(holder.item())
+    tensors: list[torch.Tensor] = []
+    meta: list[Any] = [None]
+    if rank == source:
+        packed = pack(snapshot(), tensors)
+        meta = [(packed, [(t.dtype, tuple(t.shape), t.device.type) for t in tensors])]
+    dist.broadcast_object_list(meta, src=source, device=comm_device)
+    packed, specs = meta[0]
+    received = broadcast_tensors(tensors, specs, source, comm_device, local_device)
+    return Synced(freshest, source, None if rank == source else unpack(packed, received))
+
+
+def state_digest(state: Any) -> str:
+    """sha256 over every tensor's bytes in state order, and the rest's repr: equal digests, bitwise-equal state."""
+    tensors: list[torch.Tensor] = []
+    meta = pack(state, tensors)
+    h = hashlib.sha256(repr(_shape(meta)).encode())
+    for t in tensors:
+        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _shape(meta: Any) -> Any:
+    if isinstance(meta, _Slot):
+        return ("tensor", meta.index)
+    if isinstance(meta, dict):
+        return sorted((str(k), _shape(v)) for k, v in meta.items())
+    if isinstance(meta, list | tuple):
+        return [_shape(v) for v in meta]
+    return meta
