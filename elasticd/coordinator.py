@@ -613,6 +613,8 @@ class Coordinator:
         self.let_go(trans, now)
         if trans.then == After.end:
             self.end(JobState.stopped, f"{trans.detail} ({trans.op_id})", now)
+        elif self.cfg.node_id in trans.departing:
+            return  # our own node left (a handover on etcd): the next coordinator forms the round without it
         else:
             self.schedule(trans.cause, trans.detail, trans.started, due=now)
             self.reformed = True
@@ -665,7 +667,9 @@ class Coordinator:
         trans = self.transition
         ours = trans is not None and trans.op_id == query.op_id
         request = query.request
+        # A handover (our own node departing, etcd) drains with a checkpoint: the next coordinator's round restarts.
         if ours and trans is not None and trans.then == After.round and at_step is not None \
+                and self.cfg.node_id not in trans.departing \
                 and request == StepRequest.drain and self.resizer.agree(query, self.clock()):
             request = StepRequest.resize  # every rank leaves its group at that step and keeps its process
         self.emit(EventKind.step_agreed, op_id=query.op_id, op=request, at_step=at_step)

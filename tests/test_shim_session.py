@@ -73,7 +73,8 @@ def test_hello_step_checkpoint_frames(addr: str, router: zmq.Socket) -> None:
         s.report_skipped("/ck/bad.pt", "sha256 mismatch")
         _, hello = recv(router)
         assert (hello.type, hello.op, hello.node) == ("ev", "hello", "n1")
-        assert hello.body == {"rank": 3, "local_rank": 1, "pid": os.getpid(), "round": 4, "in_place": False}
+        assert hello.body == {"rank": 3, "local_rank": 1, "pid": os.getpid(), "round": 4, "in_place": False,
+                              "waiting": False}
         _, step = recv(router)
         assert step.op == "step" and step.seq == hello.seq + 1
         body = step.body

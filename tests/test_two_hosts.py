@@ -139,10 +139,11 @@ def ours(daemon: DaemonProc, workers: set[int]) -> dict[int, str]:
 def test_a_stranger_on_a_third_host_reaches_no_store_and_no_socket_of_ours(hosts: TwoHosts) -> None:
     hosts.job.daemon(A).wait_line(r"step=\d+ world_size=2 ")
     workers = hosts.job.worker_pids()
-    store_hosts, found = [], [listeners(hosts.lab, host) for host in (0, 1)]
+    store_hosts: dict[str, list[int]] = {}
+    found = [listeners(hosts.lab, host) for host in (0, 1)]
     for host, node in enumerate((A, B)):
         mine = ours(hosts.job.daemon(node), workers)
-        store_hosts += [pid for pid, cmd in mine.items() if "elasticd.store_host" in cmd]
+        store_hosts[node] = [pid for pid, cmd in mine.items() if "elasticd.store_host" in cmd]
         exposed = [(addr, port) for addr, port, pids in found[host]
                    if not addr.startswith("127.") and pids & mine.keys()]
         assert len(exposed) >= 3, exposed  # control, pub and the store tunnel at least
@@ -151,8 +152,10 @@ def test_a_stranger_on_a_third_host_reaches_no_store_and_no_socket_of_ours(hosts
             assert not store_answers(addr, port), (node, addr, port)
     # Rank 0 no longer hosts a store on every interface: workers listen only on their interface (gloo).
     assert [entry for entries in found for entry in entries if entry[0] in WILDCARDS] == []
-    assert len(store_hosts) == 1  # on node a, which holds rank 0
-    assert [addr for entries in found for addr, _, pids in entries if store_hosts[0] in pids] == ["127.0.0.1"]
+    # Both on node a: the round's store (a holds rank 0) and the job's store for in-place resizes (a coordinates).
+    assert (len(store_hosts[A]), store_hosts[B]) == (2, [])
+    for pid in store_hosts[A]:
+        assert [addr for entries in found for addr, _, pids in entries if pid in pids] == ["127.0.0.1"]
 
 
 @pytest.mark.asyncio
