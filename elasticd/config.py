@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 
 DEFAULT_LEAVE_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")  # the signals on which a node leaves the job
 STOP_SLACK_S = 5.0  # beyond the grace period, how long a new round waits for a node to stop its old workers
+# In place, the node first waits this long beyond the grace period for its kept workers to leave their group (a
+# survivor blocked in a collective errors at its group's timeout), so an in-place round's stop barrier waits as long.
+LEAVE_SLACK_S = 10.0
 
 
 class ConfigError(ValueError):

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticd.config import STOP_SLACK_S, JobConfig
+from elasticd.config import LEAVE_SLACK_S, STOP_SLACK_S, JobConfig
 from elasticd.events import EventLog, emit_log
 from elasticd.membership import MembershipStore, NodeRecord, Round, build_rank_map, sticky_order
 from elasticd.names import ENDED, RESTART_CAUSES, Cause, EventKind, JobState, MeshOp, NodeStatus, Role
@@ -360,7 +360,7 @@ class Coordinator:
         if not self.backlog():  # heartbeats may be waiting in the queue: judge only once it is drained
             self.check_liveness(now)
         self.start_pending_round(now)
-        if self.stop_barrier and self.round and now - self.round.started_at > self.cfg.grace_s + STOP_SLACK_S:
+        if self.stop_barrier and self.round and now - self.round.started_at > self.stop_limit(self.round):
             self.release_barrier(None, forced=True)
         if self.state == JobState.waiting and now - self.waiting_since > self.cfg.join_timeout_s:
             self.end(JobState.failed, f"join timeout: {self.reason} for {self.cfg.join_timeout_s:.0f}s", now)
@@ -371,6 +371,13 @@ class Coordinator:
             self.resolve_step(query)
 
     # ---- rounds -------------------------------------------------------------------------------
+    def stop_limit(self, rnd: Round) -> float:
+        """How long the stop barrier waits: a node of an in-place round first waits for its kept workers to leave
+        their group (elasticd/node_resize.py), and no rank may be in two worlds while it does."""
+        current = self.resizer.current
+        in_place = current is not None and current.round_id == rnd.round_id
+        return self.cfg.grace_s + STOP_SLACK_S + (LEAVE_SLACK_S if in_place else 0.0)
+
     def schedule(self, cause: Cause, detail: str, detected_at: float, due: float | None = None) -> None:
         """Queue a new round after the settle window (or at `due`); the first cause queued keeps its time."""
         if self.state in ENDED:

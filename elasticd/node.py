@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from elasticd.beats import BeatDiff, PortPool
-from elasticd.config import STOP_SLACK_S, JobConfig
+from elasticd.config import LEAVE_SLACK_S, STOP_SLACK_S, JobConfig
 from elasticd.gpu import GpuSampler
 from elasticd.names import EventKind, JobState, MeshOp, NodeState
 from elasticd.node_resize import InPlace
@@ -125,7 +125,7 @@ class NodeAgent:
             # Kept workers belong to the new group at once: a newer round that supersedes this one stops them.
             self.group = WorkerGroup(self.cfg, round_id, body, {**self.worker_env, **store_env}, self.on_worker_exit,
                                      self.spawner, self.on_worker_line if self.output_pattern else None, kept)
-            if not await self.wait_for_go(round_id):
+            if not await self.wait_for_go(round_id, in_place=bool(body.get("in_place"))):
                 return  # a newer round replaced this one while its old workers were being stopped
             self.in_place.publish(self.group, kept, body)  # the survivors join first: they wait on nothing
             try:
@@ -148,11 +148,13 @@ class NodeAgent:
             self.report_failure(None, f"could not open round {round_id}'s store on node {self.cfg.node_id}: {exc}")
             return None
 
-    async def wait_for_go(self, round_id: int) -> bool:
-        """Start this round's workers only once every node's old ones are gone (the coordinator says go)."""
+    async def wait_for_go(self, round_id: int, in_place: bool = False) -> bool:
+        """Start this round's workers only once every node's old ones are gone (the coordinator says go); longer
+        than the coordinator's stop barrier (Coordinator.stop_limit), which an in-place round lengthens."""
         event = self._go.setdefault(round_id, asyncio.Event())
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(event.wait(), self.cfg.grace_s + 2 * STOP_SLACK_S)
+            limit = self.cfg.grace_s + 2 * STOP_SLACK_S + (LEAVE_SLACK_S if in_place else 0.0)
+            await asyncio.wait_for(event.wait(), limit)
         self._go.pop(round_id, None)
         return self.latest_round <= round_id
 

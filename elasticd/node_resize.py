@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from elasticd.config import JobConfig
+from elasticd.config import LEAVE_SLACK_S, JobConfig
 from elasticd.names import EventKind, MeshOp, NodeState
 from elasticd.protocol import new_id
 from elasticd.spawner import Spawner
@@ -22,7 +22,6 @@ from elasticd.workers import Worker, WorkerGroup, signal_worker
 PRESTART_ENV = "ELASTICD_AWAIT_GENERATION"  # a pre-started worker: RANK and WORLD_SIZE come with its generation
 
 log = logging.getLogger("elasticd")
-LEAVE_SLACK_S = 10.0  # beyond the grace period: a survivor blocked in a collective errors at its group's timeout
 SendToWorker = Callable[[int, str, dict[str, Any]], bool]  # (pid, op, body) -> sent
 
 

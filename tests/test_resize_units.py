@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from elasticd.membership import NodeRecord, RankEntry, Round
+from elasticd.config import LEAVE_SLACK_S, STOP_SLACK_S, JobConfig
+from elasticd.coordinator import Coordinator
+from elasticd.events import EventLog
+from elasticd.membership import MemoryStore, NodeRecord, RankEntry, Round
 from elasticd.names import Cause, EventKind
 from elasticd.resize import Resizer
 
@@ -65,3 +68,15 @@ def test_a_generation_that_never_syncs_falls_back_and_one_that_does_closes_its_t
     assert r.begin(nxt, [node("a", 0, False, [0, 1])], 3, 20.0, 20.0)  # its `synced` said in place
     assert not r.expired(20.0 + 29) and r.expired(20.0 + 31)
     assert events[-1][0] == EventKind.resize_failed and "synced within 30s" in events[-1][1]["reason"]
+
+
+def test_an_in_place_rounds_stop_barrier_outwaits_the_nodes_wait_for_their_kept_workers() -> None:
+    """A node keeps waiting up to grace + LEAVE_SLACK_S for its kept workers to leave their group: the barrier must
+    not let the next world start before (no global rank in two worlds), while a restart round keeps its limit."""
+    cfg = JobConfig(1, 2, 2, "127.0.0.1", 29400, "job", "a", ["train.py"], grace_s=2.0)
+    c = Coordinator(cfg, MemoryStore(), lambda *_: None, EventLog(100), lambda _e: None)
+    c.resizer.store = "127.0.0.1:1"
+    prev, nxt = round_of(1, {"a": [0, 1]}), round_of(2, {"a": [0, 1]})
+    assert c.stop_limit(nxt) == 2.0 + STOP_SLACK_S
+    assert c.resizer.begin(prev, [node("a", 1, True, [0, 1])], 2, 0.0, 0.0)
+    assert c.stop_limit(nxt) == 2.0 + STOP_SLACK_S + LEAVE_SLACK_S
