@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from procs import PY, ROOT, TOY, kill_all, on_signal, tree
+from procs import PY, ROOT, TOY, kill_all, on_signal, tree, write_report
 from recovery import Job, Node, Rec, Timeout, charged
 
 sys.path.insert(0, str(ROOT / "tests"))
@@ -201,10 +201,7 @@ def main() -> int:
     result = {"args": vars(args), "started": started, "duration_s": round(time.time() - started, 1),
               "loadavg_start": load, "loadavg_end": os.getloadavg(), "platform": platform.platform(),
               "cpus": os.cpu_count(), "runs": runs, "summary": summarize(runs, systems)}
-    out.write_text(json.dumps(result, indent=1))
-    md = markdown(result)
-    out.with_suffix(".md").write_text(md)
-    print(md)
+    write_report(out, result, markdown)
     return 0
 
 

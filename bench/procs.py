@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +136,11 @@ class CpuMeter:
         now = self.now()
         spent, self.mark = now - self.mark, now
         return round(spent, 3)
+
+
+def write_report(out: Path, result: dict[str, Any], markdown: Callable[[dict[str, Any]], str]) -> None:
+    """The run's JSON at `out`, its table beside it as .md, and the table on stdout."""
+    out.write_text(json.dumps(result, indent=1))
+    md = markdown(result)
+    out.with_suffix(".md").write_text(md)
+    print(md)

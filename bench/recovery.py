@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from procs import PY, ROOT, SEEN_PIDS, TOY, Launched, free_port, is_worker, kill_all, on_signal, tree
+from procs import PY, ROOT, SEEN_PIDS, TOY, Launched, free_port, is_worker, kill_all, on_signal, tree, write_report
 
 SYSTEMS = ["elasticd", "elasticd-nozygote", "elasticd-shim", "torchrun", "torchrun-tuned"]
 SCENARIOS = ["cold_start", "worker_crash", "graceful_leave", "node_join", "node_kill"]
@@ -561,10 +561,7 @@ def main() -> int:
     result = {"args": vars(args), "started": started, "duration_s": round(time.time() - started, 1),
               "python": sys.version.split()[0], "platform": platform.platform(), "runs": runs,
               **summarize(runs, systems, args.timeout)}
-    out.write_text(json.dumps(result, indent=1))
-    md = markdown(result)
-    out.with_suffix(".md").write_text(md)
-    print(md)
+    write_report(out, result, markdown)
     print(f"recovery: {result['duration_s']} s; wrote {out}")
     return 0
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from procs import PY, ROOT, Launched, free_port, kill_all, on_signal, tree
+from procs import PY, ROOT, Launched, free_port, kill_all, on_signal, tree, write_report
 
 SCRIPT = ROOT / "examples" / "train_shim.py"
 SYSTEMS = ["in-place", "restart", "torchrun"]
@@ -268,10 +268,7 @@ def main() -> int:
     result = {"args": vars(args), "systems": systems, "duration_s": round(time.time() - started, 1),
               "platform": platform.platform(), "python": sys.version.split()[0], "loadavg": os.getloadavg(),
               "cpu_count": os.cpu_count(), "table": summarize(runs, systems), "runs": runs}
-    out.write_text(json.dumps(result, indent=1))
-    md = markdown(result)
-    out.with_suffix(".md").write_text(md)
-    print(md)
+    write_report(out, result, markdown)
     return 0
 
 

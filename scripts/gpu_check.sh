@@ -2,32 +2,8 @@
 # The CUDA paths on a GPU host: NCCL through a crash and restart, NVML per worker, Prometheus GPU gauges.
 # Usage: scripts/gpu_check.sh [REPORT_DIR]   (PYTHON=... to pick the interpreter; default python3)
 # Exits non-zero at the first check that fails and says which; REPORT_DIR keeps the logs and JSON replies.
-set -euo pipefail
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-PY="${PYTHON:-python3}"
-REPORT="${1:-$(mktemp -d /tmp/gpu-check.XXXXXX)}"
-WORK="$(mktemp -d /tmp/gpu-work.XXXXXX)"
-mkdir -p "$REPORT"
-export ELASTICD_RUNTIME_DIR="$WORK/run" PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-E=("$PY" -m elasticd.cli)
-DAEMON=""
-cleanup() { [[ -n "$DAEMON" ]] && kill -TERM "$DAEMON" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
-say() { echo "== $*"; }
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$(dirname "$0")/gpu_lib.sh" "$@"
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_for() {  # wait_for FILE REGEX SECONDS
-  local deadline=$((SECONDS + $3))
-  until grep -Eq "$2" "$1" 2>/dev/null; do
-    ((SECONDS < deadline)) || { tail -30 "$1" >&2; fail "no '$2' in $1 within $3 s"; }
-    sleep 0.2
-  done
-}
-
-say "host"
-nvidia-smi -L | tee "$REPORT/gpus.txt"
-"$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl",
-  ".".join(map(str, torch.cuda.nccl.version())), "devices", torch.cuda.device_count())' | tee -a "$REPORT/gpus.txt"
 
 run_job() {  # run_job NAME SCRIPT ARGS...: one node, one worker per GPU, metrics on a free port
   local name="$1"; shift

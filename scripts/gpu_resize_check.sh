@@ -6,32 +6,8 @@
 # 2. examples/train_shim.py under elasticd, one worker per GPU: SIGKILL of the highest rank; the job must heal in
 #    place (a `resize` event; with >= 2 GPUs the other workers keep their PIDs) and go on to its last step.
 # Exits non-zero at the first check that fails and says which; REPORT_DIR keeps the logs and JSON replies.
-set -euo pipefail
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-PY="${PYTHON:-python3}"
-REPORT="${1:-$(mktemp -d /tmp/gpu-resize.XXXXXX)}"
-WORK="$(mktemp -d /tmp/gpu-resize-work.XXXXXX)"
-mkdir -p "$REPORT"
-export ELASTICD_RUNTIME_DIR="$WORK/run" PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-E=("$PY" -m elasticd.cli)
-DAEMON=""
-cleanup() { [[ -n "$DAEMON" ]] && kill -TERM "$DAEMON" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
-say() { echo "== $*"; }
-fail() { echo "FAIL: $*" >&2; exit 1; }
-wait_for() {  # wait_for FILE REGEX SECONDS
-  local deadline=$((SECONDS + $3))
-  until grep -Eq "$2" "$1" 2>/dev/null; do
-    ((SECONDS < deadline)) || { tail -30 "$1" >&2; fail "no '$2' in $1 within $3 s"; }
-    sleep 0.2
-  done
-}
-
-say "host"
-nvidia-smi -L | tee "$REPORT/gpus.txt"
+source "$(dirname "$0")/gpu_lib.sh" "$@"
 GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
-"$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl",
-  ".".join(map(str, torch.cuda.nccl.version())), "devices", torch.cuda.device_count())' | tee -a "$REPORT/gpus.txt"
 ((GPUS > 0)) || fail "torch sees no GPU"
 
 say "generations on NCCL (tests/test_resize_generation.py)"
