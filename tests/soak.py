@@ -1,6 +1,6 @@
 """Chaos soak: a seeded schedule of faults against a real local job, then the invariants that say nothing was lost.
 
-Test-support code: tests/test_chaos.py runs it for 1.5 minutes and bench/chaos_soak.py is its CLI (bench may
+Test-support code: tests/test_chaos.py runs it for 1 minute and bench/chaos_soak.py is its CLI (bench may
 import tests' support code, never the reverse).
 
 A 3-node job (a is the coordinator; nproc 1 per node) runs examples/train_shim.py with a checkpoint every

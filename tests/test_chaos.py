@@ -1,4 +1,4 @@
-"""CHAOS SOAK (short CI version, about 2.5 minutes): tests/soak.py for 1.5 minutes of seeded faults.
+"""CHAOS SOAK (short CI version, about 2 minutes): tests/soak.py for 1 minute of seeded faults.
 
 Worker SIGKILL and SIGSTOP, member daemon SIGKILL and restart, drain/scale storms, rapid operator commands and
 a flapping node against a real 3-node train_shim job; then the job must reach its target step with at most one
@@ -16,7 +16,7 @@ from soak import Soak, SoakConfig, summary
 
 @pytest.mark.timeout(300)
 def test_chaos_soak_short(tmp_path: Path) -> None:
-    run = Soak(SoakConfig(minutes=1.5, seed=7, steps=300, finish_timeout=150.0), tmp_path)
+    run = Soak(SoakConfig(minutes=1.0, seed=7, steps=300, finish_timeout=150.0), tmp_path)
     try:
         result = run.run()
     finally:
