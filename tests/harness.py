@@ -153,8 +153,12 @@ class Job:
                     if match(event):
                         return event
                 time.sleep(0.1)
-        raise AssertionError(f"no {kind} event after seq {since} within {timeout}s; "
-                             f"log of the first daemon:\n{self.daemon().output()[-4000:]}")
+            seen = client.call("events", since_seq=since, limit=0)["events"][-40:]
+        # The events say why (a `resize_failed` reason, a second round); the daemon's output is mostly steps.
+        listed = "\n".join(f"{e['seq']} {e['kind']} {e.get('node', '')} round={e.get('round', '')} "
+                           f"{e.get('reason') or e.get('detail') or ''}" for e in seen)
+        raise AssertionError(f"no {kind} event after seq {since} within {timeout}s; the job's events since:\n"
+                             f"{listed}\nlog of the first daemon:\n{self.daemon().output()[-4000:]}")
 
     def seq(self) -> int:
         with self.client() as client:
