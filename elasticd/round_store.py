@@ -75,7 +75,10 @@ class StoreHost:
         except asyncio.TimeoutError:
             signal_worker(self.proc.pid, signal.SIGKILL)
             await self.proc.wait()
-        await self.output
+        # Its output ends at EOF, which any other holder of the pipe's write end would withhold: the process is
+        # gone, so shutdown never waits on its last lines for long.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.output, STOP_TIMEOUT_S)
 
 
 class RoundStore:
