@@ -96,7 +96,7 @@ class Coordinator:
         self.spawned_at: dict[str, float] = {}  # ... and when their new ones were up
         self.resent: dict[str, float] = {}  # ... and when one last got its `round` or `go` again
         self.reported: set[tuple[str, str]] = set()  # (node, stopped|spawned) of this round already heard
-        self._join_seq = 0
+        self.join_seq = 0  # join order of nodes; persisted with etcd so a new coordinator numbers on
         self._tally = NodeTally()
         self.ended_at = 0.0
         self.status_extra: Callable[[], dict[str, Any]] = dict  # --rdzv-backend etcd: epoch, etcd health
@@ -206,12 +206,12 @@ class Coordinator:
                     f"(host {old.host}); give each node a unique --node-id"}
         if self.state in ENDED:
             return {"ok": False, "reason": f"job '{self.cfg.job_id}' has ended ({self.state})"}
-        self._join_seq += 1
+        self.join_seq += 1
         self.announced.pop(node_id, None)
         active = self.tally.count(ACTIVE) - (old is not None and old.group() == ACTIVE)
         role = (Role.cordoned if old and old.role == Role.cordoned
                 else Role.active if active < self.target else Role.standby)
-        node = NodeRecord(node_id, body["host"], int(body["nproc"]), instance, self._join_seq,
+        node = NodeRecord(node_id, body["host"], int(body["nproc"]), instance, self.join_seq,
                           node_rank=int(body.get("node_rank", -1)), role=role,
                           last_seen=now, ports=list(body.get("ports", [])), control=body.get("control", ""),
                           pub=body.get("pub", ""), store_tunnel=body.get("store_tunnel", ""))

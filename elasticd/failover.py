@@ -388,7 +388,7 @@ def reset_events(events: EventLog, stored: list[dict[str, Any]]) -> None:
 
 def job_record(c: Coordinator) -> dict[str, Any]:
     return {"target": c.target, "restarts": dict(c.restarts), "used_ports": sorted(c.used_ports),
-            "state": c.state, "reason": c.reason, "join_seq": c._join_seq, "coordinator": c.cfg.node_id}
+            "state": c.state, "reason": c.reason, "join_seq": c.join_seq, "coordinator": c.cfg.node_id}
 
 
 def restore(c: Coordinator, snap: Snapshot, now: float) -> None:
@@ -398,7 +398,7 @@ def restore(c: Coordinator, snap: Snapshot, now: float) -> None:
         c.target = int(job["target"])
         c.restarts = {Cause(k): int(v) for k, v in job["restarts"].items()}
         c.used_ports = set(job["used_ports"])
-        c._join_seq = int(job["join_seq"])
+        c.join_seq = int(job["join_seq"])
         c.state, c.reason = JobState(job["state"]), str(job["reason"])
     c.round = snap.rounds[-1] if snap.rounds else None
     me = c.cfg.node_id
