@@ -41,8 +41,8 @@ def recv(sock: zmq.Socket, timeout_ms: int = 5000) -> tuple[bytes, Envelope]:
     return ident, decode(payload)
 
 
-def request(sock: zmq.Socket, ident: bytes, op: str, rid: str, at_step: int | None) -> None:
-    env = Envelope(type="req", op=op, body={"request_id": rid, "at_step": at_step}, id=rid)
+def request(sock: zmq.Socket, ident: bytes, op: str, rid: str, at_step: int | None, **body: int) -> None:
+    env = Envelope(type="req", op=op, body={"request_id": rid, "at_step": at_step, **body}, id=rid)
     sock.send_multipart([ident, encode(env)])
 
 
@@ -118,6 +118,24 @@ def test_null_at_step_means_next_boundary(addr: str, router: zmq.Socket) -> None
         request(router, ident, "checkpoint", "now", None)
         wait_for(lambda: (s.poll(), bool(s.pending))[1])
         assert s.should_checkpoint(4) and not s.should_checkpoint(5)
+
+
+def test_a_resize_that_crossed_the_ranks_own_leave_is_not_acted_on(addr: str, router: zmq.Socket) -> None:
+    """A rank that left its group on a peer's crash must not leave the next generation for the daemon's late
+    `resize` (sent before the daemon saw its `left`): its new peers would fail with "connection closed"."""
+    with Session(addr, rank=1, round_id=6) as s:
+        ident, _ = recv(router)
+        request(router, ident, "resize", "graceful", 150)  # an agreed step the crash came before
+        wait_for(lambda: (s.poll(), len(s.pending) == 1)[1])
+        s.left_group()  # it left on the collective error
+        assert s.pending == []
+        request(router, ident, "resize", "late", None, round=7)  # the daemon's "leave now" for generation 7
+        wait_for(lambda: (s.poll(), len(s.pending) == 1)[1])
+        s.rejoin(1, 7, in_place=True)  # it joined generation 7 anyway
+        assert not s.should_resize(150) and s.pending == []
+        request(router, ident, "resize", "next", None, round=8)  # the next change is honoured
+        wait_for(lambda: (s.poll(), len(s.pending) == 1)[1])
+        assert s.should_resize(151) and s.last_request_id == "next"
 
 
 def test_report_never_blocks_without_daemon(addr: str, monkeypatch: pytest.MonkeyPatch) -> None:

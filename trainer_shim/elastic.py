@@ -172,6 +172,7 @@ class Elastic:
         assert isinstance(session, Session) and self._store is not None
         rid = session.last_request_id if error is None else None
         leave(self.backend, error is not None, self._opened)
+        session.left_group()
         session.left(self.step, rid, error)
         body = session.wait_generation(self.round, GENERATION_WAIT_S)
         if body is None:

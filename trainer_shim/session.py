@@ -22,11 +22,12 @@ REQUEST_OPS = ("checkpoint", "drain", "resize", "generation")
 
 @dataclass
 class Request:
-    """One daemon request (`checkpoint` or `drain`) waiting for its step boundary."""
+    """One daemon request (`checkpoint`, `drain`, `resize`) waiting for its step boundary."""
 
     op: str
     request_id: str
     at_step: int | None
+    round: int | None = None  # a `resize`'s generation: stale once this rank is in it (or a later one)
 
     def due(self, step: int) -> bool:
         return self.at_step is None or step >= self.at_step
@@ -235,11 +236,15 @@ class Session:
             return
         self._seen.add(rid)
         at_step = at if isinstance(at, int) and not isinstance(at, bool) else None
-        self._pending.append(Request(env.op, rid, at_step))
+        gen = env.body.get("round")
+        self._pending.append(Request(env.op, rid, at_step, gen if isinstance(gen, int) else None))
         self._send(self._frame("ack", {"rank": self.rank, "request_id": rid, "op": env.op}))
 
     def _take(self, op: str, step: int) -> bool:
         self.poll()
+        # A `resize` toward a generation this rank already joined crossed its own `left` (it left on an error
+        # first): acting on it would leave the new group too (docs/worker-channel.md).
+        self._pending = [r for r in self._pending if r.op != "resize" or r.round is None or r.round > self.round]
         for req in self._pending:
             if req.op == op and req.due(step):
                 self._pending.remove(req)
@@ -258,6 +263,11 @@ class Session:
     def should_resize(self, step: int) -> bool:
         """True once an in-place resize is due (trainer_shim.Elastic acts on it; scripts need not)."""
         return self._take("resize", step)
+
+    def left_group(self) -> None:
+        """This rank just left its group: every `resize` received so far asked for that, and is done."""
+        self.poll()
+        self._pending = [r for r in self._pending if r.op != "resize"]
 
     @property
     def pending(self) -> list[Request]:
