@@ -129,8 +129,21 @@ def start(tmp: Path, *args: str, env: dict[str, str] | None = None,
           timeout: float = 60) -> subprocess.CompletedProcess[str]:
     full_env = {"ELASTICD_RUNTIME_DIR": str(tmp / "run"), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT),
                 **(env or {})}
-    return subprocess.run([sys.executable, "-m", "elasticd.cli", "start", *args], cwd=tmp, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.Popen([sys.executable, "-m", "elasticd.cli", "start", *args], cwd=tmp, env=full_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # the daemon stops its workers on SIGTERM; what they printed says where they stood
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        logs = "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-1500:]}" for p in sorted(tmp.rglob("*.log")))
+        raise AssertionError(f"elasticd start did not end within {timeout}s\nstdout:\n{out[-3000:]}\n"
+                             f"stderr:\n{err[-3000:]}\nworker logs:\n{logs[-6000:]}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 TICK = [str(TICKER), "--ticks", "2", "--interval", "0.01"]
