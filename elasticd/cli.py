@@ -11,7 +11,7 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
-from elasticd import __version__
+from elasticd import __version__, logsink
 from elasticd.auth import KeyStoreError
 from elasticd.client import Client, ClientError, Credentials, Endpoints, discover
 from elasticd.commands import REGISTRY, Command
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     # logging HOWTO's "Optimization" advises (caller lookup, thread and process names).
     logging._srcfile = None
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s elasticd %(message)s", stream=sys.stderr)
+    logsink.configure(sys.stderr)
     try:
         cfg, connect_timeout = config_from_args(ns)
     except ConfigError as err:

@@ -26,6 +26,7 @@ log = logging.getLogger("elasticd")
 Send = Callable[[str, MeshOp, dict[str, Any]], None]  # (node_id, op, body)
 SendAll = Callable[[list[str], MeshOp, dict[str, Any]], None]  # one message to many: the mesh encodes it once
 Handler = Callable[[str, dict[str, Any], float], None]  # (sender, body, now)
+_NUMBERED = ("seq", "ts", "kind", "node")  # an adopted event's fields the job log sets itself
 SETTLE_S = 0.1  # batch simultaneous joins/losses into one round; no fixed last-call wait
 STALL_S = 1.0  # a tick this late means the coordinator's own loop stood still
 FIRST_ROUND_WAIT_S = 15.0  # the first round waits at most this long for nodes that announced themselves
@@ -113,7 +114,7 @@ class Coordinator:
                                                                           float(body["at"])),
             MeshOp.step_report: self.on_step_report,
             MeshOp.pong: lambda sender, _body, now: self.pong(sender, now),
-            MeshOp.event: lambda sender, body, _now: self.adopt({**body, "node": sender}),
+            MeshOp.event: lambda sender, body, _now: self.adopt(body, sender),
             MeshOp.warm: lambda sender, _body, _now: self.resizer.warm(sender),
             MeshOp.resize_failed: lambda _sender, body, now: self.resize_failed(int(body["round"]),
                                                                                 str(body.get("reason", "")), now),
@@ -143,11 +144,11 @@ class Coordinator:
     def emit(self, kind: EventKind, node: str = "", ts: float = 0.0, **fields: Any) -> dict[str, Any]:
         return self._record(kind, node or self.cfg.node_id, ts, **fields)
 
-    def adopt(self, event: dict[str, Any]) -> None:
-        """A member's event enters the job log with the job's sequence number."""
-        fields = {k: v for k, v in event.items() if k not in ("seq", "ts", "kind", "node")}
+    def adopt(self, event: dict[str, Any], node: str = "") -> None:
+        """A member's event enters the job log with the job's sequence number (`node`: the sender, if it says)."""
+        fields = {k: v for k, v in event.items() if k not in _NUMBERED}
         ts = event.get("ts")
-        self._record(str(event.get("kind") or EventKind.unknown), str(event.get("node", "?")),
+        self._record(str(event.get("kind") or EventKind.unknown), node or str(event.get("node", "?")),
                      float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool) else 0.0, **fields)
 
     def _record(self, kind: str, node: str, ts: float, **fields: Any) -> dict[str, Any]:
@@ -500,7 +501,7 @@ class Coordinator:
         if not (current and step in self.reported):  # a report sent again (we asked again) was logged once
             for event in body.get("events") or ():  # the node's events that go with it: workers stopped, started
                 if isinstance(event, dict):
-                    self.adopt({**event, "node": node_id})
+                    self.adopt(event, node_id)
         if rnd is None or not current:
             return
         self.reported.add(step)
@@ -680,9 +681,12 @@ class Coordinator:
                 and request == StepRequest.drain and self.resizer.agree(query, self.clock()):
             request = StepRequest.resize  # every rank leaves its group at that step and keeps its process
         self.emit(EventKind.step_agreed, op_id=query.op_id, op=request, at_step=at_step)
-        if at_step is None and ours and trans is not None:
-            trans.awaiting.clear()  # no shim worker reports steps: nobody will say `drained`
-        self.send_all(self.round.node_ids(), WORKER_OPS[request], {"request_id": query.op_id, "at_step": at_step})
+        if ours and trans is not None:  # no shim worker reports steps (there): nobody will say `drained`
+            trans.awaiting = set() if at_step is None else trans.awaiting - query.plain
+        # Nodes that said they run no shim rank have nobody to tell (a plain job's drain asks nothing of anyone);
+        # one that did not answer in time is told anyway.
+        self.send_all([n for n in self.round.node_ids() if n not in query.plain], WORKER_OPS[request],
+                      {"request_id": query.op_id, "at_step": at_step})
 
     def resize_failed(self, round_id: int, reason: str, now: float) -> None:
         if self.resizer.failed(round_id, reason):

@@ -44,6 +44,7 @@ class StepQuery:
     steps: list[int] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
     in_place: bool = True  # every node answered that all its workers can resize in place
+    plain: set[str] = field(default_factory=set)  # nodes that answered with no shim rank: nothing to ask of them
 
     def at_step(self) -> int | None:
         """The step every rank acts at, or None when no rank reports through the shim."""
@@ -71,6 +72,8 @@ class StepAgreement:
         step, step_time = body.get("step"), body.get("step_time")
         if isinstance(step, int) and not isinstance(step, bool):
             query.steps.append(step)
+        elif step is None:
+            query.plain.add(node_id)
         if isinstance(step_time, int | float) and not isinstance(step_time, bool) and step_time > 0:
             query.step_times.append(float(step_time))
         return self.queries.pop(query.op_id) if not query.awaiting else None

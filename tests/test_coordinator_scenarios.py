@@ -247,6 +247,29 @@ def test_drain_stops_every_rank_at_one_agreed_step_then_reforms_without_the_node
     assert restarts(sim)["failure"] == 0
 
 
+def test_nodes_without_shim_ranks_are_asked_nothing_and_not_waited_for() -> None:
+    """A node that answers the step query with no shim rank gets no `drain_workers` (it has nobody to tell, and
+    would never say `drained`): a plain job's join asks nobody; a plain node leaving a shim job is not waited for."""
+    sim = Sim("abc", min_nodes=2, max_nodes=4)  # plain workers everywhere
+    sim.start()
+    sim.formed()
+    mark = sim.mark()
+    sim.add("d").start()
+    sim.formed(2)
+    assert len(sim.msgs(MeshOp.step_report, since=mark)) == 3 and sim.msgs(MeshOp.drain_workers, since=mark) == []
+    agreed, = sim.of(K.step_agreed, since=mark)
+    assert agreed["at_step"] is None and sim.round.world_size == 8
+
+    sim = shim_job()
+    sim.nodes["c"].shim = False  # c's workers are plain: it answers with no step
+    mark = sim.mark()
+    assert REGISTRY["drain"].run(sim.coordinator, {"node": "c"})["accepted"] is True
+    sim.formed(2)
+    assert sorted(m.dst for m in sim.msgs(MeshOp.drain_workers, since=mark)) == ["a", "b"]
+    complete, = sim.of(K.drain_complete, since=mark)
+    assert complete["timed_out"] is False and sim.rank_map() == [("a", [0, 1]), ("b", [2, 3])]
+
+
 def test_drain_interlocks_refuse_rank_0_and_the_coordinator_without_force() -> None:
     sim = Sim("abc", min_nodes=1)
     sim.start("b", "c")

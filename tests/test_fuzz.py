@@ -585,10 +585,19 @@ def test_live_mesh_ignores_garbage_dealers(live: Live) -> None:
 
 
 # ---- regressions: non-finite and huge numbers (JSON `1e400` is infinity) once escaped the handlers' guards --
-@pytest.mark.parametrize("number", [b"1e400", b"-1e400", b"NaN", b"Infinity", b"1" + b"0" * 400])
+@pytest.mark.parametrize("number", [b"1e400", b"-1e400", b"NaN", b"Infinity", b"1" + b"0" * 400, b"-1E+0400",
+                                    str(2**63).encode(), str(-(2**63)).encode(), b"1.5e00400"])
 def test_decode_refuses_non_finite_and_huge_numbers(number: bytes) -> None:
-    with pytest.raises(ProtocolError):
-        decode(b'{"v":1,"type":"req","op":"x","body":{"n":' + number + b"}}")
+    frame = b'{"v":1,"type":"req","op":"x","body":{"n":' + number + b"}}"
+    for encoded in (frame, frame.decode().encode("utf-16")):  # JSON may come in UTF-16 too (RFC 8259 readers)
+        with pytest.raises(ProtocolError):
+            decode(encoded)
+
+
+@pytest.mark.parametrize("number", [2**63 - 1, -(2**63) + 1, 123456789012345678, 1.5e308, 2.5e-300])
+def test_decode_takes_every_number_in_range(number: float) -> None:
+    """Most frames skip the per-number checks (a scan finds no 19-digit run or 3-digit exponent): the edges."""
+    assert decode(b'{"v":1,"type":"req","op":"x","body":{"n":' + repr(number).encode() + b"}}").body == {"n": number}
 
 
 @pytest.mark.parametrize("op,body", [("first_step", {"round": 1e400, "at": 0}),

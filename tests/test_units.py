@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
+import logging
+import re
 
 import pytest
 
 from elasticd.config import ConfigError, parse_endpoint, parse_nnodes
+from elasticd.logsink import SecondCachedFormatter, TurnBufferedHandler
 from elasticd.membership import NodeRecord, build_rank_map, sticky_order
 from elasticd.protocol import MAX_FRAME_BYTES, Envelope, ErrorCode, ProtocolError, arg, decode, encode
 
@@ -105,3 +110,41 @@ def test_a_shim_rank_whose_first_step_report_is_on_its_way_answers_step_0_not_no
                          1: {"rank": 1, "round": 2, "hello": 1.0}}, 2) == {"step": 7, "step_time": 0.5}
     assert local_answer({0: {"rank": 0, "round": 1, "hello": 1.0, "step": 7}}, 2)["step"] is None  # old round
     assert local_answer({0: {"rank": 0, "round": 2, "source": OUTPUT, "step": 9}}, 2)["step"] is None
+
+
+class _CountingStream(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+def test_log_lines_of_one_loop_turn_go_out_in_one_write_and_none_is_lost() -> None:
+    stream = _CountingStream()
+    handler = TurnBufferedHandler(stream)
+    handler.setFormatter(SecondCachedFormatter("%(asctime)s elasticd %(message)s"))
+    log = logging.getLogger("test-turn-buffer")
+    log.addHandler(handler)
+    log.propagate = False
+    log.setLevel(logging.INFO)
+
+    async def a_round() -> int:
+        for node in range(100):  # a round's line per node, in one loop turn
+            log.info("[n%d] workers_stopped round=2", node)
+        written = stream.writes
+        await asyncio.sleep(0)  # the turn ends
+        await asyncio.sleep(0)
+        return written
+
+    try:
+        log.info("before the loop")  # no loop running: written at once
+        assert stream.writes == 1
+        assert asyncio.run(a_round()) == 1 and stream.writes == 2
+        lines = stream.getvalue().splitlines()
+        assert len(lines) == 101 and lines[-1].endswith("elasticd [n99] workers_stopped round=2")
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} elasticd before the loop", lines[0])
+    finally:
+        log.removeHandler(handler)
