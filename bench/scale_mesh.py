@@ -3,7 +3,8 @@
 `bench/scale_mesh.py --nodes 256,1024,2048 --out bench/results/scale-mesh.json` starts, per N, the real
 coordinator daemon (tests/workers/ticker.py as its 8 workers, `--preload json`), then N-1 fake members
 (bench/mesh_members.py) in this process, each with its own DEALER. It reports the time from the last
-welcome to the first round settled (every member has it and `go`), the coordinator daemon's CPU seconds
+welcome to the first round settled (every member has it and `go`, and the coordinator its `round_complete`:
+each phase's CPU ends with its own work), the coordinator daemon's CPU seconds
 (psutil, its pid only) for the formation, a join, a drain (`drain` verb) and a node loss (a member's socket
 closed), false `node_lost` events, steady CPU % over 10 s, and `status` round trips with and without
 `--nodes-limit 50`.
@@ -22,6 +23,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import zmq
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # bench -> tests, never the reverse
 from harness import TICKER, DaemonProc, free_port
 from mesh_members import Fleet
@@ -30,6 +33,7 @@ from scale_sim import cpu_model
 
 from elasticd.client import Client
 from elasticd.names import EventKind
+from elasticd.protocol import decode
 
 WORKERS = 8
 STEADY_S = 10.0
@@ -56,6 +60,7 @@ class Bench:
         self.daemon.wait_line(r"elasticd \S+: node ")
         self.meter = CpuMeter(self.daemon.proc.pid)
         self.fleet = Fleet(f"tcp://127.0.0.1:{self.port}", WORKERS)
+        self.complete: set[int] = set()  # rounds whose round_complete the coordinator published
 
     async def call(self, op: str, **args: Any) -> tuple[dict[str, Any], float]:
         def blocking() -> tuple[dict[str, Any], float]:
@@ -66,14 +71,36 @@ class Bench:
         return await asyncio.to_thread(blocking)
 
     async def settle(self, after: int) -> int:
-        """Wait until a round newer than `after` reached every member; its id."""
+        """Wait until a round newer than `after` reached every member and the coordinator has every member's
+        report of it (its `round_complete`): the next phase's CPU must not include this one's tail."""
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
         while time.monotonic() < deadline:
             await asyncio.sleep(0.05)
             rounds = {m.round_id for m in self.fleet.members.values() if not m.closed and m.registered}
             if rounds and min(rounds) > after and self.fleet.settled(min(rounds)):
-                return min(rounds)
-        raise TimeoutError(f"no round after {after} settled within {SETTLE_TIMEOUT_S:.0f}s")
+                break
+        else:
+            raise TimeoutError(f"no round after {after} settled within {SETTLE_TIMEOUT_S:.0f}s")
+        round_id = min(rounds)
+        while round_id not in self.complete:  # from the coordinator's PUB: polling `events` would cost it CPU
+            if self.follow.done():
+                self.follow.result()  # its error, if it failed
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"round {round_id} reached every member but the coordinator has no round_complete")
+            await asyncio.sleep(0.02)
+        return round_id
+
+    async def follow_rounds(self) -> None:
+        """The coordinator's `round_complete` events, as a console would get them."""
+        sub = self.fleet.ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, f"ev.{COORD}/{EventKind.round_complete}".encode())
+        sub.connect(self.daemon.pub)
+        try:
+            while True:
+                _topic, frame = await sub.recv_multipart()
+                self.complete.add(int(decode(frame, from_daemon=True).body["round"]))
+        finally:
+            sub.close(linger=0)
 
     async def phase(self, change: Callable[[], Awaitable[Any]], before: int) -> dict[str, Any]:
         self.meter.take()
@@ -86,6 +113,7 @@ class Bench:
 
     async def run(self) -> dict[str, Any]:
         beat = asyncio.create_task(self.fleet.beat_loop())
+        self.follow = asyncio.create_task(self.follow_rounds())
         result: dict[str, Any] = {"nodes": self.nodes, "workers": self.nodes * WORKERS}
         self.meter.take()
         start = time.perf_counter()
@@ -125,6 +153,7 @@ class Bench:
         result["rounds"] = current
         result["load_average"] = [round(x, 1) for x in os.getloadavg()]
         beat.cancel()
+        self.follow.cancel()
         return result
 
     def close(self) -> None:
