@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from trainer_shim.elastic import lost_peer
 from trainer_shim.generation import Generation, join, leave, open_store, state_digest, sync
 
 
@@ -98,3 +99,37 @@ def test_every_generation_starts_bitwise_identical_from_the_freshest_rank(backen
         # proc 2 sat generation 3 out and came back in 4 with nothing, and took rank 0's state.
         assert {g: src for g, src, _ in seen[0]} == {1: 0, 2: 0, 3: 1, 4: 0}
         assert [g for g, _, _ in seen[2]] == [2, 4]
+
+
+def crash_or_classify(proc: int, store_addr: str, out: dict) -> None:
+    store = open_store(store_addr, 30)
+    join(Generation(1, proc, 2, store_addr, "test/lost"), "gloo", store, 5)
+    ddp = DDP(torch.nn.Linear(8, 1))
+    ddp(torch.randn(4, 8)).sum().backward()  # one step together
+    if proc == 1:
+        os._exit(0)  # a crash: no goodbye to its group
+    errors = {}
+    try:
+        ddp(torch.randn(4, 8)).sum().backward()  # DDP's allreduce with the dead peer
+    except RuntimeError as exc:
+        errors["peer"] = lost_peer(exc)
+    try:
+        torch.ones(2) @ torch.ones(3)  # the script's own bug
+    except RuntimeError as exc:
+        errors["bug"] = lost_peer(exc)
+    out[proc] = errors
+
+
+def test_a_dead_peer_is_told_from_the_scripts_own_error() -> None:
+    """run_step heals in place only a lost peer; a bug in the script raises, as it would without the shim."""
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, None, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=30))
+    with mp.Manager() as manager:
+        out = manager.dict()
+        context = mp.start_processes(crash_or_classify, args=(f"127.0.0.1:{port}", out), nprocs=2,
+                                     start_method="spawn", join=False)
+        context.processes[0].join(60)
+        seen = dict(out)
+    del server
+    assert seen == {0: {"peer": True, "bug": False}}

@@ -40,6 +40,12 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
+def lost_peer(exc: RuntimeError) -> bool:
+    """A collective failed because a peer died or went silent: NCCL raises `DistBackendError` (a `DistError`),
+    gloo a plain RuntimeError that names its own source file. Any other RuntimeError is the script's."""
+    return isinstance(exc, dist.DistError) or "gloo" in str(exc)
+
+
 def _seed(seed: int, step: int, rank: int) -> int:
     return (seed * 1_000_003 + step * 1009 + rank) % (1 << 63)
 
@@ -146,15 +152,16 @@ class Elastic:
 
         A collective error in `fn` (a peer died) loses only that step: the sampler goes back to the last
         committed position, the rank leaves its group and rejoins the next generation with the survivors.
+        Any other exception is raised: the script's own bug is not healed in place.
         """
         if self.in_place and isinstance(self.session, Session) and self.session.should_resize(self.step):
             self._resize(None)
         error = None
         try:
             fn(self.step + 1)
-        except RuntimeError as exc:  # gloo and NCCL report a lost peer as RuntimeError (DistBackendError)
-            if not self.in_place:
-                raise
+        except RuntimeError as exc:
+            if not (self.in_place and lost_peer(exc)):
+                raise  # a bug in the script ends its process: the restart path, charged, with its traceback
             error = _reason(exc)  # the traceback's frames (and what they hold) go with the except block
         if error is not None:
             if self.sampler is not None and self._committed is not None:
