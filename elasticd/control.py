@@ -55,6 +55,7 @@ class ControlHost(Protocol):
     @property
     def events_pub(self) -> str: ...
     def node_event(self, kind: EventKind, **fields: Any) -> None: ...
+    def steering_held(self) -> str: ...
     def forward(self, op: str, body: dict[str, Any], msg_id: str) -> bool: ...
     def answer_forward(self, node_id: str, op: str, body: dict[str, Any], msg_id: str) -> None: ...
 
@@ -198,6 +199,9 @@ class ControlPlane:
         c = self.d.coordinator
         assert c is not None
         command = REGISTRY[env.op]
+        held = self.d.steering_held() if command.steer and not env.body.get("dry_run") else ""
+        if held:  # applied now, it would be lost or undone by the coordinator that takes over
+            return ProtocolError(ErrorCode.NOT_RUNNING, f"{env.op}: {held}; nothing was changed").as_body()
         try:
             return command.run(c, env.body)
         except ProtocolError as err:

@@ -268,6 +268,12 @@ class Daemon:
     def node_event(self, kind: EventKind, **fields: Any) -> None:
         self.to_coord(MeshOp.event, {"kind": kind, "node": self.cfg.node_id, "ts": time.time(), **fields})
 
+    def steering_held(self) -> str:
+        """Why this coordinator may not take a steer verb now ("" when it may): its etcd lease is unconfirmed."""
+        if self.failover is not None and not self.failover.elector.may_act():
+            return "this coordinator's etcd lease is not confirmed (etcd unreachable, or a takeover under way)"
+        return ""
+
     def on_job_event(self, event: dict[str, Any]) -> None:
         """The coordinator numbered an event: it is published once, here (members get only what they act on)."""
         self.publish_event(event)

@@ -148,6 +148,11 @@ def test_etcd_away_for_10s_freezes_membership_and_a_stopped_coordinator_is_fence
         time.sleep(max(0.0, deadline - time.monotonic()))
         for node in "abc":
             assert "etcd unreachable" in job.daemon(node).output()
+        # A steer verb now would be lost at a takeover (or undone): refused, through a member as at the coordinator.
+        for node in "ca":
+            with pytest.raises(ClientError, match=r"etcd lease is not confirmed.*nothing was changed"), \
+                    job.client(node) as client:
+                client.call("scale", nodes=2)
         ages = {n["node_id"]: n["last_seen_age_s"] for n in ask(job, "c", "status")["nodes"]}
         assert max(ages.values()) < 3, ages  # heartbeats still count: the console shows every node live
         etcd.restart()
