@@ -78,6 +78,7 @@ class Coordinator:
         self.round: Round | None = None
         self.pending: PendingRound | None = None
         self.waiting_since = clock()
+        self.told_waiting: set[str] = set()  # members that have this wait's notice (a `round` of null)
         self.done_nodes: set[str] = set()
         self.suspect: Suspect | None = None
         # Whether a node's daemon has a live mesh connection now (the mesh asks its ROUTER); with no mesh to
@@ -209,6 +210,7 @@ class Coordinator:
             return {"ok": False, "reason": f"job '{self.cfg.job_id}' has ended ({self.state})"}
         self.join_seq += 1
         self.announced.pop(node_id, None)
+        self.told_waiting.discard(node_id)  # a new instance of it has heard nothing yet
         active = self.tally.count(ACTIVE) - (old is not None and old.group() == ACTIVE)
         role = (Role.cordoned if old and old.role == Role.cordoned
                 else Role.active if active < self.target else Role.standby)
@@ -431,13 +433,16 @@ class Coordinator:
         previous = self.round
         if len(members) < self.cfg.min_nodes:
             if self.state != JobState.waiting:
-                self.waiting_since = now
+                self.waiting_since, self.told_waiting = now, set()
             self.state = JobState.waiting
             self.reason = (f"waiting for {self.cfg.min_nodes - len(members)} more node(s): "
                            f"{len(members)} active, --nnodes min is {self.cfg.min_nodes}")
             self.emit(EventKind.waiting, reason=self.reason, join_timeout_s=self.cfg.join_timeout_s)
-            self.send_all([n.node_id for n in self.alive()], MeshOp.round,
-                          {"round": None, "state": JobState.waiting, "reason": self.reason})
+            # Each member hears once that the job waits (a newcomer when it comes): telling all of them again at
+            # every registration made N daemons that start one by one cost O(N²) frames. `status` has the count.
+            untold = [n.node_id for n in self.alive() if n.node_id not in self.told_waiting]
+            self.told_waiting.update(untold)
+            self.send_all(untold, MeshOp.round, {"round": None, "state": JobState.waiting, "reason": self.reason})
             return
         if previous is not None and self.state == JobState.running:
             self.restarts[cause] += 1

@@ -352,6 +352,17 @@ def test_registration_storm_of_200_nodes_makes_exactly_one_round() -> None:
     assert [e.node_id for e in sim.round.members] == [f"n{i:04d}" for i in range(200)]
 
 
+def test_nodes_that_register_one_by_one_below_min_hear_once_that_the_job_waits() -> None:
+    """Each registration in its own settle window re-checks the wait: O(N) frames in all, not O(N²)."""
+    sim = Sim(100, nproc=1, min_nodes=100)
+    sim.start(spacing=0.3)  # 30 s of registrations, each past the previous one's settle window
+    sim.formed(timeout=60)
+    told = [m for m in sim.msgs(MeshOp.round) if m.body.get("round") is None]
+    assert len(sim.of(K.waiting)) >= 90  # the wait was re-checked at (nearly) every registration
+    assert len(told) <= 100 and len({m.dst for m in told}) == len(told)
+    assert sim.round.world_size == 100
+
+
 def test_a_storm_past_the_target_makes_the_rest_standby_and_losses_promote_them() -> None:
     """Roles come from a kept count of active nodes (not a scan per registration): it must stay exact."""
     sim = Sim(200, nproc=1, min_nodes=1, max_nodes=150)
