@@ -132,6 +132,7 @@ _STRICT = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_floa
 # with no run of 19 digits and no 3-digit exponent holds no integer past 2**63 and no float that overflows,
 # so json's C parser alone decodes it; any other frame takes the hooks (a string of digits only costs time).
 _FAST = json.JSONDecoder(parse_constant=_no_constant)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 # The check is two C passes: digits become 0, e/E e, signs s, the rest blanks; then three substring searches.
 _SHAPES = bytes(ord("0") if chr(b).isdigit() and b < 128 else ord("e") if b in b"eE" else ord("s") if b in b"+-"
                 else ord(" ") for b in range(256))
@@ -140,7 +141,6 @@ _SHAPES = bytes(ord("0") if chr(b).isdigit() and b < 128 else ord("e") if b in b
 def _may_overflow(utf8: bytes) -> bool:
     shapes = utf8.translate(_SHAPES)
     return b"0" * 19 in shapes or b"e000" in shapes or b"es000" in shapes
-_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 def _depth(value: Any) -> int:
