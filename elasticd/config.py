@@ -13,6 +13,12 @@ STOP_SLACK_S = 5.0  # beyond the grace period, how long a new round waits for a 
 LEAVE_SLACK_S = 10.0
 
 
+def stop_barrier_s(grace_s: float, in_place: bool) -> float:
+    """How long a round's stop barrier waits for every node's old workers (the coordinator's side); a node waits
+    for `go` one STOP_SLACK_S longer, so the barrier always gives up first."""
+    return grace_s + STOP_SLACK_S + (LEAVE_SLACK_S if in_place else 0.0)
+
+
 class ConfigError(ValueError):
     """A flag value that cannot work; the message is shown to the user as is."""
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticd.config import LEAVE_SLACK_S, STOP_SLACK_S, JobConfig
+from elasticd.config import JobConfig, stop_barrier_s
 from elasticd.events import EventLog, emit_log
 from elasticd.membership import MembershipStore, NodeRecord, Round, build_rank_map, sticky_order
 from elasticd.names import ENDED, RESTART_CAUSES, Cause, EventKind, JobState, MeshOp, NodeStatus, Role
@@ -379,7 +379,7 @@ class Coordinator:
         their group (elasticd/node_resize.py), and no rank may be in two worlds while it does."""
         current = self.resizer.current
         in_place = current is not None and current.round_id == rnd.round_id
-        return self.cfg.grace_s + STOP_SLACK_S + (LEAVE_SLACK_S if in_place else 0.0)
+        return stop_barrier_s(self.cfg.grace_s, in_place)
 
     def schedule(self, cause: Cause, detail: str, detected_at: float, due: float | None = None) -> None:
         """Queue a new round after the settle window (or at `due`); the first cause queued keeps its time."""

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from elasticd.beats import BeatDiff, PortPool
-from elasticd.config import LEAVE_SLACK_S, STOP_SLACK_S, JobConfig
+from elasticd.config import STOP_SLACK_S, JobConfig, stop_barrier_s
 from elasticd.gpu import GpuSampler
 from elasticd.names import EventKind, JobState, MeshOp, NodeState
 from elasticd.node_resize import InPlace
@@ -153,7 +153,7 @@ class NodeAgent:
         than the coordinator's stop barrier (Coordinator.stop_limit), which an in-place round lengthens."""
         event = self._go.setdefault(round_id, asyncio.Event())
         with contextlib.suppress(asyncio.TimeoutError):
-            limit = self.cfg.grace_s + 2 * STOP_SLACK_S + (LEAVE_SLACK_S if in_place else 0.0)
+            limit = stop_barrier_s(self.cfg.grace_s, in_place) + STOP_SLACK_S
             await asyncio.wait_for(event.wait(), limit)
         self._go.pop(round_id, None)
         return self.latest_round <= round_id
