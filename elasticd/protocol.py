@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -138,9 +139,13 @@ _SHAPES = bytes(ord("0") if chr(b).isdigit() and b < 128 else ord("e") if b in b
                 else ord(" ") for b in range(256))
 
 
+# A node's instance id is hex ("…9e019d…"): a 3-digit exponent only counts where a number ends after it.
+_BIG_EXPONENT = re.compile(rb"[0-9][eE][+-]?[0-9]{3,}(?:[,}\]\s]|$)")
+
+
 def _may_overflow(utf8: bytes) -> bool:
     shapes = utf8.translate(_SHAPES)
-    return b"0" * 19 in shapes or b"e000" in shapes or b"es000" in shapes
+    return b"0" * 19 in shapes or ((b"e000" in shapes or b"es000" in shapes) and bool(_BIG_EXPONENT.search(utf8)))
 
 
 def _depth(value: Any) -> int:

@@ -41,7 +41,7 @@ from elasticd.coordinator import Coordinator
 from elasticd.events import EventLog
 from elasticd.membership import MemoryStore
 from elasticd.names import MeshOp
-from elasticd.protocol import Envelope, ProtocolError, arg, decode, encode
+from elasticd.protocol import Envelope, ProtocolError, _may_overflow, arg, decode, encode
 from elasticd.runtime import id_digest
 from tui.feeds import ingest
 from tui.session import JobSession
@@ -598,6 +598,13 @@ def test_decode_refuses_non_finite_and_huge_numbers(number: bytes) -> None:
 def test_decode_takes_every_number_in_range(number: float) -> None:
     """Most frames skip the per-number checks (a scan finds no 19-digit run or 3-digit exponent): the edges."""
     assert decode(b'{"v":1,"type":"req","op":"x","body":{"n":' + repr(number).encode() + b"}}").body == {"n": number}
+
+
+def test_only_a_number_sends_a_frame_through_the_per_number_checks() -> None:
+    """A daemon's hex instance id ("9e019d") looks like an exponent to the byte scan: it must not cost every
+    heartbeat of one node in eight the slow path, while a real 3-digit exponent always takes it."""
+    assert not _may_overflow(b'{"instance":"6d849e019d80","s":"1e400","n":1e40}')
+    assert all(_may_overflow(b'{"n":[' + n + b"]}") for n in (b"1e400", b"2E+0400 ", b"3e-999", b"1" * 19))
 
 
 @pytest.mark.parametrize("op,body", [("first_step", {"round": 1e400, "at": 0}),

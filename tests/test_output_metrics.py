@@ -6,9 +6,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from harness import PLAIN, Job
+from test_shim_e2e import wait_for
 from test_tui_support import SIZE, until
 
 from elasticd.output_metrics import compile_pattern, parse_line
@@ -30,10 +32,13 @@ def test_a_plain_script_shows_step_and_loss_and_is_never_taken_for_a_hung_shim(t
     try:
         a = job.start("a", PLAIN, "--steps", "100000", "--snapshot", str(tmp_path / "snap.pt"), "--step-time", "0.6")
         a.wait_line(r"\[a:0\] step=4 ")  # several steps, each slower than the hang timeout
-        metrics = json.loads(subprocess.run([sys.executable, "-m", "elasticd.cli", "metrics", "--json"],
-                                            env=job.env, capture_output=True, text=True, timeout=30).stdout)
-        rank0, = (r for r in metrics["ranks"] if r["rank"] == 0)  # train_plain.py prints on rank 0 only
-        assert rank0["step"] >= 4 and isinstance(rank0["loss"], float)
+
+        def rank0() -> dict[str, Any]:  # train_plain.py prints on rank 0 only
+            metrics = json.loads(subprocess.run([sys.executable, "-m", "elasticd.cli", "metrics", "--json"],
+                                                env=job.env, capture_output=True, text=True, timeout=30).stdout)
+            return next((r for r in metrics["ranks"] if r["rank"] == 0), {})
+        wait_for(lambda: (rank0().get("step") or 0) >= 4)  # the printed step rides the next heartbeat
+        assert isinstance(rank0()["loss"], float)
         with job.client() as client:
             kinds = {e["kind"] for e in client.call("events", limit=0)["events"]}
         assert "first_step" in kinds and "worker_hung" not in kinds
