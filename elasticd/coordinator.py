@@ -66,6 +66,7 @@ class Coordinator:
         self.send_all = send_all or self.send_each
         self.backlog = backlog  # frames from members not yet read: liveness waits for them
         self.last_tick = 0.0
+        self.liveness_due = 0.0  # no member can have been silent past the limit before this (check_liveness)
         self.clock = clock  # injected so that scenario tests run on a fake clock
         self.store = store
         self.send = send
@@ -329,10 +330,19 @@ class Coordinator:
         for node_id, since in list(self.closed.items()):
             if now - since >= RECONNECT_GRACE_S and not self.lose_if_closed(node_id, now):
                 del self.closed[node_id]  # it reconnected within the grace: a blip, not a death
+        if now < self.liveness_due:
+            return  # nobody's silence can reach the limit before then: a scan of every node 20 times a second is not
+        oldest = now
         for node in self.alive():
-            if node.node_id != self.cfg.node_id and now - node.last_seen > self.cfg.lost_after_s:
+            if node.node_id == self.cfg.node_id:
+                continue
+            if now - node.last_seen > self.cfg.lost_after_s:
                 self.remove(node.node_id, NodeStatus.lost, f"node {node.node_id} missed "
                             f"{self.cfg.heartbeat_misses} heartbeats", now)
+            else:
+                oldest = min(oldest, node.last_seen)
+        # last_seen only moves forward, and a node added later is seen later: none is due before this
+        self.liveness_due = oldest + self.cfg.lost_after_s
 
     def connection_lost(self, node_id: str, now: float) -> None:
         """The mesh saw this member's connection close: its daemon died, or its link reset.
