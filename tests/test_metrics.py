@@ -100,12 +100,15 @@ def test_every_documented_family_is_served_with_its_type_and_labels(job: tuple[J
 
 
 def scrape_when_ranks_reported(url: str) -> dict:  # type: ignore[type-arg]
-    """A scrape once both ranks' telemetry is in: it rides the node's heartbeat, which may trail first_step by 1 s."""
+    """A scrape once both ranks' telemetry and worker records are in: they ride the node's heartbeat, which may
+    trail first_step by 1 s."""
     deadline = time.monotonic() + 30
     while True:
         served = scrape(url)
-        reported = all(value(served, name, rank=rank) is not None
-                       for name in ("elasticd_train_step", "elasticd_train_loss") for rank in ("0", "1"))
+        reported = value(served, "elasticd_workers", status="running") == 2 and all(
+            value(served, name, rank=rank) is not None
+            for name in ("elasticd_train_step", "elasticd_train_loss", "elasticd_worker_resident_memory_bytes")
+            for rank in ("0", "1"))
         if reported or time.monotonic() > deadline:
             return served
         time.sleep(0.2)

@@ -124,7 +124,7 @@ def test_shim_job_metrics_checkpoint_zero_loss_resizes_exact_samples_and_hang(tm
         # The age rides the node's heartbeat, which may trail the event by a beat.
         def rank0_age() -> float | None:
             return next((r["checkpoint_age_s"] for r in cli(job, "metrics")["ranks"] if r["rank"] == 0), None)
-        wait_for(lambda: (rank0_age() or 1e9) < 10)
+        wait_for(lambda: (age := rank0_age()) is not None and age < 10)
 
         # A SIGSTOPped worker is a hang: the job restarts with cause "hang", charged to no failure budget.
         mark = job.seq()
