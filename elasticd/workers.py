@@ -118,9 +118,6 @@ class WorkerGroup:
     async def spawn(self) -> None:
         log_dir = Path(self.cfg.log_dir) / self.cfg.job_id / self.cfg.node_id / f"round-{self.round_id:04d}"
         log_dir.mkdir(parents=True, exist_ok=True)
-        for kept in self.workers:  # a kept worker writes on to its first round's file: this round's folder links it
-            with contextlib.suppress(OSError):
-                (log_dir / f"rank-{kept.rank}.log").symlink_to(os.path.relpath(kept.log_path, log_dir))
         ranks = list(self.assignment["ranks"])[len(self.workers):]
         taken = {w.local_rank for w in self.workers}
         free = [slot for slot in range(len(self.assignment["ranks"])) if slot not in taken]
