@@ -6,7 +6,7 @@ import asyncio
 import re
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -43,6 +43,14 @@ def scrape(url: str) -> dict[str, tuple[str, set[str], dict[tuple[tuple[str, str
             values = {tuple(sorted({**s.labels, "__name__": s.name}.items())): s.value for s in family.samples}
             found[family.name] = (family.type, labels, values)
     return found
+
+
+def scrape_until(url: str, done: Callable[[dict], bool], timeout: float = 30.0) -> dict:  # type: ignore[type-arg]
+    """Scrapes until `done` holds of one or the time is up: the last scrape either way (the asserts say why)."""
+    deadline = time.monotonic() + timeout
+    while not done(served := scrape(url)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return served
 
 
 def value(families: dict, name: str, **labels: str) -> float | None:  # type: ignore[type-arg]
@@ -85,38 +93,27 @@ def test_every_documented_family_is_served_with_its_type_and_labels(job: tuple[J
     _job, url = job
     docs = documented()
     assert len(docs) >= 18  # both tables were read
-    deadline = time.monotonic() + 30
-    while True:  # the new round's first checkpoint report may still be on its way
-        served = scrape(url)
-        missing = sorted(n for n in docs.keys() - served.keys() if not n.startswith(NVML_ONLY))
-        if not missing or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert missing == []
+    def missing(served: dict) -> list[str]:  # type: ignore[type-arg]
+        return sorted(n for n in docs.keys() - served.keys() if not n.startswith(NVML_ONLY))
+    served = scrape_until(url, lambda s: not missing(s))  # the new round's first checkpoint report may be on its way
+    assert missing(served) == []
     assert sorted(served.keys() - docs.keys()) == [], "served but not in docs/metrics.md"
     for name, (kind, labels) in docs.items():
         if name in served:
             assert (served[name][0], served[name][1]) == (kind, labels), name
 
 
-def scrape_when_ranks_reported(url: str) -> dict:  # type: ignore[type-arg]
-    """A scrape once both ranks' telemetry and worker records are in: they ride the node's heartbeat, which may
-    trail first_step by 1 s."""
-    deadline = time.monotonic() + 30
-    while True:
-        served = scrape(url)
-        reported = value(served, "elasticd_workers", status="running") == 2 and all(
-            value(served, name, rank=rank) is not None
-            for name in ("elasticd_train_step", "elasticd_train_loss", "elasticd_worker_resident_memory_bytes")
-            for rank in ("0", "1"))
-        if reported or time.monotonic() > deadline:
-            return served
-        time.sleep(0.2)
+def ranks_reported(served: dict) -> bool:  # type: ignore[type-arg]
+    """Both ranks' telemetry and worker records are in: they ride the node's heartbeat, up to 1 s after first_step."""
+    return value(served, "elasticd_workers", status="running") == 2 and all(
+        value(served, name, rank=rank) is not None
+        for name in ("elasticd_train_step", "elasticd_train_loss", "elasticd_worker_resident_memory_bytes")
+        for rank in ("0", "1"))
 
 
 def test_the_values_are_the_daemons(job: tuple[Job, str]) -> None:
     the_job, url = job
-    served = scrape_when_ranks_reported(url)
+    served = scrape_until(url, ranks_reported)
     assert value(served, "elasticd_world_size") == 2
     assert value(served, "elasticd_round") == 2
     assert value(served, "elasticd_job_state", status="running") == 1

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from harness import PLAIN, Job
-from test_shim_e2e import wait_for
+from test_shim_e2e import cli, wait_for
 from test_tui_support import SIZE, until
 
 from elasticd.output_metrics import compile_pattern, parse_line
@@ -34,9 +31,7 @@ def test_a_plain_script_shows_step_and_loss_and_is_never_taken_for_a_hung_shim(t
         a.wait_line(r"\[a:0\] step=4 ")  # several steps, each slower than the hang timeout
 
         def rank0() -> dict[str, Any]:  # train_plain.py prints on rank 0 only
-            metrics = json.loads(subprocess.run([sys.executable, "-m", "elasticd.cli", "metrics", "--json"],
-                                                env=job.env, capture_output=True, text=True, timeout=30).stdout)
-            return next((r for r in metrics["ranks"] if r["rank"] == 0), {})
+            return next((r for r in cli(job, "metrics")["ranks"] if r["rank"] == 0), {})
         wait_for(lambda: (rank0().get("step") or 0) >= 4)  # the printed step rides the next heartbeat
         assert isinstance(rank0()["loss"], float)
         with job.client() as client:
