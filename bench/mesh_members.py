@@ -12,6 +12,7 @@ import zmq
 import zmq.asyncio
 
 from elasticd.beats import BeatDiff
+from elasticd.mesh import configure_member
 from elasticd.names import EventKind, MeshOp, NodeState
 from elasticd.node import event_body
 from elasticd.protocol import MAX_REPLY_BYTES, Envelope, decode, encode
@@ -29,6 +30,7 @@ class FakeMember:
         self.node_id, self.nproc = node_id, nproc
         self.instance = os.urandom(6).hex()
         self.sock = ctx.socket(zmq.DEALER)
+        configure_member(self.sock)  # as a real member's: its transport heartbeats reach the coordinator too
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.IDENTITY, f"{node_id}|{self.instance}".encode())
         self.sock.setsockopt(zmq.SNDHWM, 10000)
