@@ -7,6 +7,8 @@ import time
 from collections import deque
 from typing import Any
 
+from elasticd import logsink
+
 log = logging.getLogger("elasticd")
 
 
@@ -64,4 +66,4 @@ def log_line(event: dict[str, Any]) -> str:
 
 
 def emit_log(event: dict[str, Any]) -> None:
-    log.info(log_line(event))
+    logsink.info(log, log_line(event))

@@ -127,6 +127,9 @@ def _bounded_int(text: str) -> int:
     return value
 
 
+_text = json.encoder.encode_basestring_ascii  # a JSON string literal, in C, exactly as the encoder writes one
+# %r of a (finite) float is how json writes it; `to_dict`'s key order, so a frame's bytes do not change.
+_ENVELOPE = '{"v":%d,"type":%s,"op":%s,"id":%s,"node":%s,"seq":%d,"ts":%r,"body":%s}'
 # Built once: json.loads/dumps with options build a decoder or an encoder per call, a third of the work.
 _STRICT = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int)
 # The number hooks cost a Python call per number (a third of a heartbeat's decoding at 2,048 nodes). A frame
@@ -161,11 +164,14 @@ def _depth(value: Any) -> int:
 
 
 def encode(env: Envelope) -> bytes:
-    data = env.to_dict()
+    """The envelope around its body, assembled as text: only the body goes through the encoder (a third less work
+    than encoding `to_dict()`, for the same bytes)."""
     try:  # nearly every frame has no NaN: walking each one for it cost more than the JSON itself at scale
-        return _ENCODER.encode(data).encode()
+        body = _ENCODER.encode(env.body)
     except ValueError:
-        return _ENCODER.encode(_finite(data)).encode()
+        body = _ENCODER.encode(_finite(env.body))
+    return (_ENVELOPE % (env.v, _text(env.type), _text(env.op), _text(env.id), _text(env.node), env.seq,
+                         env.ts or time.time(), body)).encode()
 
 
 def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES, from_daemon: bool = False) -> Envelope:
@@ -178,7 +184,9 @@ def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES, from_daemon: bool = F
     if len(frame) > max_bytes:
         raise ProtocolError(ErrorCode.BAD_MESSAGE, f"frame of {len(frame)} bytes exceeds {max_bytes}")
     try:
-        encoding = json.detect_encoding(frame) if isinstance(frame, bytes) else ""
+        # JSON that starts with `{` and no NUL after it is UTF-8 (what json.detect_encoding, in Python, would find)
+        utf8_object = isinstance(frame, bytes) and frame[:1] == b"{" and frame[1:2] != b"\0"
+        encoding = "utf-8" if utf8_object else json.detect_encoding(frame) if isinstance(frame, bytes) else ""
         text = frame.decode(encoding, "surrogatepass") if isinstance(frame, bytes) else frame
         if from_daemon:
             raw = json.loads(text)
