@@ -68,10 +68,17 @@ class JobConfig:
     etcd_endpoints: tuple[tuple[str, int], ...] = ()
     lease_ttl_s: int = 5  # --rdzv-conf lease_ttl: a dead coordinator is replaced within about this long
     etcd_outage_s: float = 300.0  # --rdzv-conf etcd_outage_timeout: how long the job runs without etcd, then stops
+    relay_group: int = 32  # --rdzv-conf relay_group: members per relay (0: no relays); docs/architecture.md "Relays"
+    relay_from: int = 256  # --rdzv-conf relay_from: a job whose --nnodes max is below this has no relays
 
     @property
     def lost_after_s(self) -> float:
         return self.heartbeat_s * self.heartbeat_misses
+
+    @property
+    def relay_size(self) -> int:
+        """Members per relay in this job; 0 when it has none (a small job gains nothing from the extra hop)."""
+        return self.relay_group if self.max_nodes >= self.relay_from else 0
 
 
 def parse_nnodes(text: str) -> tuple[int, int]:

@@ -18,7 +18,6 @@ from elasticd.commands import REGISTRY
 from elasticd.config import JobConfig, StartError
 from elasticd.coordinator import Coordinator
 from elasticd.events import EventLog
-from elasticd.mesh import MORE_NOBLOCK, NOBLOCK
 from elasticd.names import CTL_PREFIX, EventKind
 from elasticd.node import NodeAgent
 from elasticd.protocol import (
@@ -32,6 +31,7 @@ from elasticd.protocol import (
     new_id,
     reply,
 )
+from elasticd.router import MORE_NOBLOCK, NOBLOCK
 
 log = logging.getLogger("elasticd")
 FORWARD_TIMEOUT_S = 5.0

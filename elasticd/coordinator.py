@@ -17,6 +17,7 @@ from elasticd.events import EventLog, emit_log
 from elasticd.membership import MembershipStore, NodeRecord, Round, build_rank_map, sticky_order
 from elasticd.names import ENDED, RESTART_CAUSES, Cause, EventKind, JobState, MeshOp, NodeStatus, Role
 from elasticd.protocol import Envelope, new_id
+from elasticd.relay_plan import RelayPlan
 from elasticd.resize import Resizer
 from elasticd.step_agreement import WORKER_OPS, StepAgreement, StepQuery, StepRequest
 from elasticd.tally import ACTIVE, NodeTally
@@ -101,6 +102,8 @@ class Coordinator:
         self.reported: set[tuple[str, str]] = set()  # (node, stopped|spawned) of this round already heard
         self.join_seq = 0  # join order of nodes; persisted with etcd so a new coordinator numbers on
         self._tally = NodeTally()
+        self.relays = RelayPlan(cfg.relay_size)  # in a large job: which members send through which (relay_plan.py)
+        self.told_route: dict[str, float] = {}  # member -> when it was last sent `relay` for a route it lacks
         self.ended_at = 0.0
         self.status_extra: Callable[[], dict[str, Any]] = dict  # --rdzv-backend etcd: epoch, etcd health
         self.handlers: dict[str, Handler] = {
@@ -198,8 +201,15 @@ class Coordinator:
         """What a member needs to start: its role, the round, and where the job's events are published."""
         ours = self.nodes.get(self.cfg.node_id)
         prewarm = node.role == Role.active and self.resizer.prewarm(node, self.round, self.clock())
+        via = self.via_endpoint(node)
         return {"ok": True, "role": node.role, "round": self.round.round_id if self.round else 0,
-                "events_pub": ours.pub if ours else "", **({"prewarm": True} if prewarm else {})}
+                "events_pub": ours.pub if ours else "", **({"prewarm": True} if prewarm else {}),
+                **({"via": via} if via else {})}
+
+    def via_endpoint(self, node: NodeRecord) -> str:
+        """Where the member sends through: its relay's endpoint, or "" (the coordinator itself)."""
+        relay = self.nodes.get(node.via) if node.via else None
+        return relay.relay_endpoint if relay is not None and relay.status == NodeStatus.alive else ""
 
     def register(self, body: dict[str, Any], now: float) -> dict[str, Any]:
         node_id, instance = body["node_id"], body["instance"]
@@ -218,10 +228,14 @@ class Coordinator:
         node = NodeRecord(node_id, body["host"], int(body["nproc"]), instance, self.join_seq,
                           node_rank=int(body.get("node_rank", -1)), role=role,
                           last_seen=now, ports=list(body.get("ports", [])), control=body.get("control", ""),
-                          pub=body.get("pub", ""), store_tunnel=body.get("store_tunnel", ""))
+                          pub=body.get("pub", ""), store_tunnel=body.get("store_tunnel", ""),
+                          relay_endpoint=str(body.get("relay", "")))
+        if node_id != self.cfg.node_id:  # our own node is in process: no link to relay
+            node.via = self.relays.place(node_id, bool(node.relay_endpoint))
         self.store.put_node(node)
         self._tally.add(node, replaces=old)
-        self.emit(EventKind.node_joined, node_id, host=node.host, nproc=node.nproc, role=role)
+        relayed: dict[str, Any] = {"via": node.via} if node.via else {}
+        self.emit(EventKind.node_joined, node_id, host=node.host, nproc=node.nproc, role=role, **relayed)
         if role == Role.active:
             self.schedule(Cause.membership, f"node {node_id} joined", now)
         return self.welcome(node)
@@ -243,6 +257,8 @@ class Coordinator:
         rnd = self.round
         self.send(sender, MeshOp.hb, {"seq": self.events.seq, "round": rnd.round_id if rnd else 0,
                                       "beat": body.get("beat")})  # what that heartbeat carried is held now
+        if self.relays.size and "via" in body:
+            self.check_route(self.nodes[sender], body, now)
         if rnd is None or self.state != JobState.running or not rnd.has(sender):
             return
         # A heartbeat that crossed our `round` or `go` on the way, or one from a member too busy to have read
@@ -268,6 +284,19 @@ class Coordinator:
         node.workers = body.get("workers", node.workers)
         node.metrics = body.get("metrics", node.metrics)
         return True
+
+    def check_route(self, node: NodeRecord, body: dict[str, Any], now: float) -> None:
+        """The member sends where it was told (`relay` again, at most once a heartbeat interval, if not); one
+        that could not reach its relay talks to us directly from now on."""
+        want = self.via_endpoint(node)
+        if want and body.get("via_failed") == want:
+            log.warning("[%s] node %s could not reach its relay %s (%s); it talks to the coordinator directly",
+                        self.cfg.node_id, node.node_id, node.via, want)
+            self.relays.direct(node.node_id)
+            node.via, want = "", ""
+        if body.get("via") != want and now - self.told_route.get(node.node_id, 0.0) > self.cfg.heartbeat_s:
+            self.told_route[node.node_id] = now
+            self.send(node.node_id, MeshOp.relay, {"via": want})
 
     def leave(self, node_id: str, body: dict[str, Any], now: float) -> None:
         """A node says it goes (its daemon got SIGTERM): with `graceful`, its ranks first stop at one agreed step."""
@@ -304,11 +333,28 @@ class Coordinator:
             return
         node.status = status
         self.emit(EventKind.node_lost if status == NodeStatus.lost else EventKind.node_left, node_id, reason=detail)
+        self.replace_relay(node_id, now)
         if reform and self.round and self.round.has(node_id):
             self.suspect = None
             self.schedule(Cause.membership, detail, now)
         if node_id in self.stop_barrier:
             self.release_barrier(node_id)  # a lost daemon's workers died with it (PDEATHSIG)
+
+    def replace_relay(self, node_id: str, now: float) -> None:
+        """A relay went: the first of its group (join order) relays for the others now. Each moved member gets a
+        fresh loss window to switch links (its link to the dead relay dropped with it)."""
+        self.told_route.pop(node_id, None)
+        successor, moved = self.relays.remove(
+            node_id, lambda n: (not self.nodes[n].relay_endpoint, self.nodes[n].joined_seq))
+        if not moved:
+            return
+        for member in sorted(moved):
+            record = self.nodes[member]
+            record.via = self.relays.via.get(member, "")
+            record.last_seen = max(record.last_seen, now)
+            self.told_route[member] = now
+            self.send(member, MeshOp.relay, {"via": self.via_endpoint(record)})
+        self.emit(EventKind.relay_replaced, node_id, relay=successor, nodes=len(moved))
 
     def credit_stall(self, now: float) -> None:
         """Our own loop stood still (a GC pause, SIGSTOP, a long burst): the members' silence then is not theirs."""
@@ -336,13 +382,21 @@ class Coordinator:
         for node in self.alive():
             if node.node_id == self.cfg.node_id:
                 continue
-            if now - node.last_seen > self.cfg.lost_after_s:
+            if now - node.last_seen <= self.cfg.lost_after_s:
+                oldest = min(oldest, node.last_seen)
+            elif self.relay_silent(node, now):  # its frames wait at a relay that is late itself: not its silence
+                oldest = min(oldest, now - self.cfg.lost_after_s + self.cfg.heartbeat_s)
+            else:
                 self.remove(node.node_id, NodeStatus.lost, f"node {node.node_id} missed "
                             f"{self.cfg.heartbeat_misses} heartbeats", now)
-            else:
-                oldest = min(oldest, node.last_seen)
         # last_seen only moves forward, and a node added later is seen later: none is due before this
         self.liveness_due = oldest + self.cfg.lost_after_s
+
+    def relay_silent(self, node: NodeRecord, now: float) -> bool:
+        """Its relay's own beats are late too (2 intervals): the member's silence may be the relay's."""
+        relay = self.nodes.get(node.via) if node.via else None
+        return relay is not None and relay.status == NodeStatus.alive \
+            and now - relay.last_seen > 2 * self.cfg.heartbeat_s
 
     def connection_lost(self, node_id: str, now: float) -> None:
         """The mesh saw this member's connection close: its daemon died, or its link reset.
@@ -730,7 +784,7 @@ class Coordinator:
             "last_recovery": self.timeline(rnd) if rnd else {},
             "rank_map": rnd.public()["members"] if rnd else [],
             "nodes": [n.public(now) for n in page], "nodes_total": len(ordered), "nodes_offset": offset,
-            "node_counts": self.tally.groups(),
+            "node_counts": self.tally.groups(), "relays": len(self.relays.groups),
             "seq": self.events.seq,
             **self.status_extra(),
         }

@@ -27,11 +27,13 @@ from elasticd.exporter import MetricsExporter, bind_host_of
 from elasticd.failover import Failover
 from elasticd.job_store import JobStore
 from elasticd.member import Member
+from elasticd.member_mesh import MemberMesh
 from elasticd.membership import MemoryStore
-from elasticd.mesh import CoordinatorMesh, MemberMesh
+from elasticd.mesh import CoordinatorMesh
 from elasticd.names import CTL_PREFIX, EventKind, JobState, MeshOp, NodeState, Role
 from elasticd.node import NodeAgent
 from elasticd.protocol import Envelope
+from elasticd.relay import Relay
 from elasticd.round_store import RoundStore
 from elasticd.runtime import advertised_addr, is_local_host, remove_endpoints, socket_ifname_env, write_endpoints
 from elasticd.spawner import Spawner, Zygote
@@ -68,9 +70,7 @@ class Daemon:
         self.channel = WorkerChannel(self.ctx, cfg, self.node)
         self.node.output_step = self.channel.on_output_step  # --metrics-from-output feeds the shim's metrics path
         self.member = Member(cfg, self.node, self.channel, self.to_coord, self, self.events, self.publish_event,
-                             self.on_forwarded_reply, connect_timeout_s, is_coordinator=False,
-                             backlog=lambda: self.member_mesh is not None and self.member_mesh.backlog(),
-                             link_up=lambda: self.member_mesh is not None and self.member_mesh.link_up)
+                             self.on_forwarded_reply, connect_timeout_s, is_coordinator=False, link=CurrentLink(self))
         self.zygote: Zygote | None = None
         self.keys: NodeKeys | None = None
         self.gate: Gatekeeper | None = None
@@ -78,6 +78,7 @@ class Daemon:
         self.exporter: MetricsExporter | None = None  # --metrics-port
         self.failover: Failover | None = None  # --rdzv-backend etcd: the coordinator is elected (elasticd/failover.py)
         self.job_store = JobStore()  # the coordinator's: in-place resizes of shim workers
+        self.relay: Relay | None = None  # in a job with relays: where this node relays for others when told to
 
     # ---- set-up ------------------------------------------------------------------------------
     def bind_mesh(self) -> None:
@@ -99,9 +100,30 @@ class Daemon:
             self.coordinator = Coordinator(self.cfg, MemoryStore(), self.send_to_node, self.events,
                                            self.on_job_event, connected=self.coord_mesh.connected,
                                            backlog=self.coord_mesh.backlog, send_all=self.send_to_nodes)
+            self.coord_mesh.relay_of = self.coordinator.relays.via_of
             self.member.is_coordinator = True
         else:
-            self.member_mesh = MemberMesh(self.ctx, endpoint, self.cfg.node_id, self.node.instance, self.keys)
+            self.member_mesh = self.new_member_mesh(endpoint)
+
+    def new_member_mesh(self, endpoint: str) -> MemberMesh:
+        """Our link to the coordinator at `endpoint`; a relay's batches from it go to our relay."""
+        mesh = MemberMesh(self.ctx, endpoint, self.cfg.node_id, self.node.instance, self.keys)
+        mesh.on_switched = lambda: self.member.speak(time.time())
+        if self.relay is not None:
+            mesh.on_batch = self.relay.deliver
+        return mesh
+
+    def bind_relay(self) -> None:
+        """Every daemon of a job with relays can be told to relay (the embedded coordinator's node never is)."""
+        if self.cfg.relay_size and self.coordinator is None:
+            self.relay = Relay(self.ctx, self.host, self.keys, self.cfg.port_range, self.to_coordinator_as_relay)
+            if self.member_mesh is not None:
+                self.member_mesh.on_batch = self.relay.deliver
+
+    def to_coordinator_as_relay(self, parts: list[bytes]) -> bool:
+        """Our relay's batch goes up our own link (a relay is never relayed itself)."""
+        mesh = self.member_mesh
+        return mesh is not None and self.member.registered and mesh.send_parts(parts)
 
     async def start(self) -> None:
         if self.cfg.keys_dir:
@@ -113,9 +135,11 @@ class Daemon:
             self.gate = Gatekeeper(self.ctx, store, self.node_event)  # refused keys become events
             self.gate.start()
         self.bind_mesh()
+        self.bind_relay()
         self.plane = ControlPlane(self)
         self.endpoints = self.plane.bind()
-        self.node.endpoints = {"control": self.endpoints["control"], "pub": self.endpoints["pub"]}
+        self.node.endpoints = {"control": self.endpoints["control"], "pub": self.endpoints["pub"],
+                               **({"relay": self.relay.endpoint} if self.relay else {})}
         if self.keys is not None:
             self.tunnel = TunnelServer(self.ctx, self.keys, self.host, self.cfg.port_range)
             self.node.endpoints["store_tunnel"] = self.tunnel.endpoint
@@ -153,6 +177,8 @@ class Daemon:
             self.tasks.append(asyncio.create_task(self.member_mesh.serve(lambda _s, env: self.member.receive(env))))
         if self.tunnel is not None:
             self.tasks.append(asyncio.create_task(self.tunnel.serve()))
+        if self.relay is not None:
+            self.tasks.append(asyncio.create_task(self.relay.serve()))
         if self.coordinator is not None and not self.cfg.no_python:
             self.coordinator.resizer.store_pending = True  # the first round waits for it: its workers use it
             self.spawn(self.start_job_store(self.coordinator))
@@ -204,6 +230,8 @@ class Daemon:
         self.channel.close()
         if self.tunnel is not None:
             self.tunnel.close()
+        if self.relay is not None:
+            self.relay.close()
         if self.failover is not None:  # after our workers stopped: resigning lets the next daemon take over now
             self.failover.close()
             self.coord_mesh = None
@@ -365,6 +393,26 @@ class Daemon:
         task = asyncio.create_task(coro)
         self.tasks.append(task)
         task.add_done_callback(log_failure)
+
+
+class CurrentLink:
+    """The member mesh the daemon holds now, as its Member sees it (failover replaces the mesh; none: we coordinate)."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.d = daemon
+
+    def backlog(self) -> bool:
+        return self.d.member_mesh is not None and self.d.member_mesh.backlog()
+
+    def link_up(self) -> bool:
+        return self.d.member_mesh is not None and self.d.member_mesh.link_up
+
+    def route(self, via: str) -> None:
+        if self.d.member_mesh is not None:
+            self.d.member_mesh.route(via)
+
+    def state(self) -> dict[str, str]:
+        return self.d.member_mesh.state() if self.d.member_mesh is not None else {}
 
 
 def log_failure(task: asyncio.Task[Any]) -> None:

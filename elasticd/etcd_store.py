@@ -28,7 +28,7 @@ ROUND_WRITE_TIMEOUT_S = 3.0  # a round is sent only once etcd holds it: this lon
 RETRY_S = 0.2
 # What a takeover needs of a node; last_seen, worker records and metrics come back with the next heartbeats.
 NODE_FIELDS = ("node_id", "host", "nproc", "instance", "joined_seq", "node_rank", "role", "status", "ports",
-               "control", "pub", "store_tunnel", "restarts")
+               "control", "pub", "store_tunnel", "relay_endpoint", "via", "restarts")
 
 
 class Deposed(Exception):

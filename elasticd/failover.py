@@ -28,7 +28,8 @@ from elasticd.etcd_client import EtcdClient, EtcdClusterChanged, EtcdUnavailable
 from elasticd.etcd_store import Deposed, EtcdStore, Snapshot, StoreUnavailable, job_prefix
 from elasticd.events import EventLog
 from elasticd.member import Member
-from elasticd.mesh import CoordinatorMesh, MemberMesh
+from elasticd.member_mesh import MemberMesh
+from elasticd.mesh import CoordinatorMesh
 from elasticd.names import ENDED, Cause, EventKind, JobState, MeshOp, NodeState, NodeStatus, Role
 from elasticd.node import NodeAgent
 from elasticd.protocol import Envelope
@@ -62,6 +63,7 @@ class Host(Protocol):
     def send_to_node(self, node_id: str, op: MeshOp, body: dict[str, Any]) -> None: ...
     def send_to_nodes(self, node_ids: list[str], op: MeshOp, body: dict[str, Any]) -> None: ...
     def to_coord(self, op: MeshOp, body: dict[str, Any]) -> None: ...
+    def new_member_mesh(self, endpoint: str) -> MemberMesh: ...
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
     async def finish(self, state: str, reason: str, code: int | None = None, message: str = "") -> None: ...
     async def start_job_store(self, coordinator: Coordinator) -> None: ...
@@ -183,9 +185,10 @@ class Failover:
         reset_events(d.events, snap.events)
         store = EtcdStore(self.client, self.prefix, leader.key, leader.epoch, event_capacity=d.events.capacity,
                           snapshot=snap, fresh=fresh)
-        self.mesh.identities, self.mesh.fds = {}, {}  # only daemons that register with us now are routes
+        self.mesh.forget()  # only daemons that register with us now are routes
         c = Coordinator(d.cfg, store, self.send, d.events, d.on_job_event, connected=self.mesh.connected,
                         backlog=self.mesh.backlog, send_all=self.send_all)
+        self.mesh.relay_of = c.relays.via_of
         c.status_extra = self.status_extra
         store.job_state = lambda: job_record(c)
         store.events_since = lambda seq: d.events.query(since_seq=seq, limit=0)
@@ -234,7 +237,7 @@ class Failover:
         if leader.endpoint != self.member_endpoint or d.member_mesh is None:
             if d.member_mesh is not None:
                 d.member_mesh.close()
-            d.member_mesh = MemberMesh(d.ctx, leader.endpoint, d.cfg.node_id, d.node.instance, d.keys)
+            d.member_mesh = d.new_member_mesh(leader.endpoint)
             self.member_endpoint = leader.endpoint
             d.spawn(self.serve_member(d.member_mesh))
         m, now = d.member, time.time()
@@ -402,6 +405,11 @@ def restore(c: Coordinator, snap: Snapshot, now: float) -> None:
         c.state, c.reason = JobState(job["state"]), str(job["reason"])
     c.round = snap.rounds[-1] if snap.rounds else None
     me = c.cfg.node_id
+    c.relays.rebuild(c.alive())
+    c.replace_relay(me, now)  # we coordinate now: a group we relayed for moves behind the next of its members
+    c.relays.direct(me)
+    if me in c.nodes:
+        c.nodes[me].via = ""
     for node in c.alive():
         node.last_seen = now + TAKEOVER_GRACE_S
     for node in c.alive():

@@ -23,7 +23,16 @@ EXIT_COORDINATOR_LOST = 3
 WEDGED_LIMITS = 10
 # What a node on its way out still acts on: its workers' drain, and the word that it is out (or the job is over).
 LEAVING_OPS = frozenset({MeshOp.left, MeshOp.job_end, MeshOp.hb, MeshOp.probe, MeshOp.step_query,
-                         MeshOp.drain_workers, MeshOp.checkpoint_workers, MeshOp.resize_workers})
+                         MeshOp.drain_workers, MeshOp.checkpoint_workers, MeshOp.resize_workers, MeshOp.relay})
+
+
+class MeshLink(Protocol):
+    """The member's link to the coordinator as the member sees it (member_mesh.py; failover may replace it)."""
+
+    def backlog(self) -> bool: ...  # frames from the coordinator wait to be read
+    def link_up(self) -> bool: ...  # the coordinator's (or our relay's) process holds our connection
+    def route(self, via: str) -> None: ...  # send through this relay endpoint from now on ("": directly)
+    def state(self) -> dict[str, str]: ...  # the heartbeat's `via` (and `via_failed`)
 
 
 class Lifecycle(Protocol):
@@ -40,8 +49,7 @@ class Member:
     def __init__(self, cfg: JobConfig, node: NodeAgent, channel: WorkerChannel, to_coord: ToCoordinator,
                  life: Lifecycle, events: EventLog, publish: Callable[[dict[str, Any]], None],
                  on_forwarded_reply: Callable[[Envelope], None], connect_timeout_s: float,
-                 is_coordinator: bool, backlog: Callable[[], bool] = lambda: False,
-                 link_up: Callable[[], bool] = lambda: False) -> None:
+                 is_coordinator: bool, link: MeshLink) -> None:
         self.cfg = cfg
         self.node = node
         self.channel = channel
@@ -53,8 +61,7 @@ class Member:
         self.connect_timeout_s = connect_timeout_s
         self.is_coordinator = is_coordinator  # this daemon also holds the coordinator role
         self.await_election = False  # --rdzv-backend etcd: a silent coordinator is replaced, not the end of the job
-        self.backlog = backlog  # frames from the coordinator not yet read: its silence is judged only once they are
-        self.link_up = link_up  # the coordinator's process holds our connection (mesh.py): slow, not gone
+        self.link = link  # its silence is judged only once its frames are read, and slow is not gone (link_up)
         self.registered = False
         self.leaving = False  # set once: a leaving node never registers again, whatever it is told
         self.events_pub = ""  # the coordinator's PUB, where the job's events are published (from the welcome)
@@ -81,6 +88,7 @@ class Member:
             MeshOp.checkpoint_workers: lambda body: channel.request(StepRequest.checkpoint, body),
             MeshOp.resize_workers: lambda body: channel.request(StepRequest.resize, body),
             MeshOp.kill_worker: lambda body: life.spawn(node.kill_worker(int(body["rank"]))),
+            MeshOp.relay: lambda body: link.route(str(body.get("via") or "")),
         }
 
     # ---- the coordinator's messages -------------------------------------------------------------
@@ -102,6 +110,7 @@ class Member:
             self.registered, self.duplicate_since = True, 0.0
             self.events_pub = str(body.get("events_pub", ""))
             self.node.state = str(body.get("role", NodeState.active))
+            self.link.route(str(body.get("via") or ""))  # in a large job: through a relay from now on
             if body.get("prewarm"):
                 self.life.spawn(self.node.in_place.prestart())
             return
@@ -134,6 +143,7 @@ class Member:
     # ---- what this node says ---------------------------------------------------------------------
     def register(self) -> None:
         self.last_register = time.time()
+        self.link.route("")  # registering is always direct: a relay forwards only for members it was given
         self.to_coord(MeshOp.register, self.node.register_body())
 
     def start_registering(self) -> None:
@@ -191,9 +201,14 @@ class Member:
         """Silent past the loss limit (our own lateness credited, its queued frames read) and its connection
         dropped; or, connection held, silent for WEDGED_LIMITS times as long."""
         silent = now - self.last_coord
-        if silent <= self.cfg.lost_after_s or self.backlog():
+        if silent <= self.cfg.lost_after_s or self.link.backlog():
             return False
-        return not self.link_up() or silent > WEDGED_LIMITS * self.cfg.lost_after_s
+        return not self.link.link_up() or silent > WEDGED_LIMITS * self.cfg.lost_after_s
+
+    def speak(self, now: float) -> None:
+        """A heartbeat now: each interval, and on a new link at once (the coordinator learns the route from it)."""
+        if self.registered and not self.departed:
+            self.to_coord(MeshOp.hb, {**self.node.heartbeat_body(now), **self.link.state()})
 
     def beat(self, now: float) -> None:
         """Once a heartbeat interval: retry registering, or send a heartbeat and watch the coordinator."""
@@ -210,7 +225,7 @@ class Member:
             elif now - self.last_register >= 1.0:
                 self.register()
             return
-        self.to_coord(MeshOp.hb, self.node.heartbeat_body(now))
+        self.speak(now)
         if self.await_election:
             return  # elasticd/failover.py points us at whoever etcd elects next
         if not self.is_coordinator and self.coordinator_gone(now):

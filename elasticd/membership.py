@@ -26,6 +26,8 @@ class NodeRecord:
     control: str = ""
     pub: str = ""
     store_tunnel: str = ""  # with --keys: the ROUTER other nodes reach this node's round store through
+    relay_endpoint: str = ""  # in a job with relays: where this node relays for others, if it is told to
+    via: str = ""  # the node it sends through (its relay); "": the coordinator directly
     workers: list[dict[str, Any]] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
     restarts: dict[Cause, int] = field(default_factory=lambda: dict.fromkeys(RESTART_CAUSES, 0))  # its workers

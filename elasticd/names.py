@@ -56,6 +56,8 @@ class MeshOp(StrEnum):
     checkpoint_workers = "checkpoint_workers"
     resize_workers = "resize_workers"  # shim ranks leave their group at the agreed step, keeping their process
     kill_worker = "kill_worker"
+    relay = "relay"  # where the member sends from now on: its relay's endpoint, or "" for the coordinator
+
 
 
 class TunnelOp(StrEnum):
@@ -67,6 +69,11 @@ class TunnelOp(StrEnum):
 
 
 CTL_PREFIX = "ctl."  # a member forwards an operator request as `ctl.<verb>`; the answer comes back as a `rep`
+# A relay's batches (`docs/protocol.md` §9.5): the first part of a multipart message between a relay and the
+# coordinator; JSON frames start with `{`, so neither can be taken for the other.
+RELAY_UP = b"relay-up"  # relay -> coordinator: identity, frame, identity, frame... (an empty frame: that link closed)
+RELAY_DOWN = b"relay-down"  # coordinator -> relay: identity, frame pairs, each frame for that member
+RELAY_MANY = b"relay-many"  # coordinator -> relay: one frame, then every identity it goes to
 
 
 class EventKind(StrEnum):
@@ -84,6 +91,7 @@ class EventKind(StrEnum):
     first_step = "first_step"
     stop_barrier_timeout = "stop_barrier_timeout"
     job_end = "job_end"
+    relay_replaced = "relay_replaced"  # a relay went: its group now sends through another of its members
     # --rdzv-backend etcd (elasticd/failover.py)
     coordinator_elected = "coordinator_elected"
     etcd_unreachable = "etcd_unreachable"

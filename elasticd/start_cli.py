@@ -61,7 +61,8 @@ def add_start_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
          help="CURVE key store (see `elasticd keys`): encrypts and authenticates every socket")
     flag("port-range", default="", metavar="LOW-HIGH",
          help="ports for what the daemon opens to other nodes beyond --rdzv-endpoint/--control/--pub (with --keys: "
-         "the store tunnel; with --rdzv-backend etcd: the mesh), so a firewall can admit them (default: ephemeral)")
+         "the store tunnel; with --rdzv-backend etcd: the mesh; in a job with relays: the relay), so a firewall can "
+         "admit them (default: ephemeral)")
     flag("insecure", action="store_true", help="allow binding a non-loopback address without --keys (dangerous)")
     flag("no-zygote", action="store_true", help="exec a fresh interpreter per worker instead of forking "
          "from one that pre-imported torch (slower restarts)")
@@ -107,12 +108,14 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
         metrics_port=parse_metrics_port(ns.metrics_port),
         etcd_endpoints=parse_endpoints(ns.rdzv_endpoint) if etcd else (),
         lease_ttl_s=int(conf.get("lease_ttl", 5)), etcd_outage_s=float(conf.get("etcd_outage_timeout", 300.0)),
+        relay_group=conf.get("relay_group", 32), relay_from=conf.get("relay_from", 256),
     )
     if cfg.metrics_from_output:
         compile_pattern(cfg.metrics_from_output)
     check_exposure(cfg)
-    if cfg.port_range and not cfg.keys_dir and not cfg.etcd_endpoints:
-        notes.append("--port-range is unused without --keys: the store tunnel is the only port it places")
+    if cfg.port_range and not cfg.keys_dir and not cfg.etcd_endpoints and not cfg.relay_size:
+        notes.append("--port-range is unused here: it places the store tunnel (--keys), the mesh (--rdzv-backend "
+                     "etcd) and the relay (a job with relays), and this job has none of them")
     for note in notes + conf_notes + std_notes:
         print(f"elasticd start: {note}", file=sys.stderr, flush=True)
     return cfg, timeouts["connect_timeout"]

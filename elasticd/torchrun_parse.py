@@ -26,6 +26,13 @@ def _count(text: str) -> int:
     return value
 
 
+def _natural(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
 def _bool(text: str) -> bool:
     if text.lower() not in (*_TRUE, *_FALSE):
         raise ValueError(text)
@@ -42,6 +49,8 @@ _RDZV_CONF: dict[str, tuple[str | None, Callable[[str], Any] | str]] = {
     "is_host": ("is_host", _bool),
     "lease_ttl": ("lease_ttl", _count),  # --rdzv-backend etcd: the coordinator's lease, seconds
     "etcd_outage_timeout": ("etcd_outage_timeout", _positive),  # ... how long the job runs without etcd
+    "relay_group": ("relay_group", _natural),  # members per relay; 0: none (docs/architecture.md "Relays")
+    "relay_from": ("relay_from", _count),  # relays only in jobs whose --nnodes max is at least this
     "last_call_timeout": (None, "the coordinator forms a round after its own short settle window"),
     "close_timeout": (None, "a round closes when the coordinator starts it"),
     "store_type": (None, "workers use torch's own store at MASTER_ADDR:MASTER_PORT"),
@@ -66,7 +75,8 @@ def parse_rdzv_conf(text: str) -> tuple[dict[str, Any], list[str]]:
         try:
             settings[setting] = handling(value)
         except ValueError:
-            kind = "true or false" if handling is _bool else "a positive number"
+            kinds: dict[Callable[[str], Any], str] = {_bool: "true or false", _natural: "0 or more"}
+            kind = kinds.get(handling, "a positive number")
             raise ConfigError(f"--rdzv-conf: {key} must be {kind}, got {value!r}") from None
     return settings, notes
 

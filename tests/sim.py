@@ -97,6 +97,9 @@ class SimNode:
     Knobs: `stop_s` (how long old workers take to stop; None: never), `spawn_s`, `shim` with `step0` and
     `step_time` (steps advance with the clock while workers run), `save_s` (a drain's checkpoint), `mute`
     (ops it silently ignores), `delay` (its link latency). States: `kill()`, `freeze()`/`thaw()`, `blip()`.
+    In a job with relays (`relay_group`, `relay_from`) each offers a relay and sends through the one it is told
+    (`via`): a frozen relay holds what its members send until it thaws, a dead one drops it and its members go
+    direct at once (their links to it closed), as member_mesh.py does.
     """
 
     def __init__(self, sim: Sim, node_id: str, nproc: int = 2, *, shim: bool = False, step0: int = 0,
@@ -127,6 +130,11 @@ class SimNode:
         self.last_register = self.last_beat = 0.0
         self.beats = BeatDiff()  # heartbeats carry changes only, as node.py's do
         self.ports = sim.ports()  # offered until a round makes one of them its master port
+        self.relay_endpoint = f"tcp://{node_id}.sim:1" if sim.cfg.relay_size else ""
+        if self.relay_endpoint:
+            sim.relays[self.relay_endpoint] = self
+        self.via = ""  # the relay endpoint this node sends through
+        self.held_for_others: deque[tuple[SimNode, MeshOp, dict[str, Any]]] = deque()  # frozen relay: held
         self.handlers: dict[str, Callable[[dict[str, Any]], None]] = {
             MeshOp.welcome: self.on_welcome, MeshOp.hb: lambda b: self.beats.ack(b.get("beat")),
             MeshOp.unknown: self.on_unknown,
@@ -136,11 +144,25 @@ class SimNode:
             MeshOp.checkpoint_workers: lambda _b: None,
             MeshOp.kill_worker: lambda b: self.fail_worker(int(b["rank"])),
             MeshOp.left: self.on_left,
+            MeshOp.relay: lambda b: self.route(str(b.get("via") or "")),
         }
 
     # ---- plumbing --------------------------------------------------------------------------------
     def send(self, op: MeshOp, body: dict[str, Any]) -> None:
-        self.sim.to_coordinator(self, op, body)
+        relay = self.sim.relays.get(self.via) if self.via else None
+        if relay is None:
+            self.sim.to_coordinator(self, op, body)
+        elif relay.frozen:
+            relay.held_for_others.append((self, op, body))
+        elif not relay.killed:
+            self.sim.to_coordinator(self, op, body)
+
+    def route(self, via: str) -> None:
+        """Send through the relay at `via` from now on ("": directly); a heartbeat on the new link at once."""
+        if via != self.via:
+            self.via = via
+            if self.registered:
+                self.send(MeshOp.hb, self.heartbeat_body())
 
     def later(self, delay: float, fn: Callable[..., None], *args: Any) -> None:
         """A node-side timer; like a message, it is lost on a dead node and held on a frozen one."""
@@ -181,6 +203,9 @@ class SimNode:
         """SIGKILL: the daemon and (PDEATHSIG) its workers are gone, its connection closes; it never answers again."""
         self.killed, self.running = True, False
         self.sim.connection_closed(self)
+        for node in self.sim.nodes.values():  # its relay links closed too: its group goes direct
+            if self.relay_endpoint and node.via == self.relay_endpoint and not node.killed:
+                node.route("")
 
     def blip(self, down_s: float) -> None:
         """Its link resets: the connection closes and the DEALER reconnects `down_s` later (a quiet moment:
@@ -197,6 +222,9 @@ class SimNode:
     def thaw(self) -> None:
         """SIGCONT: what arrived meanwhile runs in order, and an overdue heartbeat goes out at once."""
         self.frozen = False
+        while self.held_for_others:  # what its group sent through it meanwhile goes on now
+            node, op, body = self.held_for_others.popleft()
+            self.sim.to_coordinator(node, op, body)
         while self.inbox and not self.frozen:
             fn, args = self.inbox.popleft()
             fn(*args)
@@ -227,8 +255,10 @@ class SimNode:
     def register(self) -> None:
         self.last_register = self.sim.clock.now
         self.beats.reset()
+        self.via = ""  # registering is direct
+        relay = {"relay": self.relay_endpoint} if self.relay_endpoint else {}
         self.send(MeshOp.register, {"node_id": self.node_id, "instance": self.instance, "host": f"{self.node_id}.sim",
-                                    "nproc": self.nproc, "ports": self.ports, "control": "", "pub": ""})
+                                    "nproc": self.nproc, "ports": self.ports, "control": "", "pub": "", **relay})
 
     def beat(self) -> None:
         if self.departed or (self.leaving and not self.registered):
@@ -242,9 +272,10 @@ class SimNode:
         self.send(MeshOp.hb, self.heartbeat_body())
 
     def heartbeat_body(self) -> dict[str, Any]:
-        return self.beats.body({"instance": self.instance, "ports": self.ports, "workers": [], "state": self.state,
+        body = self.beats.body({"instance": self.instance, "ports": self.ports, "workers": [], "state": self.state,
                                 "round": self.round_id, "assigned": self.latest_round,
                                 "metrics": {str(r): m for r, m in self.rank_metrics().items()}}, self.sim.clock.now)
+        return {**body, "via": self.via} if self.relay_endpoint else body
 
     def step(self) -> int | None:
         """The newest step this node's shim ranks reported; None without the shim or running workers."""
@@ -264,6 +295,7 @@ class SimNode:
         if body.get("ok"):
             self.registered, self.refused = True, ""
             self.state = str(body.get("role", NodeState.active))
+            self.route(str(body.get("via") or ""))
         else:
             self.refused = str(body.get("reason", "registration refused"))
 
@@ -388,6 +420,7 @@ class Sim:
                                        clock=self.clock, connected=self.connected, backlog=lambda: bool(self.held))
         self.stalled = False  # the coordinator's loop stands still: frames wait for it in `held`
         self.held: deque[tuple[SimNode, str, dict[str, Any]]] = deque()
+        self.relays: dict[str, SimNode] = {}  # nodes by their relay endpoint (a job with relays)
         self.nodes = {n: SimNode(self, n, nproc) for n in ids}
         self.sched.later(tick_s, self.tick)
 

@@ -38,8 +38,9 @@ def member(queued: list[bool], link: list[bool] | None = None) -> tuple[Member, 
     node = SimpleNamespace(heartbeat_body=lambda _now: {}, beats=SimpleNamespace(ack=lambda _beat: None))
     life = Life()
     m = Member(cfg, node, SimpleNamespace(), lambda _op, _body: None, life, EventLog(),  # type: ignore[arg-type]
-               lambda _event: None, lambda _env: None, 60.0, is_coordinator=False, backlog=lambda: queued[0],
-               link_up=lambda: bool(link and link[0]))
+               lambda _event: None, lambda _env: None, 60.0, is_coordinator=False,
+               link=SimpleNamespace(backlog=lambda: queued[0], link_up=lambda: bool(link and link[0]),
+                                    route=lambda _via: None, state=dict))
     m.registered, m.last_coord = True, T0
     m.receive(Envelope("req", MeshOp.hb, {"seq": 1}, node="a"))
     m.last_coord = T0  # as if that answer came at T0
