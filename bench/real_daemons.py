@@ -2,7 +2,9 @@
 
 Every node is a real `elasticd start --no-zygote` with one plain worker (tests/workers/ticker.py). Reports the
 rounds each phase took (one each is the goal), false `node_lost` events, the wall time of each phase and the
-coordinator daemon's CPU seconds (psutil, its pid only), then its steady CPU % over 10 s.
+coordinator daemon's CPU seconds (psutil, its pid only), then its steady CPU % over 10 s. `--relay-group G`
+runs the job with relays of G members (`--rdzv-conf relay_group=G,relay_from=2`: 128 nodes are below the default
+threshold of 256), and the victim of the SIGKILL is then a relay.
 """
 
 from __future__ import annotations
@@ -63,8 +65,9 @@ def keep_output(job: Job, logs: Path) -> dict[str, str]:
     return exited
 
 
-def run(nodes: int, tmp: Path, logs: Path | None = None) -> dict[str, Any]:
-    job = Job(tmp, nnodes=f"{nodes}:{nodes + 1}", nproc=1, extra=["--no-zygote"])
+def run(nodes: int, tmp: Path, logs: Path | None = None, relay_group: int = 0) -> dict[str, Any]:
+    relays = ["--rdzv-conf", f"relay_group={relay_group},relay_from=2"] if relay_group else []
+    job = Job(tmp, nnodes=f"{nodes}:{nodes + 1}", nproc=1, extra=["--no-zygote", *relays])
     names = [f"n{i:04d}" for i in range(nodes)]
     try:
         start = time.monotonic()
@@ -73,12 +76,17 @@ def run(nodes: int, tmp: Path, logs: Path | None = None) -> dict[str, Any]:
         for name in names[1:]:
             job.start(name, TICKER, "--interval", "1", wait=False)
             time.sleep(START_GAP_S)
-        result: dict[str, Any] = {"nodes": nodes, "formation": phase(job, meter, 0, nodes, start)}
+        result: dict[str, Any] = {"nodes": nodes, "relay_group": relay_group,
+                                  "formation": phase(job, meter, 0, nodes, start)}
         seq = job.seq()
         start = time.monotonic()
         job.start("newcomer", TICKER, "--interval", "1", wait=False)
         result["join"] = phase(job, meter, seq, nodes + 1, start)
         seq, victim = job.seq(), names[5]
+        if relay_group:  # the worst loss in a job with relays: one that relays for others
+            nodes_now = job.status()["nodes"]
+            victim = next(n["via"] for n in nodes_now if n["via"])
+            result["sigkill_relayed_for"] = sum(n["via"] == victim for n in nodes_now)
         start = time.monotonic()
         job.daemons[victim].kill_with_workers()
         result["sigkill"] = phase(job, meter, seq, nodes, start)
@@ -90,6 +98,7 @@ def run(nodes: int, tmp: Path, logs: Path | None = None) -> dict[str, Any]:
             lost = client.call("events", kinds=[EventKind.node_lost], limit=0)["events"]
         result["false_node_lost"] = sum(1 for e in lost if e["node"] != victim)
         result["node_lost"] = [e["node"] for e in lost]
+        result["relays"] = job.status()["relays"]
         result["load_average"] = [round(x, 1) for x in os.getloadavg()]
         return result
     finally:
@@ -106,11 +115,12 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=128)
     parser.add_argument("--out", default="")
     parser.add_argument("--logs", default="", help="keep every daemon's stderr in this folder (<node>.log)")
+    parser.add_argument("--relay-group", type=int, default=0, help="members per relay (0: no relays)")
     args = parser.parse_args()
     os.environ["PYTHONFAULTHANDLER"] = "1"  # the daemons inherit it: a stuck one shows where (keep_output)
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(args.logs) if args.logs else None
-        result = {"machine": f"{cpu_model()} (shared)", **run(args.nodes, Path(tmp), logs)}
+        result = {"machine": f"{cpu_model()} (shared)", **run(args.nodes, Path(tmp), logs, args.relay_group)}
     publish(result, args.out)
     return 0
 

@@ -40,7 +40,7 @@ from elasticd.config import JobConfig
 from elasticd.coordinator import Coordinator
 from elasticd.events import EventLog
 from elasticd.membership import MemoryStore
-from elasticd.names import MeshOp
+from elasticd.names import RELAY_DOWN, RELAY_MANY, RELAY_UP, MeshOp
 from elasticd.protocol import Envelope, ProtocolError, _may_overflow, arg, decode, encode
 from elasticd.runtime import id_digest
 from tui.feeds import ingest
@@ -447,7 +447,9 @@ class Live:
     def __init__(self, tmp: Path) -> None:
         script = tmp / "stepper.py"
         script.write_text(STEPPER)
-        self.job = Job(tmp, nnodes="1:2", nproc=1, extra=["--preload", "json", "--hang-timeout", "30"])
+        # Relays on (as in a job of 256 nodes): b relays for nobody, and its relay ROUTER is fuzzed too.
+        self.job = Job(tmp, nnodes="1:2", nproc=1, extra=["--preload", "json", "--hang-timeout", "30",
+                                                           "--rdzv-conf", "relay_group=1,relay_from=2"])
         self.daemons = {node: self.job.start(node, script) for node in "ab"}
         self.round = self.job.wait_event("round_started", lambda e: e["world_size"] == 2)
         self.steps = self.wait_steps({0: 0, 1: 0})
@@ -557,12 +559,19 @@ def test_live_worker_channel_ignores_garbage(live: Live) -> None:
 
 @st.composite
 def mesh_frame(draw: st.DrawFn) -> tuple[bytes | None, list[bytes]]:
-    """Garbage from an anonymous DEALER, or envelopes from strangers that speak for themselves."""
-    if draw(st.booleans()):
+    """Garbage from an anonymous DEALER, envelopes from strangers that speak for themselves, or relay batches
+    from strangers that speak for others (the members `a` and `b` among them)."""
+    kind = draw(st.sampled_from(["garbage", "stranger", "batch"]))
+    if kind == "garbage":
         return None, draw(st.lists(FRAME, min_size=1, max_size=3))
     name = draw(st.sampled_from(["fuzz1", "fuzz2", "zz"]))
     op = draw(st.sampled_from([o for o in PEER_OPS if o != "register" and not o.startswith("ctl.")]))
-    return f"{name}|x".encode(), [envelope(op, draw(BODY), node=name)]
+    frame = envelope(op, draw(BODY), node=draw(st.sampled_from([name, "a", "b"])))
+    if kind == "stranger":
+        return f"{name}|x".encode(), [frame]
+    marker = draw(st.sampled_from([RELAY_UP, RELAY_DOWN, RELAY_MANY]))
+    member = draw(st.sampled_from([b"a|x", b"b|x", b"zz|y", b""]))
+    return f"{name}|x".encode(), [marker, *draw(st.lists(st.sampled_from([member, frame, b""]), max_size=5))]
 
 
 def test_live_mesh_ignores_garbage_dealers(live: Live) -> None:
@@ -579,6 +588,27 @@ def test_live_mesh_ignores_garbage_dealers(live: Live) -> None:
     try:
         fuzzed(250, garbage, st.lists(mesh_frame(), min_size=1, max_size=4))
         live.check()  # after at least 3 s: a disturbed membership would show as a lost node by now
+    finally:
+        for sock in socks.values():
+            sock.close()
+
+
+def test_live_relay_forwards_garbage_that_changes_nothing(live: Live) -> None:
+    """A relay passes on what it reads unread; the coordinator takes none of it from a stranger (nor a member's
+    frame through a relay it was not given)."""
+    relay = next(n["relay_endpoint"] for n in live.before["nodes"] if n["node_id"] == "b")
+    socks: dict[bytes | None, zmq.Socket] = {}
+
+    def garbage(cases: Counter[str], frames: list[tuple[bytes | None, list[bytes]]]) -> None:
+        for identity, parts in frames:
+            if identity not in socks:
+                socks[identity] = dealer(relay, identity)
+            socks[identity].send_multipart(parts)
+            cases["live.relay"] += 1
+
+    try:
+        fuzzed(250, garbage, st.lists(mesh_frame(), min_size=1, max_size=4))
+        live.check()
     finally:
         for sock in socks.values():
             sock.close()
