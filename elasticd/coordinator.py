@@ -280,9 +280,12 @@ class Coordinator:
             return False  # unknown to us (lost, or a coordinator restart): the node must register again
         node.last_seen = now
         # Absent fields did not change since a heartbeat we answered (elasticd/beats.py): keep the last values.
-        node.ports = list(body.get("ports", node.ports))
-        node.workers = body.get("workers", node.workers)
-        node.metrics = body.get("metrics", node.metrics)
+        if "ports" in body:
+            node.ports = list(body["ports"])
+        if "workers" in body:
+            node.workers = body["workers"]
+        if "metrics" in body:
+            node.metrics = body["metrics"]
         return True
 
     def check_route(self, node: NodeRecord, body: dict[str, Any], now: float) -> None:
