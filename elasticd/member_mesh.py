@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import zmq
 import zmq.asyncio
@@ -49,6 +49,17 @@ class Link:
         self.tasks: list[asyncio.Task[None]] = []
         self.sock.connect(endpoint)
 
+    def send(self, parts: list[bytes]) -> bool:
+        """Queued at once or not at all (NOBLOCK): an asyncio socket says which in the future it returns, which is
+        done already; a full queue or a closed socket is read from it here, not left to be logged as unretrieved."""
+        if self.sock.closed:
+            return False
+        sent = cast("asyncio.Future[Any]", self.sock.send_multipart(parts, flags=zmq.NOBLOCK))
+        error = sent.exception() if sent.done() else None
+        if error is not None:
+            log.debug("mesh: a message of %d parts to %s dropped: %s", len(parts), self.endpoint, error)
+        return error is None
+
     def readable(self) -> bool:
         return bool(int(self.sock.get(zmq.EVENTS)) & zmq.POLLIN)  # pyzmq re-arms its wakeup on `get`
 
@@ -89,20 +100,11 @@ class MemberMesh:
         return any(link.readable() for link in (self.link, *self.retiring, *filter(None, [self.pending])))
 
     def send(self, op: str, body: dict[str, Any], kind: str = "req", msg_id: str = "") -> None:
-        frame = encode(Envelope(kind, op, body, id=msg_id, node=self.node_id, ts=time.time()))
-        try:
-            self.link.sock.send(frame, flags=zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            log.debug("mesh send %s dropped: %s", op, exc)
+        self.link.send([encode(Envelope(kind, op, body, id=msg_id, node=self.node_id, ts=time.time()))])
 
     def send_parts(self, parts: list[bytes]) -> bool:
         """A relay's batch to the coordinator (a relay always talks to it directly)."""
-        try:
-            self.link.sock.send_multipart(parts, flags=zmq.NOBLOCK)
-            return True
-        except zmq.ZMQError as exc:
-            log.debug("mesh: a relay batch of %d parts dropped: %s", len(parts), exc)
-            return False
+        return self.link.send(parts)
 
     def route(self, via: str) -> None:
         """Send through the relay at `via` from now on ("": the coordinator itself)."""
