@@ -344,8 +344,9 @@ class Coordinator:
             self.release_barrier(node_id)  # a lost daemon's workers died with it (PDEATHSIG)
 
     def replace_relay(self, node_id: str, now: float) -> None:
-        """A relay went: the first of its group (join order) relays for the others now. Each moved member gets a
-        fresh loss window to switch links (its link to the dead relay dropped with it)."""
+        """A relay went: the first of its group (join order) relays for the others now. Each moved member gets time
+        to switch links: its link to a dead relay dropped with it, one to a relay cut off from us did not
+        (Member.leave_a_silent_relay)."""
         self.told_route.pop(node_id, None)
         successor, moved = self.relays.remove(
             node_id, lambda n: (not self.nodes[n].relay_endpoint, self.nodes[n].joined_seq))
@@ -354,7 +355,8 @@ class Coordinator:
         for member in sorted(moved):
             record = self.nodes[member]
             record.via = self.relays.via.get(member, "")
-            record.last_seen = max(record.last_seen, now)
+            # A loss limit to notice (a relay cut off from us keeps its members' links up) and one to switch.
+            record.last_seen = max(record.last_seen, now + self.cfg.lost_after_s)
             self.told_route[member] = now
             self.send(member, MeshOp.relay, {"via": self.via_endpoint(record)})
         self.emit(EventKind.relay_replaced, node_id, relay=successor, nodes=len(moved))

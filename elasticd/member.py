@@ -210,6 +210,16 @@ class Member:
         if self.registered and not self.departed:
             self.to_coord(MeshOp.hb, {**self.node.heartbeat_body(now), **self.link.state()})
 
+    def leave_a_silent_relay(self, now: float) -> None:
+        """Nothing from the coordinator through our relay for a loss limit, its link up all the while: the relay
+        passes nothing on (cut off from the coordinator, or stalled). Straight to the coordinator, which names the
+        next relay once it has judged this one."""
+        if self.link.state().get("via") and now - self.last_coord > self.cfg.lost_after_s \
+                and not self.link.backlog():
+            log.warning("[%s] nothing from the coordinator through our relay for %.0fs; talking to it directly",
+                        self.cfg.node_id, now - self.last_coord)
+            self.link.route("")
+
     def beat(self, now: float) -> None:
         """Once a heartbeat interval: retry registering, or send a heartbeat and watch the coordinator."""
         self.note_stall(now)
@@ -226,6 +236,7 @@ class Member:
                 self.register()
             return
         self.speak(now)
+        self.leave_a_silent_relay(now)
         if self.await_election:
             return  # elasticd/failover.py points us at whoever etcd elects next
         if not self.is_coordinator and self.coordinator_gone(now):

@@ -33,14 +33,16 @@ class Life:
         raise AssertionError(message)
 
 
-def member(queued: list[bool], link: list[bool] | None = None) -> tuple[Member, Life]:
+def member(queued: list[bool], link: list[bool] | None = None, via: str = "",
+           routes: list[str] | None = None) -> tuple[Member, Life]:
     cfg = JobConfig(1, 2, 1, "127.0.0.1", 29400, "job", "b", ["train.py"])
     node = SimpleNamespace(heartbeat_body=lambda _now: {}, beats=SimpleNamespace(ack=lambda _beat: None))
     life = Life()
     m = Member(cfg, node, SimpleNamespace(), lambda _op, _body: None, life, EventLog(),  # type: ignore[arg-type]
                lambda _event: None, lambda _env: None, 60.0, is_coordinator=False,
                link=SimpleNamespace(backlog=lambda: queued[0], link_up=lambda: bool(link and link[0]),
-                                    route=lambda _via: None, state=dict))
+                                    route=(routes if routes is not None else []).append,
+                                    state=lambda: {"via": via}))
     m.registered, m.last_coord = True, T0
     m.receive(Envelope("req", MeshOp.hb, {"seq": 1}, node="a"))
     m.last_coord = T0  # as if that answer came at T0
@@ -93,3 +95,13 @@ def test_a_dropped_connection_and_3s_of_silence_end_the_node() -> None:
     assert beat_until(m, life, [T0 + 1, T0 + 2, T0 + 3, T0 + 4]) is None
     link[0] = False  # the coordinator died (its connection closed) or froze (the transport heartbeat timed out)
     assert beat_until(m, life, [T0 + 5]) == T0 + 5
+
+
+def test_a_relay_that_passes_nothing_on_for_3s_is_left_for_the_coordinator() -> None:
+    """Its link to us held (it lives, cut off from the coordinator or stalled): straight to the coordinator."""
+    routes: list[str] = []
+    m, life = member([False], [True], via="tcp://relay:1", routes=routes)
+    beat_until(m, life, [T0 + 1, T0 + 2, T0 + 3])
+    assert routes == []
+    beat_until(m, life, [T0 + 4])
+    assert routes == [""] and life.ended == []  # not the coordinator's silence: it has not judged it yet
