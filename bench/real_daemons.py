@@ -1,6 +1,7 @@
 """Many real daemons on one machine: `bench/real_daemons.py --nodes 128` forms, takes a join and a SIGKILL.
 
-Every node is a real `elasticd start --no-zygote` with one plain worker (tests/workers/ticker.py). Reports the
+Every node is a real `elasticd start --no-zygote` (or `--preload=MODULES` with `--preload`) with one plain worker
+(tests/workers/ticker.py). Reports the
 rounds each phase took (one each is the goal), false `node_lost` events, the wall time of each phase and the
 coordinator daemon's CPU seconds (psutil, its pid only), then its steady CPU % over 10 s. `--relay-group G`
 runs the job with relays of G members (`--rdzv-conf relay_group=G,relay_from=2`: 128 nodes are below the default
@@ -65,9 +66,11 @@ def keep_output(job: Job, logs: Path) -> dict[str, str]:
     return exited
 
 
-def run(nodes: int, tmp: Path, logs: Path | None = None, relay_group: int = 0) -> dict[str, Any]:
+def run(nodes: int, tmp: Path, logs: Path | None = None, relay_group: int = 0,
+        preload: str | None = None) -> dict[str, Any]:
     relays = ["--rdzv-conf", f"relay_group={relay_group},relay_from=2"] if relay_group else []
-    job = Job(tmp, nnodes=f"{nodes}:{nodes + 1}", nproc=1, extra=["--no-zygote", *relays])
+    spawn = ["--no-zygote"] if preload is None else [f"--preload={preload}"]
+    job = Job(tmp, nnodes=f"{nodes}:{nodes + 1}", nproc=1, extra=[*spawn, *relays])
     names = [f"n{i:04d}" for i in range(nodes)]
     try:
         start = time.monotonic()
@@ -76,7 +79,7 @@ def run(nodes: int, tmp: Path, logs: Path | None = None, relay_group: int = 0) -
         for name in names[1:]:
             job.start(name, TICKER, "--interval", "1", wait=False)
             time.sleep(START_GAP_S)
-        result: dict[str, Any] = {"nodes": nodes, "relay_group": relay_group,
+        result: dict[str, Any] = {"nodes": nodes, "relay_group": relay_group, "spawn": spawn[0],
                                   "formation": phase(job, meter, 0, nodes, start)}
         seq = job.seq()
         start = time.monotonic()
@@ -116,11 +119,14 @@ def main() -> int:
     parser.add_argument("--out", default="")
     parser.add_argument("--logs", default="", help="keep every daemon's stderr in this folder (<node>.log)")
     parser.add_argument("--relay-group", type=int, default=0, help="members per relay (0: no relays)")
+    parser.add_argument("--preload", default=None, help="fork workers from a zygote that imports these modules "
+                        "('' for none); default: --no-zygote")
     args = parser.parse_args()
     os.environ["PYTHONFAULTHANDLER"] = "1"  # the daemons inherit it: a stuck one shows where (keep_output)
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(args.logs) if args.logs else None
-        result = {"machine": f"{cpu_model()} (shared)", **run(args.nodes, Path(tmp), logs, args.relay_group)}
+        result = {"machine": f"{cpu_model()} (shared)",
+                  **run(args.nodes, Path(tmp), logs, args.relay_group, args.preload)}
     publish(result, args.out)
     return 0
 

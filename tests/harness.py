@@ -126,7 +126,7 @@ class Job:
                 "--rdzv-endpoint", f"{self.rdzv_host}:{self.port}", "--rdzv-id", self.job_id, "--node-id", node,
                 "--max-restarts", str(self.max_restarts), "--log-dir", str(self.tmp / "logs"),
                 "--grace-period", "3", *self.extra, *(extra or [])]
-        if script == TICKER and "--no-zygote" not in args:
+        if script == TICKER and "--no-zygote" not in args and not any(a.startswith("--preload") for a in args):
             args += ["--preload", "json"]  # the fork path without a torch import per daemon: tests stay fast
         args += [str(script), *script_args]
         daemon = DaemonProc(args, self.tmp, self.env, prefix)
