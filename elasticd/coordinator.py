@@ -516,8 +516,9 @@ class Coordinator:
         if previous is not None and self.state == JobState.running:
             self.restarts[cause] += 1
             for node_id in previous.node_ids():  # these nodes' workers are restarted by this round
-                if node_id in self.nodes and self.nodes[node_id].status == NodeStatus.alive:
-                    self.nodes[node_id].restarts[cause] += 1
+                node = self.nodes.get(node_id)
+                if node is not None and node.status == NodeStatus.alive:  # a new dict: the store sees the change
+                    node.restarts = {**node.restarts, cause: node.restarts[cause] + 1}
         first = sorted(members, key=lambda n: (n.node_id != self.cfg.node_id, n.joined_seq))  # ours is rank 0
         entries, world = build_rank_map([m.node_id for m in (first if previous is None else members)], self.nodes)
         master = self.nodes[entries[0].node_id]

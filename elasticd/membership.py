@@ -9,6 +9,10 @@ from typing import Any, Protocol
 from elasticd.names import RESTART_CAUSES, Cause, NodeStatus, Role
 
 TALLIED = frozenset({"role", "status"})  # the fields that move a record between `node_counts` groups
+# What a store keeps of a node (etcd_store.py), in this order; the rest is live state (last_seen, workers, metrics).
+KEPT = ("node_id", "host", "nproc", "instance", "joined_seq", "node_rank", "role", "status", "ports", "control", "pub",
+        "store_tunnel", "relay_endpoint", "via", "restarts")
+_KEPT = frozenset(KEPT)
 
 
 @dataclass
@@ -33,14 +37,15 @@ class NodeRecord:
     restarts: dict[Cause, int] = field(default_factory=lambda: dict.fromkeys(RESTART_CAUSES, 0))  # its workers
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # A tallied record tells its tally (elasticd/tally.py) when it changes group: counts cost O(1), not a scan.
+        # A tallied record tells its tally (elasticd/tally.py) when it changes group: counts cost O(1), not a scan;
+        # a stored one tells its store (`_changed`, etcd_store.py) a kept field changed: a sync writes only those.
         tally = self.__dict__.get("_tally") if name in TALLIED else None
-        if tally is None:
-            object.__setattr__(self, name, value)
-            return
-        before = self.group()
+        before = self.group() if tally is not None else ""
         object.__setattr__(self, name, value)
-        tally.moved(before, self.group())
+        if tally is not None:
+            tally.moved(before, self.group())
+        if name in _KEPT and (changed := self.__dict__.get("_changed")) is not None:
+            changed.add(self.node_id)
 
     def group(self) -> str:
         """Its group in `status`'s `node_counts`: `alive/<role>`, or `lost`, or `left`."""
