@@ -14,7 +14,7 @@ from elasticd.config import STOP_SLACK_S, JobConfig
 from elasticd.coordinator import Coordinator
 from elasticd.events import EventLog
 from elasticd.member import LEAVING_OPS
-from elasticd.membership import MemoryStore, Round
+from elasticd.membership import MembershipStore, MemoryStore, Round
 from elasticd.names import JobState, MeshOp, NodeState
 from elasticd.protocol import Envelope
 from elasticd.step_agreement import local_answer
@@ -405,7 +405,7 @@ class Sim:
 
     def __init__(self, nodes: int | Iterable[str] = 3, *, nproc: int = 2, min_nodes: int | None = None,
                  max_nodes: int | None = None, delay: float = 0.001, tick_s: float = 0.05, trace: bool = True,
-                 **cfg: Any) -> None:
+                 store: MembershipStore | None = None, **cfg: Any) -> None:
         ids = [f"n{i:04d}" for i in range(nodes)] if isinstance(nodes, int) else list(nodes)
         self.cfg = JobConfig(min_nodes or len(ids), max_nodes or len(ids), nproc, "127.0.0.1", 29400, "simjob",
                              ids[0], ["train.py"], **cfg)
@@ -416,7 +416,7 @@ class Sim:
         self.events: list[dict[str, Any]] = []
         self.order = itertools.count()
         self._ports = itertools.count(20000)
-        self.coordinator = Coordinator(self.cfg, MemoryStore(), self.to_node, EventLog(100_000), self.on_event,
+        self.coordinator = Coordinator(self.cfg, store or MemoryStore(), self.to_node, EventLog(100_000), self.on_event,
                                        clock=self.clock, connected=self.connected, backlog=lambda: bool(self.held))
         self.stalled = False  # the coordinator's loop stands still: frames wait for it in `held`
         self.held: deque[tuple[SimNode, str, dict[str, Any]]] = deque()
