@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 from sim import COORD, Sim
 
+from elasticd.config import JobConfig
+from elasticd.coordinator import Coordinator
+from elasticd.etcd_store import Snapshot
+from elasticd.events import EventLog
+from elasticd.failover import restore
+from elasticd.membership import MemoryStore
 from elasticd.names import EventKind, MeshOp
 from elasticd.relay_plan import RelayPlan
 
@@ -117,3 +126,23 @@ def test_a_member_off_its_assignment_is_told_again_once_an_interval_and_a_failed
     mark = sim.mark()
     sim.run(3.0)
     assert sim.msgs(MeshOp.relay, dst=node.node_id, since=mark) == [] and sim.of(K.node_lost) == []
+
+
+def test_a_takeover_keeps_the_groups_and_moves_the_new_coordinators_own_group() -> None:
+    """With etcd the records keep each member's relay; the daemon that takes over may have been a relay itself."""
+    cfg = JobConfig(1, 8, 1, "127.0.0.1", 29400, "job", "a", ["train.py"], relay_group=2, relay_from=1)
+    old = Coordinator(cfg, MemoryStore(), lambda *_: None, EventLog(), lambda _e: None)
+    for seq, node_id in enumerate("abcdef", 1):
+        old.register({"node_id": node_id, "instance": f"i-{node_id}", "host": "h", "nproc": 1,
+                      "relay": f"tcp://{node_id}:1"}, float(seq))
+    assert old.relays.groups == {"b": {"c", "d"}, "e": {"f"}}
+    sent: list[tuple[str, str, dict[str, Any]]] = []
+    new = Coordinator(replace(cfg, node_id="b"), MemoryStore(), lambda *m: sent.append(m), EventLog(),
+                      lambda _e: None)
+    for record in old.nodes.values():
+        new.store.put_node(replace(record))
+    restore(new, Snapshot(nodes=dict(new.nodes), alive={n: f"i-{n}" for n in "abcdef"}), 10.0)
+    assert new.relays.groups == {"c": {"d"}, "e": {"f"}}  # b coordinates now: its group follows c
+    assert {n: r.via for n, r in new.nodes.items()} == {"a": "", "b": "", "c": "", "d": "c", "e": "", "f": "e"}
+    assert [(n, b["via"]) for n, op, b in sent if op == MeshOp.relay] == [("c", ""), ("d", "tcp://c:1")]
+    assert [e["kind"] for e in new.events.query()] == [K.relay_replaced]
