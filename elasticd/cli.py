@@ -18,6 +18,7 @@ from elasticd.commands import REGISTRY, Command
 from elasticd.config import ConfigError
 from elasticd.keys_cli import add_keys_parser, run_keys
 from elasticd.render import event
+from elasticd.runtime import raise_open_file_limit
 from elasticd.start_cli import add_start_parser, config_from_args
 
 
@@ -128,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     logging._srcfile = None
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     logsink.configure(sys.stderr)
+    if raised := raise_open_file_limit():
+        logging.getLogger("elasticd").info("open files: soft limit %d -> %d (workers keep %d)", *raised, raised[0])
     try:
         cfg, connect_timeout = config_from_args(ns)
     except ConfigError as err:

@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import resource
 import socket
 import tempfile
 from collections.abc import Mapping
@@ -27,6 +28,35 @@ def runtime_dir() -> Path:
     path.mkdir(parents=True, exist_ok=True)
     os.chmod(path, 0o700)  # ipc:// sockets live here: only this user may connect
     return path
+
+
+# The soft limit on open files this daemon was started with; its workers get it back (see raise_open_file_limit).
+_user_open_files: int | None = None
+NR_OPEN = 1 << 20  # Linux's default fs.nr_open, the most a soft limit may be: plenty for any job
+
+
+def raise_open_file_limit() -> tuple[int, int] | None:
+    """Lift this process's soft limit on open files to the hard one, as the daemon may hold a connection per member
+    (1,024, a common default, is below a coordinator's 2,048 without relays). Returns (was, now) when raised.
+    Workers are the user's programs and may still use select(), which fails past fd 1,023: restore_open_file_limit
+    gives them the limit they were started with."""
+    global _user_open_files
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = NR_OPEN if hard == resource.RLIM_INFINITY else min(hard, NR_OPEN)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return None
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):  # fs.nr_open lowered below the hard limit: keep what we have
+        return None
+    _user_open_files = soft
+    return soft, target
+
+
+def restore_open_file_limit() -> None:
+    """In a child before it becomes a worker or the zygote: the soft limit the daemon was started with."""
+    if _user_open_files is not None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (_user_open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
 
 NAME_MAX = 200  # bytes of a runtime file name, below the file system's 255 with room for suffixes

@@ -14,6 +14,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from elasticd.runtime import restore_open_file_limit
+
 log = logging.getLogger("elasticd")
 _PR_SET_PDEATHSIG = 1
 DEFAULT_PRELOAD = "torch,torch.distributed,torch.nn.parallel,torch._dynamo"
@@ -33,6 +35,7 @@ def _die_with_parent(parent: int) -> Callable[[], None]:
 
     def setup() -> None:
         os.setsid()
+        restore_open_file_limit()
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent:  # the daemon died between fork and prctl
             os._exit(1)
@@ -75,7 +78,7 @@ class Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._proc = await asyncio.create_subprocess_exec(
             self.python, "-m", "elasticd.zygote", str(theirs.fileno()), self.preload, env=self.env,
-            pass_fds=(theirs.fileno(),), stdin=asyncio.subprocess.DEVNULL)
+            pass_fds=(theirs.fileno(),), stdin=asyncio.subprocess.DEVNULL, preexec_fn=restore_open_file_limit)
         theirs.close()
         ours.setblocking(False)
         self._sock = ours

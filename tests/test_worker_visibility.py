@@ -1,4 +1,5 @@
-"""Forked workers show in ps as their script with a rank tag, so pkill -f finds them; the zygote names its job."""
+"""Forked workers show in ps as their script with a rank tag, so pkill -f finds them; the zygote names its job.
+Workers keep the open-file limit the daemon was started with, while the daemon lifts its own."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import sys
 from pathlib import Path
 
 import psutil
-from harness import PLAIN, Job, free_port
+import pytest
+from harness import PLAIN, TICKER, Job, free_port
 
 from elasticd.proctitle import worker_title, zygote_title
+from elasticd.runtime import NR_OPEN
 
 ENV = {"ELASTICD_JOB_ID": "j1", "ELASTICD_NODE_ID": "n1", "RANK": "3", "ELASTICD_ROUND": "7"}
 TAG = "[elastic job=j1 node=n1 rank=3 round=7]"
@@ -74,5 +77,21 @@ def test_ps_shows_script_and_rank_and_pkill_f_is_recovered_like_a_crash(tmp_path
         again = job.wait_event("workers_started", since=crash["seq"])
         daemon.wait_line(rf"\[a:0\] world_size=2 rank=0 round={again['round']} ")
         assert f"rank=1 round={again['round']}]" in ps_args()[again["pids"][1]]
+    finally:
+        job.close()
+
+
+@pytest.mark.parametrize("spawn", ["--preload=json", "--no-zygote"])
+def test_daemon_lifts_its_open_file_limit_and_workers_keep_the_users(tmp_path: Path, spawn: str) -> None:
+    hard = psutil.Process().rlimit(psutil.RLIMIT_NOFILE)[1]
+    job = Job(tmp_path, nnodes="1", nproc=2)
+    try:
+        daemon = job.start("a", TICKER, extra=[spawn], prefix=["prlimit", f"--nofile=256:{hard}", "--"])
+        started = job.wait_event("workers_started")
+        expected = NR_OPEN if hard == psutil.RLIM_INFINITY else min(hard, NR_OPEN)
+        assert psutil.Process(daemon.proc.pid).rlimit(psutil.RLIMIT_NOFILE) == (expected, hard)
+        daemon.wait_line(rf"open files: soft limit 256 -> {expected} \(workers keep 256\)")
+        for pid in started["pids"]:
+            assert psutil.Process(pid).rlimit(psutil.RLIMIT_NOFILE) == (256, hard)
     finally:
         job.close()
