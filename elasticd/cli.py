@@ -129,8 +129,6 @@ def main(argv: list[str] | None = None) -> int:
     logging._srcfile = None
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     logsink.configure(sys.stderr)
-    if raised := raise_open_file_limit():
-        logging.getLogger("elasticd").info("open files: soft limit %d -> %d (workers keep %d)", *raised, raised[0])
     try:
         cfg, connect_timeout = config_from_args(ns)
     except ConfigError as err:
@@ -139,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     from elasticd.config import StartError
     from elasticd.daemon import Daemon
 
+    if raised := raise_open_file_limit():
+        logging.getLogger("elasticd").info("open files: soft limit %d -> %d (workers keep %d)", *raised, raised[0])
     try:
         return run_profiled(Daemon(cfg, connect_timeout).run())
     except StartError as err:
