@@ -26,8 +26,6 @@ log = logging.getLogger("elasticd")
 TXN_OPS = 100  # etcd refuses a txn of more than --max-txn-ops (128 by default)
 ROUND_WRITE_TIMEOUT_S = 3.0  # a round is sent only once etcd holds it: this long at most, else no round
 RETRY_S = 0.2
-# What a takeover needs of a node; last_seen, worker records and metrics come back with the next heartbeats.
-NODE_FIELDS = KEPT
 
 
 class Deposed(Exception):
@@ -43,7 +41,7 @@ def job_prefix(job_id: str) -> str:
 
 
 def node_record(data: dict[str, Any]) -> NodeRecord:
-    fields = {k: data[k] for k in NODE_FIELDS if k in data}
+    fields = {k: data[k] for k in KEPT if k in data}
     fields["role"], fields["status"] = Role(fields["role"]), NodeStatus(fields["status"])
     fields["restarts"] = {Cause(k): int(v) for k, v in fields.get("restarts", {}).items()}
     return NodeRecord(**fields)
@@ -149,7 +147,7 @@ class EtcdStore:
 
     @staticmethod
     def node_value(node: NodeRecord) -> bytes:
-        return encode({k: getattr(node, k) for k in NODE_FIELDS})
+        return encode({k: getattr(node, k) for k in KEPT})
 
     # ---- MembershipStore ----------------------------------------------------------------------------
     def nodes(self) -> dict[str, NodeRecord]:

@@ -97,7 +97,7 @@ class MemberMesh:
 
     def backlog(self) -> bool:
         """Frames wait to be read on some link: silence is judged only once they are."""
-        return any(link.readable() for link in (self.link, *self.retiring, *filter(None, [self.pending])))
+        return any(link.readable() for link in self._links())
 
     def send(self, op: str, body: dict[str, Any], kind: str = "req", msg_id: str = "") -> None:
         self.link.send([encode(Envelope(kind, op, body, id=msg_id, node=self.node_id, ts=time.time()))])
@@ -124,21 +124,23 @@ class MemberMesh:
         """For the heartbeat: the relay frames go through, and one that could not be reached."""
         return {"via": self.via, **({"via_failed": self.via_failed} if self.via_failed else {})}
 
-    async def serve(self, handler: Handler, on_batch: Batch | None = None) -> None:
+    async def serve(self, handler: Handler) -> None:
         self.handler = handler
-        if on_batch is not None:
-            self.on_batch = on_batch
-        for link in (self.link, *self.retiring, *filter(None, [self.pending])):
+        for link in self._links():
             self._start(link)
         await self.done.wait()
 
     def close(self) -> None:
-        for link in (self.link, *self.retiring, *filter(None, [self.pending])):
+        for link in self._links():
             link.close()
         self.retiring, self.pending = [], None
         self.done.set()
 
     # ---- links ------------------------------------------------------------------------------------
+    def _links(self) -> list[Link]:
+        """Every open link: the one we send on, those left behind, and a relay's not yet up."""
+        return [self.link, *self.retiring, *([self.pending] if self.pending is not None else [])]
+
     def _open(self, endpoint: str) -> Link:
         link = Link(self.ctx, endpoint, self.identity, self.keys)
         if self.handler is not None:

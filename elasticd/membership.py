@@ -9,7 +9,8 @@ from typing import Any, Protocol
 from elasticd.names import RESTART_CAUSES, Cause, NodeStatus, Role
 
 TALLIED = frozenset({"role", "status"})  # the fields that move a record between `node_counts` groups
-# What a store keeps of a node (etcd_store.py), in this order; the rest is live state (last_seen, workers, metrics).
+# What a store keeps of a node (etcd_store.py), in this order: what a takeover needs of it. The rest is live state
+# (last_seen, worker records, metrics) and comes back with the next heartbeats.
 KEPT = ("node_id", "host", "nproc", "instance", "joined_seq", "node_rank", "role", "status", "ports", "control", "pub",
         "store_tunnel", "relay_endpoint", "via", "restarts")
 _KEPT = frozenset(KEPT)

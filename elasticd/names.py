@@ -59,7 +59,6 @@ class MeshOp(StrEnum):
     relay = "relay"  # where the member sends from now on: its relay's endpoint, or "" for the coordinator
 
 
-
 class TunnelOp(StrEnum):
     """The store tunnel's frames (`docs/protocol.md` §9.3): one TCP connection to the round's store, relayed."""
 

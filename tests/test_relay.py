@@ -31,7 +31,8 @@ class Node:
         self.heard: list[Envelope] = []
         self.batches: list[bytes] = []  # the kind of each batch the coordinator sent its relay
         self.relay = Relay(ctx, "127.0.0.1", None, None, self.mesh.send_parts) if relays else None
-        self.tasks = [asyncio.create_task(self.mesh.serve(lambda _s, env: self.heard.append(env), self.deliver))]
+        self.mesh.on_batch = self.deliver
+        self.tasks = [asyncio.create_task(self.mesh.serve(lambda _s, env: self.heard.append(env)))]
         if self.relay is not None:
             self.tasks.append(asyncio.create_task(self.relay.serve()))
 
