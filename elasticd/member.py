@@ -63,6 +63,7 @@ class Member:
         self.await_election = False  # --rdzv-backend etcd: a silent coordinator is replaced, not the end of the job
         self.link = link  # its silence is judged only once its frames are read, and slow is not gone (link_up)
         self.registered = False
+        self.joined = False  # welcomed once: --connect-timeout is for a daemon that never joined
         self.leaving = False  # set once: a leaving node never registers again, whatever it is told
         self.events_pub = ""  # the coordinator's PUB, where the job's events are published (from the welcome)
         self.departed = False  # its last word (`leave` without grace) is sent: it only waits to exit now
@@ -107,7 +108,7 @@ class Member:
 
     def on_welcome(self, body: dict[str, Any]) -> None:
         if body.get("ok"):
-            self.registered, self.duplicate_since = True, 0.0
+            self.registered, self.joined, self.duplicate_since = True, True, 0.0
             self.events_pub = str(body.get("events_pub", ""))
             self.node.state = str(body.get("role", NodeState.active))
             self.link.route(str(body.get("via") or ""))  # in a large job: through a relay from now on
@@ -220,6 +221,29 @@ class Member:
                         self.cfg.node_id, now - self.last_coord)
             self.link.route("")
 
+    def registration_overdue(self, now: float) -> bool:
+        """--connect-timeout bounds a start; a daemon that joined once (a thawed coordinator stepped down, a member
+        told `unknown`) registers again for as long as its coordinator lives: on etcd for as long as it takes (the
+        election names the next one), else while the coordinator is heard from within that timeout."""
+        if not self.joined:
+            return now - self.first_register > self.connect_timeout_s
+        return not self.await_election and now - self.last_coord > self.connect_timeout_s
+
+    def give_up_registering(self, now: float) -> None:
+        if not self.joined:
+            self.life.fail_start(f"rendezvous endpoint {self.cfg.rdzv_host}:{self.cfg.rdzv_port} did not answer "
+                                 f"within {self.connect_timeout_s:.0f}s; is the first elasticd of job "
+                                 f"'{self.cfg.job_id}' running on that host?")
+            return
+        self.coordinator_lost(now)
+
+    def coordinator_lost(self, now: float) -> None:
+        message = (f"coordinator of job '{self.cfg.job_id}' at {self.cfg.rdzv_host}:{self.cfg.rdzv_port} "
+                   f"stopped answering for {now - self.last_coord:.0f}s; the job cannot go on without it "
+                   "(no coordinator HA without --rdzv-backend etcd): workers stopped")
+        log.warning("[%s] %s", self.cfg.node_id, message)
+        self.life.spawn(self.life.finish("lost", message, EXIT_COORDINATOR_LOST, message))
+
     def beat(self, now: float) -> None:
         """Once a heartbeat interval: retry registering, or send a heartbeat and watch the coordinator."""
         self.note_stall(now)
@@ -228,10 +252,8 @@ class Member:
         if not self.registered:
             if not self.first_register:
                 return  # still warming up
-            if now - self.first_register > self.connect_timeout_s:
-                self.life.fail_start(f"rendezvous endpoint {self.cfg.rdzv_host}:{self.cfg.rdzv_port} did not "
-                                     f"answer within {self.connect_timeout_s:.0f}s; is the first elasticd of job "
-                                     f"'{self.cfg.job_id}' running on that host?")
+            if self.registration_overdue(now):
+                self.give_up_registering(now)
             elif now - self.last_register >= 1.0:
                 self.register()
             return
@@ -240,8 +262,4 @@ class Member:
         if self.await_election:
             return  # elasticd/failover.py points us at whoever etcd elects next
         if not self.is_coordinator and self.coordinator_gone(now):
-            message = (f"coordinator of job '{self.cfg.job_id}' at {self.cfg.rdzv_host}:{self.cfg.rdzv_port} "
-                       f"stopped answering for {now - self.last_coord:.0f}s; the job cannot go on without it "
-                       "(no coordinator HA without --rdzv-backend etcd): workers stopped")
-            log.warning("[%s] %s", self.cfg.node_id, message)
-            self.life.spawn(self.life.finish("lost", message, EXIT_COORDINATOR_LOST, message))
+            self.coordinator_lost(now)
