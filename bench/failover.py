@@ -9,11 +9,14 @@ interleaved per repetition:
   torchrun-etcd-v2   torchrun --rdzv-backend etcd-v2 on the same kind of cluster started with --enable-v2
                      (torch's v2-API backend, through python-etcd)
   torchrun-c10d      torchrun --rdzv-backend c10d: node a hosts the TCPStore, so its loss ends the job
+  elasticd-etcd-base elasticd-etcd as another checkout has it (--base-tree DIR, e.g. a `git worktree` of the
+                     commit to compare with): the same run, side by side
 
 The result is the first BENCH_STEP at world 2 from a process started after the kill; a system that never gets
 there within --timeout is reported as such, with how its processes ended.
 
-Usage: failover.py [--repeat 3] [--systems a,b] [--lease-ttl 3] [--timeout 90] [--out bench/results/failover.json]
+Usage: failover.py [--repeat 3] [--systems a,b] [--lease-ttl 3] [--timeout 90] [--base-tree DIR]
+                   [--out bench/results/failover.json]
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ from recovery import Job, Node, Rec, Timeout, charged
 sys.path.insert(0, str(ROOT / "tests"))
 from etcd_cluster import EtcdCluster
 
-SYSTEMS = ["elasticd-etcd", "torchrun-etcd-v2", "torchrun-c10d"]
+SYSTEMS = ["elasticd-etcd", "torchrun-etcd-v2", "torchrun-c10d", "elasticd-etcd-base"]
+DEFAULT_SYSTEMS = SYSTEMS[:3]
 NODES = "abc"
 TARGET_S = 5.0
 
@@ -49,11 +53,13 @@ class FailoverJob(Job):
     def __init__(self, system: str, rep: int, args: argparse.Namespace, logdir: Path, etcd: EtcdCluster | None):
         super().__init__(system, rep, args, logdir)
         self.etcd = etcd
+        if system == "elasticd-etcd-base":  # its daemons, workers and CLI import the other checkout's elasticd
+            self.env.update(PYTHONPATH=str(Path(args.base_tree).resolve()), PYTHONSAFEPATH="1")
 
     def cmd(self, node: str) -> list[str]:
         script = [str(TOY), "--ckpt", str(self.ckpt), "--step-time", str(self.args.step_time)]
         common = ["--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-id", self.job_id, "--max-restarts", "3"]
-        if self.system == "elasticd-etcd":
+        if self.elasticd:
             assert self.etcd is not None
             return [PY, "-m", "elasticd.cli", "start", *common, "--rdzv-backend", "etcd", "--rdzv-endpoint",
                     self.etcd.endpoints, "--rdzv-conf", f"lease_ttl={self.args.lease_ttl}", "--node-id", node,
@@ -84,7 +90,7 @@ def lifetime(system: str, rep: int, args: argparse.Namespace, logdir: Path) -> d
         first = job.new_world_step(3, t_launch, args.timeout)
         job.steady(first)
         charged_before = job.restarts()
-        victim = coordinator(job) if system == "elasticd-etcd" else "a"
+        victim = coordinator(job) if job.elasticd else "a"
         out["killed"] = victim
         victims = tree(job.nodes[victim].proc.pid)
         t_kill = time.time()
@@ -98,7 +104,7 @@ def lifetime(system: str, rep: int, args: argparse.Namespace, logdir: Path) -> d
         else:
             out |= {"seconds": None, "survivors_exit": {n.name: n.proc.poll() for n in survivors},
                     "ended_after_s": round(time.time() - t_kill, 3)}
-        if system == "elasticd-etcd":
+        if job.elasticd:
             out["rounds"] = elected(job)
     except Exception as exc:
         out["error"] = repr(exc)
@@ -177,7 +183,8 @@ def markdown(result: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS))
+    parser.add_argument("--base-tree", default="", help="the checkout elasticd-etcd-base runs")
     parser.add_argument("--lease-ttl", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=90.0)
     parser.add_argument("--step-time", type=float, default=0.05)
@@ -189,6 +196,8 @@ def main() -> int:
     systems = [s for s in args.systems.split(",") if s]
     if unknown := set(systems) - set(SYSTEMS):
         parser.error(f"unknown system(s) {sorted(unknown)}; choose from {SYSTEMS}")
+    if "elasticd-etcd-base" in systems and not Path(args.base_tree, "elasticd").is_dir():
+        parser.error("elasticd-etcd-base needs --base-tree: a checkout with elasticd/ in it")
     out = Path(args.out)
     logdir = out.parent / "logs"
     logdir.mkdir(parents=True, exist_ok=True)

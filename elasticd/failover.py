@@ -27,6 +27,7 @@ from elasticd.election import Elector, EtcdHealth, Leader
 from elasticd.etcd_client import EtcdClient, EtcdClusterChanged, EtcdUnavailable
 from elasticd.etcd_store import Deposed, EtcdStore, Snapshot, StoreUnavailable, job_prefix
 from elasticd.events import EventLog
+from elasticd.leader_probe import RECONNECT_GRACE_S, lease_of, refuses_connections
 from elasticd.member import Member
 from elasticd.member_mesh import MemberMesh
 from elasticd.mesh import CoordinatorMesh
@@ -237,7 +238,8 @@ class Failover:
         if leader.endpoint != self.member_endpoint or d.member_mesh is None:
             if d.member_mesh is not None:
                 d.member_mesh.close()
-            d.member_mesh = d.new_member_mesh(leader.endpoint)
+            d.member_mesh = mesh = d.new_member_mesh(leader.endpoint)
+            mesh.on_coordinator_down = lambda: self.coordinator_link_down(mesh)
             self.member_endpoint = leader.endpoint
             d.spawn(self.serve_member(d.member_mesh))
         m, now = d.member, time.time()
@@ -247,6 +249,26 @@ class Failover:
             m.register()
         else:
             d.to_coord(MeshOp.announce, {})  # still warming up: the first round waits for us
+
+    def coordinator_link_down(self, mesh: MemberMesh) -> None:
+        leader = self.leader
+        if mesh is self.d.member_mesh and leader is not None and leader.endpoint == mesh.coordinator:
+            self.d.spawn(self.replace_if_dead(mesh, leader))
+
+    async def replace_if_dead(self, mesh: MemberMesh, leader: Leader) -> None:
+        """The coordinator's link dropped: if its host refuses its port, its daemon is dead, and its lease goes now
+        rather than at its TTL (elasticd/leader_probe.py says why only then)."""
+        await asyncio.sleep(RECONNECT_GRACE_S)
+        if mesh.link_up or mesh is not self.d.member_mesh or self.leader != leader:
+            return
+        if not await refuses_connections(leader.endpoint):
+            return
+        log.warning("[%s] coordinator %s's daemon is gone (%s refuses connections): revoking its etcd lease so the "
+                    "next daemon takes over now", self.d.cfg.node_id, leader.node_id, leader.endpoint)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.client.revoke, lease_of(leader))
+        except Exception as exc:  # revoked by another member already, or etcd away: its lease still expires
+            log.info("[%s] etcd: revoking coordinator %s's lease: %s", self.d.cfg.node_id, leader.node_id, exc)
 
     async def serve_member(self, mesh: MemberMesh) -> None:
         with contextlib.suppress(zmq.ZMQError, asyncio.CancelledError):  # closed by a re-point

@@ -87,6 +87,7 @@ class MemberMesh:
         self.handler: Handler | None = None
         self.on_batch: Batch = lambda _parts: None
         self.on_switched: Callable[[], None] = lambda: None  # the member speaks on its new link at once
+        self.on_coordinator_down: Callable[[], None] = lambda: None  # our direct link to the coordinator dropped
         self.done = asyncio.Event()
         self.link = self._open(endpoint)
 
@@ -183,6 +184,8 @@ class MemberMesh:
                 log.warning("mesh: relay %s dropped node %s's link; talking to the coordinator directly", self.via,
                             self.node_id)
                 self._switch(self._open(self.coordinator), "")
+            elif not link.up and link is self.link:
+                self.on_coordinator_down()
 
     async def _receive(self, link: Link) -> None:
         while True:
