@@ -21,7 +21,7 @@ from elasticd.relay_plan import RelayPlan
 from elasticd.resize import Resizer
 from elasticd.step_agreement import WORKER_OPS, StepAgreement, StepQuery, StepRequest
 from elasticd.tally import ACTIVE, NodeTally
-from elasticd.transitions import DRAIN_TIMEOUT_S, After, Transition, TransitionKind
+from elasticd.transitions import DRAIN_TIMEOUT_S, SIGNAL_WINDOW_S, After, Transition, TransitionKind
 
 log = logging.getLogger("elasticd")
 Send = Callable[[str, MeshOp, dict[str, Any]], None]  # (node_id, op, body)
@@ -88,6 +88,7 @@ class Coordinator:
         self.connected = connected
         self.closed: dict[str, float] = {}  # node id -> when the mesh saw its connection close
         self.transition: Transition | None = None
+        self.stop_after_round = ""  # why the job stops once the round in place that follows takes its first step
         self.agreement = StepAgreement(self.send_all)
         self.resizer = Resizer(cfg.job_id, self.emit)  # in-place rounds (elasticd/resize.py)
         self.reformed = False  # the workers already stopped gracefully for the pending round
@@ -315,18 +316,33 @@ class Coordinator:
         if self.state != JobState.running or rnd is None or not rnd.has(node_id) \
                 or node_id == self.cfg.node_id or self.nodes[node_id].status != NodeStatus.alive:
             return False
-        trans = self.transition
-        if trans is None:
+        if self.transition is None:
             self.begin_transition(TransitionKind.drain, [node_id], Role.standby, After.round,
-                                  f"node {node_id} leaving: {reason}")
-            trans = self.transition
-            assert trans is not None
-        elif node_id not in trans.leaving:  # several preemption notices at once: one transition for all
-            trans.leaving.append(node_id)
+                                  f"node {node_id} leaving: {reason}", hold=SIGNAL_WINDOW_S)
+        self.fold_departing(node_id, reason)
+        return True
+
+    def fold_departing(self, node_id: str, reason: str) -> None:
+        """Several preemption notices at once (a job-wide signal): one transition, one agreed step for all."""
+        trans = self.transition
+        assert trans is not None
+        if trans.depart(node_id, reason):
             self.nodes[node_id].role = Role.draining
             self.emit(EventKind.node_role, node_id, role=Role.draining)
-        trans.departing[node_id] = reason
-        return True
+
+    def stop_gracefully(self, why: str, now: float) -> None:
+        """The job ends once every shim rank saved at one agreed step: folded into a transition in flight.
+
+        A transition whose ranks already agreed to resize in place saves nothing: the stop follows its round."""
+        trans = self.transition
+        if trans is None:
+            self.begin_transition(TransitionKind.stop, [], Role.standby, After.end, why, hold=SIGNAL_WINDOW_S)
+        elif trans.in_place:
+            self.stop_after_round = why
+        else:
+            log.info("[%s] %s: folded into %s %s, which now ends the job", self.cfg.node_id, why, trans.kind,
+                     trans.op_id)
+            trans.then, trans.detail = After.end, why
 
     def remove(self, node_id: str, status: NodeStatus, detail: str, now: float, reform: bool = True) -> None:
         """The node is gone; `reform` starts a round without it (a caller that starts one itself says False)."""
@@ -436,6 +452,7 @@ class Coordinator:
             self.release_barrier(None, forced=True)
         if self.state == JobState.waiting and now - self.waiting_since > self.cfg.join_timeout_s:
             self.end(JobState.failed, f"join timeout: {self.reason} for {self.cfg.join_timeout_s:.0f}s", now)
+        self.ask_step_when_due(now)
         self.finish_transition_if_ready(now)
         if self.resizer.expired(now):
             self.restart_after_resize(now)
@@ -599,6 +616,9 @@ class Coordinator:
             rnd.timeline["first_step"] = at
             self.emit(EventKind.first_step, node_id, round=round_id, cause=rnd.cause, timeline=self.timeline(rnd))
             self.resizer.first_step(rnd, at)
+            if self.stop_after_round and self.transition is None and self.state == JobState.running:
+                why, self.stop_after_round = self.stop_after_round, ""
+                self.begin_transition(TransitionKind.stop, [], Role.standby, After.end, why)
 
     @staticmethod
     def timeline(rnd: Round) -> dict[str, float]:
@@ -659,8 +679,11 @@ class Coordinator:
 
     # ---- graceful transitions and step agreement ----------------------------------------------------
     def begin_transition(self, kind: TransitionKind, leaving: list[str], final_role: Role, then: After,
-                         detail: str, cause: Cause = Cause.membership, detected: float = 0.0) -> str:
-        """Shim workers stop at one agreed step, plain ones get SIGTERM; returns the op id."""
+                         detail: str, cause: Cause = Cause.membership, detected: float = 0.0,
+                         hold: float = 0.0) -> str:
+        """Shim workers stop at one agreed step, plain ones get SIGTERM; returns the op id.
+
+        `hold` delays the step's question (a signal's window: more leaves may fold in first)."""
         assert self.round is not None
         op_id, now = new_id(), self.clock()
         for node_id in leaving:
@@ -672,8 +695,15 @@ class Coordinator:
                            now + DRAIN_TIMEOUT_S, detected or now, cause, detail)
         self.transition = trans
         self.emit(trans.events.started, op_id=op_id, nodes=leaving, detail=detail)
-        self.ask_step(op_id, StepRequest.drain)  # `step_agreed` carries the step every rank stops at
+        trans.ask_at = now + hold
+        self.ask_step_when_due(now)  # `step_agreed` carries the step every rank stops at
         return op_id
+
+    def ask_step_when_due(self, now: float) -> None:
+        trans = self.transition
+        if trans is not None and trans.ask_at and now >= trans.ask_at:
+            trans.ask_at = 0.0
+            self.ask_step(trans.op_id, StepRequest.drain)
 
     def node_drained(self, node_id: str, now: float) -> None:
         trans = self.transition
@@ -751,10 +781,10 @@ class Coordinator:
         ours = trans is not None and trans.op_id == query.op_id
         request = query.request
         # A handover (our own node departing, etcd) drains with a checkpoint: the next coordinator's round restarts.
-        if ours and trans is not None and trans.then == After.round and at_step is not None \
-                and self.cfg.node_id not in trans.departing \
+        if ours and trans is not None and self.keeps_state_in_place(trans) and at_step is not None \
                 and request == StepRequest.drain and self.resizer.agree(query, self.clock()):
             request = StepRequest.resize  # every rank leaves its group at that step and keeps its process
+            trans.in_place = True
         self.emit(EventKind.step_agreed, op_id=query.op_id, op=request, at_step=at_step)
         if ours and trans is not None:  # no shim worker reports steps (there): nobody will say `drained`
             trans.awaiting = set() if at_step is None else trans.awaiting - query.plain
@@ -762,6 +792,13 @@ class Coordinator:
         # one that did not answer in time is told anyway.
         self.send_all([n for n in self.round.node_ids() if n not in query.plain], WORKER_OPS[request],
                       {"request_id": query.op_id, "at_step": at_step})
+
+    def keeps_state_in_place(self, trans: Transition) -> bool:
+        """Whether a round follows that holds the ranks' state without a checkpoint: not when the job ends, our
+        own node hands over (etcd), or fewer than --nnodes min stay (their workers would be stopped to wait)."""
+        assert self.round is not None
+        return trans.then == After.round and self.cfg.node_id not in trans.departing \
+            and len(trans.stays(self.round.node_ids())) >= self.cfg.min_nodes
 
     def resize_failed(self, round_id: int, reason: str, now: float) -> None:
         if self.resizer.failed(round_id, reason):

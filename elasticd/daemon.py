@@ -30,7 +30,7 @@ from elasticd.member import Member
 from elasticd.member_mesh import MemberMesh
 from elasticd.membership import MemoryStore
 from elasticd.mesh import CoordinatorMesh
-from elasticd.names import CTL_PREFIX, EventKind, JobState, MeshOp, NodeState, Role
+from elasticd.names import CTL_PREFIX, EventKind, JobState, MeshOp, NodeState
 from elasticd.node import NodeAgent
 from elasticd.protocol import Envelope
 from elasticd.relay import Relay
@@ -39,7 +39,6 @@ from elasticd.runtime import advertised_addr, is_local_host, remove_endpoints, s
 from elasticd.spawner import Spawner, Zygote
 from elasticd.store_host import LOOPBACK
 from elasticd.store_tunnel import JOB_STORE, TunnelServer
-from elasticd.transitions import After, TransitionKind
 from elasticd.worker_channel import WorkerChannel
 from elasticd.workers import base_env
 
@@ -364,11 +363,11 @@ class Daemon:
             return
         why = f"{reason}; it is the coordinator, so the job ends (no coordinator HA without --rdzv-backend etcd)"
         c = self.coordinator
-        if self.signalled or c.state != JobState.running or c.transition is not None:
+        if self.signalled or c.state != JobState.running:
             c.end(JobState.stopped, why, time.time())
             return
         self.signalled = True
-        c.begin_transition(TransitionKind.stop, [], Role.standby, After.end, why)
+        c.stop_gracefully(why, time.time())  # a member's leave in flight (a job-wide signal) folds into it
         self.spawn(self.end_after_grace(why))
 
     async def end_after_grace(self, why: str) -> None:

@@ -34,7 +34,7 @@ from elasticd.mesh import CoordinatorMesh
 from elasticd.names import ENDED, Cause, EventKind, JobState, MeshOp, NodeState, NodeStatus, Role
 from elasticd.node import NodeAgent
 from elasticd.protocol import Envelope
-from elasticd.transitions import After, TransitionKind
+from elasticd.transitions import SIGNAL_WINDOW_S, After, TransitionKind
 
 log = logging.getLogger("elasticd")
 # After a takeover every member gets this long on top of the heartbeat rule to find the new coordinator.
@@ -378,15 +378,15 @@ class Failover:
             return False
         me, m = d.cfg.node_id, d.member
         rnd = c.round
-        if m.leaving or c.state != JobState.running or rnd is None or not rnd.has(me) or c.transition is not None:
+        if m.leaving or c.state != JobState.running or rnd is None or not rnd.has(me):
             m.depart(f"{reason}; handing the coordinator role over")  # `leave` to ourselves: left now, then exit
             return True
         m.leaving = True
         log.info("[%s] leaving gracefully (%s); the coordinator role goes to the next daemon", me, reason)
-        c.begin_transition(TransitionKind.drain, [me], Role.standby, After.round,
-                           f"node {me} leaving: {reason} (coordinator handover)")
-        assert c.transition is not None
-        c.transition.departing[me] = reason
+        if c.transition is None:
+            c.begin_transition(TransitionKind.drain, [me], Role.standby, After.round,
+                               f"node {me} leaving: {reason} (coordinator handover)", hold=SIGNAL_WINDOW_S)
+        c.fold_departing(me, reason)  # with the members' leaves in flight (a job-wide signal): one agreed step
         d.spawn(m.depart_after_grace(reason))
         return True
 

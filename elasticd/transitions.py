@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from elasticd.names import Cause, EventKind, Role, StrEnum
 
 DRAIN_TIMEOUT_S = 30.0  # past this, a transition completes without the ranks that never said `drained`
+# A scheduler signals every node of a job at once (SLURM's time limit or --signal, a Kubernetes job deleted): a
+# transition begun by a signal waits this long before it asks for the step, so that the other nodes' signals fold
+# into it and the whole job stops at one agreed step with a checkpoint (docs/architecture.md, "Job-wide signals").
+SIGNAL_WINDOW_S = 0.2
 
 
 class TransitionKind(StrEnum):
@@ -61,7 +65,23 @@ class Transition:
     cause: Cause = Cause.membership  # the cause of the round that follows
     detail: str = ""
     departing: dict[str, str] = field(default_factory=dict)  # node -> reason: leaves the job once this ends
+    ask_at: float = 0.0  # when to ask for the step (a signal's window); 0: asked
+    in_place: bool = False  # its step was agreed as a resize: the ranks keep their state, and save no checkpoint
 
     @property
     def events(self) -> TransitionEvents:
         return EVENTS[self.kind]
+
+    def depart(self, node_id: str, reason: str) -> bool:
+        """Fold one more leaving node into this transition: its ranks stop at the same agreed step.
+
+        Returns whether it is new to the transition (its role then changes to draining)."""
+        self.departing[node_id] = reason
+        if node_id in self.leaving:
+            return False
+        self.leaving.append(node_id)
+        return True
+
+    def stays(self, members: list[str]) -> list[str]:
+        """The members of the round that follows."""
+        return [n for n in members if n not in self.leaving]
