@@ -252,3 +252,50 @@ def test_past_the_outage_limit_without_etcd_the_job_stops_cleanly(tmp_path: Path
     finally:
         job.close()
         etcd.close()
+
+
+FREEZES = 5
+
+
+def freeze_the_coordinator(job: Job, nodes: str, mark: int) -> tuple[str, dict[str, Any]]:
+    """SIGSTOP of the coordinator's elasticd for 2 x the lease, then SIGCONT; the round the others formed meanwhile."""
+    coordinator = ask(job, nodes[0], "status")["coordinator"]
+    other = next(n for n in nodes if n != coordinator)
+    frozen = job.daemon(coordinator)
+    stopped = time.monotonic()
+    frozen.signal(signal.SIGSTOP)
+    try:
+        smaller = wait_event(job, other, "round_started", lambda e: e["world_size"] == len(nodes) - 1, since=mark)
+        time.sleep(max(0.0, stopped + 2 * LEASE_TTL - time.monotonic()))
+    finally:
+        frozen.signal(signal.SIGCONT)
+    return coordinator, smaller
+
+
+def test_a_coordinator_frozen_past_its_lease_rejoins_as_a_member_five_times_in_a_row(tmp_path: Path,
+                                                                                     etcd_binary: str) -> None:
+    """A paused VM, a long GC or swap stall: the thawed coordinator steps down and joins the new one as a member,
+    however long ago it started (--connect-timeout, here shorter than the test, bounds only a first start)."""
+    etcd = EtcdCluster(etcd_binary, tmp_path, size=3).start()
+    job = etcd_job(tmp_path, etcd, "2:4")
+    nodes = "abcd"
+    try:
+        for node in nodes:
+            job.start(node, TICKER, extra=["--connect-timeout", "5"])
+        mark = wait_event(job, "a", "round_started", lambda e: e["world_size"] == 4)["seq"]
+        for freeze in range(FREEZES):
+            coordinator, smaller = freeze_the_coordinator(job, nodes, mark)
+            assert smaller["node"] != coordinator
+            regrown = wait_event(job, smaller["node"], "round_started", lambda e: e["world_size"] == 4,
+                                 since=smaller["seq"], timeout=30)
+            assert coordinator in regrown["rank_map"], f"freeze {freeze}: {coordinator} did not rejoin"
+            status = ask(job, coordinator, "status")
+            assert status["coordinator"] == regrown["node"] != coordinator
+            exited = {n: job.daemon(n).proc.poll() for n in nodes if job.daemon(n).proc.poll() is not None}
+            assert not exited, f"freeze {freeze}: daemons exited {exited}"
+            wait_ticks(job, nodes)
+            mark = regrown["seq"]
+        assert "did not answer within" not in "".join(job.daemon(n).output() for n in nodes)
+    finally:
+        job.close()
+        etcd.close()
