@@ -1,4 +1,4 @@
-"""A tiny PyTorch Lightning DDP job with ElasticCallback: live steps, forced checkpoints, zero-loss drains.
+"""A tiny PyTorch Lightning DDP job whose only elastic line is ElasticCallback(): live steps, zero-loss drains.
 
 Runs under `elasticd start`, plain torchrun, or as one process. CPU and gloo; nothing is downloaded.
 Usage: train_lightning.py --steps N --ckpt-dir DIR [--step-time S] [--step-log DIR]
@@ -18,7 +18,6 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 from trainer_shim.integrations.lightning import ElasticCallback
 
@@ -28,8 +27,7 @@ DATASET = 1000  # synthetic samples
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--ckpt-dir", default="checkpoints")
-    parser.add_argument("--ckpt-every", type=int, default=50, help="ModelCheckpoint's own save every K steps")
+    parser.add_argument("--ckpt-dir", default="run", help="the Trainer's default_root_dir (checkpoints/ in it)")
     parser.add_argument("--batch", type=int, default=8, help="per-rank batch")
     parser.add_argument("--step-time", type=float, default=0.0, help="extra sleep per step (seconds)")
     parser.add_argument("--step-log", default="", help="folder: each rank appends every step it trains")
@@ -76,12 +74,12 @@ def main() -> int:
     elastic = ElasticCallback()
     trainer = pl.Trainer(
         accelerator="cpu", devices=devices, num_nodes=num_nodes, strategy="ddp" if num_nodes * devices > 1 else "auto",
-        max_steps=args.steps, max_epochs=-1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[ModelCheckpoint(dirpath=args.ckpt_dir, save_last=True, save_top_k=0,
-                                   every_n_train_steps=args.ckpt_every), elastic])
+        max_steps=args.steps, max_epochs=-1, default_root_dir=args.ckpt_dir, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[elastic])
     loader = torch.utils.data.DataLoader(synthetic_data(), batch_size=args.batch, shuffle=True)
     torch.manual_seed(0)
-    trainer.fit(Regression(args.step_time, args.step_log), loader, ckpt_path="last")
+    # No ckpt_path: under elasticd the callback resumes from its own checkpoint after a drain.
+    trainer.fit(Regression(args.step_time, args.step_log), loader)
     if elastic.drained:
         print(f"drained at step={trainer.global_step}", flush=True)
     return 0

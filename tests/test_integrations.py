@@ -5,19 +5,23 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from harness import ROOT, Job
 from test_shim_e2e import cli, sample_lines, wait_for
 
 from trainer_shim.integrations._common import ElasticCore
 
-# framework -> (the module its example needs, the example, what the zygote pre-imports for every worker)
+# framework -> (the module its example needs, the example, what the zygote pre-imports for every worker, its args)
+# The Lightning example is a plain script plus ElasticCallback(): no ModelCheckpoint, no ckpt_path.
 FRAMEWORKS = {
-    "lightning": ("lightning", ROOT / "examples" / "train_lightning.py", "lightning.pytorch"),
-    "transformers": ("transformers", ROOT / "examples" / "train_transformers.py", "transformers.trainer"),
+    "lightning": ("lightning", ROOT / "examples" / "train_lightning.py", "lightning.pytorch", ()),
+    "transformers": ("transformers", ROOT / "examples" / "train_transformers.py", "transformers.trainer",
+                     ("--ckpt-every", "0")),
 }
 
 
@@ -54,6 +58,16 @@ class Recorder:
     def should_checkpoint(self, step: int) -> bool:
         return self._take("checkpoint", step)
 
+    def report_checkpoint(self, step: int, path: str, nbytes: int, duration_s: float,
+                          request_id: str | None = None) -> None:
+        self.reports.append((step, None, nbytes))
+
+    def drained(self, step: int, request_id: str | None = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
 
 def test_the_core_reports_optimizer_steps_and_takes_requests_only_there() -> None:
     session = Recorder({"checkpoint": 5, "drain": 6})
@@ -75,6 +89,50 @@ def test_outside_elasticd_the_core_is_a_quiet_no_op(monkeypatch: pytest.MonkeyPa
     core.end()
 
 
+def fit_tiny(root: Path, due: dict[str, int], ckpt_path: str | None = None, enabled: bool = True) -> tuple[int, int]:
+    """A 6-step Lightning fit in this process with ElasticCallback on a stand-in session: (first step, last step)."""
+    import lightning.pytorch as pl
+
+    from trainer_shim.integrations.lightning import ElasticCallback
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net, self.started = torch.nn.Linear(2, 1), -1
+
+        def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+            return self.net(batch[0]).pow(2).mean()
+
+        def on_train_start(self) -> None:
+            self.started = self.trainer.global_step
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    session = Recorder(due)
+    session.enabled = enabled
+    callback = ElasticCallback()
+    callback.core = ElasticCore(session)  # type: ignore[arg-type]  # a duck-typed stand-in
+    trainer = pl.Trainer(accelerator="cpu", max_steps=6, default_root_dir=root, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[callback])
+    model = Tiny()
+    data = torch.utils.data.TensorDataset(torch.randn(32, 2))
+    trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=4), ckpt_path=ckpt_path)
+    return model.started, trainer.global_step
+
+
+def test_lightning_resumes_from_its_own_checkpoint_only_under_elasticd_and_when_the_script_names_none(
+        tmp_path: Path) -> None:
+    need("lightning")
+    assert fit_tiny(tmp_path, {"drain": 3}) == (0, 3)  # drained at step 3: last-elastic.ckpt holds it
+    shutil.copy(tmp_path / "checkpoints" / "last-elastic.ckpt", tmp_path / "mine.ckpt")
+    assert fit_tiny(tmp_path, {"drain": 5}) == (3, 5)  # no ckpt_path: the callback's own checkpoint
+    assert fit_tiny(tmp_path, {}, ckpt_path=str(tmp_path / "mine.ckpt")) == (3, 6)  # the script's wins (step 3)
+    assert fit_tiny(tmp_path, {}, enabled=False) == (0, 6)  # outside elasticd: plain Lightning, from step 0
+    assert fit_tiny(tmp_path, {}) == (5, 6)
+
+
 @pytest.mark.parametrize("blocked", [("transformers",), ("lightning", "lightning.pytorch", "pytorch_lightning")])
 def test_a_missing_framework_is_named_in_the_import_error(blocked: tuple[str, ...],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,12 +146,12 @@ def test_a_missing_framework_is_named_in_the_import_error(blocked: tuple[str, ..
 
 @pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
 def test_framework_job_reports_checkpoints_and_drains_without_losing_a_step(framework: str, tmp_path: Path) -> None:
-    module, example, preload = FRAMEWORKS[framework]
+    module, example, preload, own = FRAMEWORKS[framework]
     need(module)
     steps = tmp_path / "steps"
     job = Job(tmp_path, nnodes="1:2", nproc=1, extra=["--preload", preload])
-    args = ("--steps", "100000", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "0", "--step-time", "0.05",
-            "--step-log", str(steps))
+    args = ("--steps", "100000", "--ckpt-dir", str(tmp_path / "ckpt"), "--step-time", "0.05", "--step-log", str(steps),
+            *own)
     try:
         job.start("a", example, *args)
         job.start("b", example, *args)
@@ -113,13 +171,19 @@ def test_framework_job_reports_checkpoints_and_drains_without_losing_a_step(fram
         saved = job.wait_event("checkpoint_saved", lambda e: e["request_id"] == reply["op_id"], since=mark)
         assert saved["step"] == agreed["at_step"] and saved["bytes"] > 0 and os.path.exists(saved["path"])
 
-        # drain b: both ranks stop at one step with a checkpoint; a alone resumes right after it.
+        # drain b: both ranks stop at one step with a checkpoint; a alone resumes right after it (Lightning from
+        # the callback's own checkpoint: the script passes no ckpt_path).
         mark = job.seq()
-        cli(job, "drain", "b")
+        drain = cli(job, "drain", "b")
+        drained = job.wait_event("checkpoint_saved", lambda e: e["request_id"] == drain["op_id"], since=mark)
         shrunk = job.wait_event("round_started", lambda e: e["world_size"] == 1, since=mark, timeout=90)
         assert not job.wait_event("drain_complete", since=mark)["timed_out"]
         job.wait_event("first_step", since=shrunk["seq"], timeout=120)
-        wait_for(lambda: any(f"round{shrunk['round']}-" in p.name and p.read_text() for p in steps.iterdir()))
+
+        def resumed() -> list[str]:  # the steps rank 0 trained in the shrunk round
+            return [line for p in steps.glob(f"rank0-round{shrunk['round']}-*.log") for line in p.read_text().split()]
+        wait_for(lambda: bool(resumed()))
+        assert int(resumed()[0]) == drained["step"] + 1  # the step right after the drain's save: none lost
         trained = [step for step, _ in sample_lines(steps)[0]]
         assert trained == list(range(1, len(trained) + 1)), f"a step was lost or repeated: {trained}"
         assert job.status()["restarts"]["failure"] == 0

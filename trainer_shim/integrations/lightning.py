@@ -38,20 +38,48 @@ def _loss(outputs: Any) -> float | None:
 class ElasticCallback(pl.Callback):
     """Reports step, loss and samples; saves `FILENAME` on `elasticd checkpoint`; saves and stops on a drain.
 
-    `dirpath`: where the elastic checkpoint goes; by default the first ModelCheckpoint's folder, or
-    `<default_root_dir>/checkpoints`. Resume with `trainer.fit(..., ckpt_path="last")`, or pass the file
-    `path(trainer)` names.
+    Under elasticd, a `fit` given no `ckpt_path` resumes from `FILENAME` when it exists: a drained job picks up
+    at the next step with no change to the script. A `ckpt_path` the script passes wins (`"last"` finds this
+    file beside ModelCheckpoint's `last.ckpt` when both share a folder).
+
+    `dirpath`: where the elastic checkpoint goes; by default the first ModelCheckpoint's own `dirpath`, or
+    `<default_root_dir>/checkpoints`.
     """
 
     def __init__(self, dirpath: str | None = None) -> None:
         super().__init__()
         self.dirpath = dirpath
         self.core = ElasticCore()
+        self._folder: str | None = None  # fixed at the first setup, so every round looks in the same place
 
     def path(self, trainer: pl.Trainer) -> str:
-        folder = self.dirpath or getattr(trainer.checkpoint_callback, "dirpath", None) \
+        return os.path.join(self._folder or self._pick_folder(trainer), FILENAME)
+
+    def _pick_folder(self, trainer: pl.Trainer) -> str:
+        return self.dirpath or getattr(trainer.checkpoint_callback, "dirpath", None) \
             or os.path.join(trainer.default_root_dir, "checkpoints")
-        return os.path.join(folder, FILENAME)
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # Lightning runs checkpoint callbacks' setup last, so a ModelCheckpoint's dirpath is still the script's
+        # here: left unset, it becomes the logger's version_N folder, a new one each round, where no resume looks.
+        self._folder = self._folder or self._pick_folder(trainer)
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # ckpt_path is the script's by now (resolved: "last" found a file or None). FSDP and DeepSpeed load it only
+        # after this hook: theirs is then loaded over ours, so the script's choice still wins.
+        if trainer.ckpt_path is None and self.core.enabled:
+            self._resume(trainer)
+
+    def _resume(self, trainer: pl.Trainer) -> None:
+        path = self.path(trainer)
+        # Every rank follows rank 0: a rank that restored alone would train another model in lockstep with it.
+        if not trainer.strategy.broadcast(os.path.exists(path)):
+            return
+        # Lightning has no public call that restores a checkpoint into a fit under way (fit(ckpt_path=) is the
+        # public one, and the script gave none); the connector's restore() is what fit runs for it: module,
+        # callbacks, loops, optimizers and schedulers, then a barrier. Lightning itself restores FSDP and
+        # DeepSpeed runs at this same point, after the strategy's setup.
+        trainer._checkpoint_connector.restore(path)
 
     @property
     def drained(self) -> bool:
