@@ -7,7 +7,9 @@ import importlib.util
 import os
 import shutil
 import sys
+import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -131,6 +133,22 @@ def test_lightning_resumes_from_its_own_checkpoint_only_under_elasticd_and_when_
     assert fit_tiny(tmp_path, {}, ckpt_path=str(tmp_path / "mine.ckpt")) == (3, 6)  # the script's wins (step 3)
     assert fit_tiny(tmp_path, {}, enabled=False) == (0, 6)  # outside elasticd: plain Lightning, from step 0
     assert fit_tiny(tmp_path, {}) == (5, 6)
+
+
+def test_hugging_face_warns_when_training_starts_at_step_0_beside_a_checkpoint(tmp_path: Path) -> None:
+    need("transformers")
+    from trainer_shim.integrations.transformers import ElasticCallback
+
+    callback = ElasticCallback()
+    callback.core = ElasticCore(Recorder({}))  # type: ignore[arg-type]  # a duck-typed stand-in
+    args, state = SimpleNamespace(output_dir=str(tmp_path)), SimpleNamespace(global_step=0, is_world_process_zero=True)
+    (tmp_path / "checkpoint-7").mkdir()
+    with pytest.warns(UserWarning, match=r"checkpoint-7 holds a checkpoint.*resume_from_checkpoint="):
+        callback.on_train_begin(args, state, None)  # type: ignore[arg-type]
+    state.global_step = 7  # the script resumed: nothing to say
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        callback.on_train_begin(args, state, None)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("blocked", [("transformers",), ("lightning", "lightning.pytorch", "pytorch_lightning")])
