@@ -262,6 +262,8 @@ class Failover:
         if mesh.link_up or mesh is not self.d.member_mesh or self.leader != leader:
             return
         if not await refuses_connections(leader.endpoint):
+            log.info("[%s] coordinator %s's link dropped but %s does not refuse connections (frozen, or the network "
+                     "is cut): its lease decides", self.d.cfg.node_id, leader.node_id, leader.endpoint)
             return
         log.warning("[%s] coordinator %s's daemon is gone (%s refuses connections): revoking its etcd lease so the "
                     "next daemon takes over now", self.d.cfg.node_id, leader.node_id, leader.endpoint)

@@ -21,8 +21,10 @@ READY_TIMEOUT_S = 20.0
 class EtcdCluster:
     """`size` members with ports and data dirs of their own; `endpoints` is what --rdzv-endpoint takes."""
 
-    def __init__(self, binary: str, tmp: Path, size: int = 1, enable_v2: bool = False) -> None:
-        self.binary, self.size, self.enable_v2 = binary, size, enable_v2
+    def __init__(self, binary: str, tmp: Path, size: int = 1, enable_v2: bool = False,
+                 host: str = "127.0.0.1") -> None:
+        """`host`: the address clients reach it on (a netlab bridge's, for daemons in namespaces)."""
+        self.binary, self.size, self.enable_v2, self.host = binary, size, enable_v2, host
         self.dirs = [tmp / f"etcd-{i}" for i in range(size)]
         self.client_ports = [free_port() for _ in range(size)]
         self.peer_ports = [free_port() for _ in range(size)]
@@ -31,10 +33,10 @@ class EtcdCluster:
 
     @property
     def endpoints(self) -> str:
-        return ",".join(f"127.0.0.1:{p}" for p in self.client_ports)
+        return ",".join(f"{self.host}:{p}" for p in self.client_ports)
 
     def url(self, i: int) -> str:
-        return f"http://127.0.0.1:{self.client_ports[i]}"
+        return f"http://{self.host}:{self.client_ports[i]}"
 
     def start(self) -> EtcdCluster:
         for i in range(self.size):
