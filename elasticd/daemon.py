@@ -184,7 +184,9 @@ class Daemon:
         self.spawn(self.register_when_warm())
 
     async def start_job_store(self, coordinator: Coordinator) -> None:
-        """With --keys it binds loopback and every node reaches it through our store tunnel (JOB_STORE)."""
+        """With --keys it binds loopback and every node reaches it through our store tunnel (JOB_STORE); without,
+        our advertised address, which every node's workers (ours too) reach directly. Never every interface: a
+        keyed job's store would then answer anyone who reaches this host."""
         try:
             bind = LOOPBACK if self.tunnel is not None else self.host
             coordinator.resizer.store = addr = await self.job_store.start(self.cfg, self.node.spawner, bind)

@@ -55,12 +55,15 @@ class StoreHost:
     @classmethod
     async def start(cls, spawner: Spawner, env: dict[str, str], bind: str = "") -> StoreHost:
         proc = await spawner.spawn([*STORE_HOST_ENTRY, *([bind] if bind else [])], env, os.getcwd())
-        port = None
-        with contextlib.suppress(asyncio.TimeoutError):
+        try:
             port = await asyncio.wait_for(read_port(proc), START_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            port, why = None, f"was not ready within {START_TIMEOUT_S:.0f} s"
+        else:
+            why = "exited before it was ready"
         if port is None:
             signal_worker(proc.pid, signal.SIGKILL)
-            raise StoreError("the store host did not start (its output is in the daemon's log)")
+            raise StoreError(f"the store host on {bind or LOOPBACK} {why} (its output is in the daemon's log)")
         return cls(proc, port)
 
     async def log_output(self) -> None:
