@@ -34,29 +34,32 @@ A, B = "gpu-node-017.example.internal", "gpu-node-018.example.internal"  # node 
 
 
 class TwoHosts:
-    """Node A on host 0 (it holds the coordinator), node B on host 1, both with the job's keys."""
+    """Node A on host 0 (it holds the coordinator), node B on host 1: with the job's keys, or `--insecure`."""
 
-    def __init__(self, lab: Lab, tmp: Path) -> None:
-        self.lab, self.tmp = lab, tmp
-        store = KeyStore(tmp / "keys")
-        store.init()
-        self.key, self.server_key = str(store.create_client("ops", "operator")), str(tmp / "keys" / "node" / "node.key")
-        self.job = Job(tmp, nnodes="1:2", nproc=1, rdzv_host=lab.addrs[0])
+    def __init__(self, lab: Lab, tmp: Path, keys: bool = True, nproc: int = 1, script: Path = PLAIN,
+                 args: tuple[str, ...] = ()) -> None:
+        self.lab, self.tmp, self.script = lab, tmp, script
+        self.args = args or ("--steps", "100000", "--snapshot", str(tmp / "snapshot.pt"), "--step-time", "0.05")
+        self.job = Job(tmp, nnodes="1:2", nproc=nproc, rdzv_host=lab.addrs[0])
         self.job.env = {k: v for k, v in self.job.env.items() if k not in IFNAMES}
-        self.job.credentials = Credentials.load(self.key, self.server_key)
+        self.security, self.auth = ["--insecure"], []  # --keys and the credentials of `cli` with keys
+        if keys:
+            store = KeyStore(tmp / "keys")
+            store.init()
+            self.key, self.server_key = str(store.create_client("ops", "operator")), str(store.node_dir / "node.key")
+            self.job.credentials = Credentials.load(self.key, self.server_key)
+            self.security = ["--keys", str(tmp / "keys")]
+            self.auth = ["--key", self.key, "--server-key", self.server_key]
 
     def start(self, node: str, host: int) -> DaemonProc:
         addr = self.lab.addrs[host]
-        return self.job.start(node, PLAIN, "--steps", "100000", "--snapshot", str(self.tmp / "snapshot.pt"),
-                              "--step-time", "0.05", prefix=self.lab.run_in(host),
-                              extra=["--keys", str(self.tmp / "keys"), "--control", f"tcp://{addr}:*",
-                                     "--pub", f"tcp://{addr}:*"])
+        return self.job.start(node, self.script, *self.args, prefix=self.lab.run_in(host),
+                              extra=[*self.security, "--control", f"tcp://{addr}:*", "--pub", f"tcp://{addr}:*"])
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         """An `elasticd` verb run on the third host, the root namespace, against node a."""
         return subprocess.run([sys.executable, "-m", "elasticd.cli", *args, "--connect", self.job.daemon(A).control,
-                               "--key", self.key, "--server-key", self.server_key],
-                              env=self.job.env, capture_output=True, text=True, timeout=30)
+                               *self.auth], env=self.job.env, capture_output=True, text=True, timeout=30)
 
 
 @pytest.fixture(scope="module")
