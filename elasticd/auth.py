@@ -8,6 +8,7 @@ Layout of a key store (default ~/.config/elasticd/keys, or $ELASTICD_KEYS):
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -22,11 +23,14 @@ import zmq.auth
 from zmq.auth.asyncio import AsyncioAuthenticator
 
 from elasticd.names import EventKind
+from elasticd.peer_watch import PeerWatch, Refused, watch_of
 from elasticd.refusals import RefusalLog, fingerprint
 
 log = logging.getLogger("elasticd")
 Report = Callable[..., None]  # the daemon's node_event(kind, **fields)
 ROLES = ("viewer", "operator")
+KEY_STAGE = "key"  # a refusal by the authenticator; the earlier stages are peer_watch.py's
+NO_KEY = "-"
 _ROLE = re.compile(r'^\s*role\s*=\s*"([^"]*)"', re.MULTILINE)
 
 
@@ -121,9 +125,13 @@ def check_name_role(name: str, role: str) -> None:
 
 
 def serve_curve(sock: zmq.Socket, secret: bytes, public: bytes, domain: str) -> None:
-    """Make `sock` a CURVE server whose clients the authenticator checks in `domain` (before bind)."""
+    """Make `sock` a CURVE server whose clients the authenticator checks in `domain` (before bind); with a
+    Gatekeeper started in its context, every connection it refuses is recorded, at whatever stage."""
     sock.curve_secretkey, sock.curve_publickey, sock.curve_server = secret, public, True
     sock.zap_domain = domain.encode()
+    watch = watch_of(sock)
+    if watch is not None:
+        watch.add(sock, domain)
 
 
 def connect_curve(sock: zmq.Socket, secret: bytes, public: bytes, server_public: bytes) -> None:
@@ -181,22 +189,29 @@ class _Authenticator(AsyncioAuthenticator):
 class Gatekeeper:
     """The ZAP authenticator plus the role table, reloaded whenever the authorized folder changes.
 
-    Each refused handshake is counted in `refusals`; a rate-limited share becomes a log line and a
-    `key_refused` event through `report`.
+    Each refused connection is counted in `refusals`, whatever refused it: the authenticator (a key it does not
+    know) or, before it is asked, the handshake itself (no key, a wrong server key, not ZeroMQ at all: PeerWatch).
+    A rate-limited share becomes a log line and a `key_refused` event through `report`.
     """
 
     def __init__(self, ctx: zmq.asyncio.Context, store: KeyStore, report: Report | None = None) -> None:
+        self.ctx = ctx
         self.store = store
         self.report = report
         self.refusals = RefusalLog()
         self.auth = _Authenticator(ctx, self.refused)
+        self.watch: PeerWatch | None = None
         self.roles: dict[bytes, Authorized] = {}
         self._stamp = -1.0
 
     def start(self) -> None:
+        """In the daemon's running loop, before any CURVE server of `ctx` is made."""
         self.auth.start()
         self.auth.configure_curve(domain="mesh", location=str(self.store.node_dir))
         self.reload()
+        loop = asyncio.get_running_loop()
+        self.watch = PeerWatch(self.ctx, lambda batch: loop.call_soon_threadsafe(self.refused_connections, batch))
+        self.watch.start()
 
     def reload(self) -> None:
         """Pick up `elasticd keys create/authorize/revoke` done while the daemon runs."""
@@ -213,14 +228,23 @@ class Gatekeeper:
     def refused(self, request: list[bytes], reason: bytes) -> None:
         """One denied ZAP request: [version, id, domain, address, identity, mechanism, credentials...]."""
         domain, address, mechanism = (_text(request, i) for i in (2, 3, 5))
-        key = fingerprint(request[6]) if mechanism == "CURVE" and len(request) > 6 else "-"
-        suppressed = self.refusals.record(domain, address, key, time.time())
+        key = fingerprint(request[6]) if mechanism == "CURVE" and len(request) > 6 else NO_KEY
+        self.record(Refused(domain, address, KEY_STAGE, reason.decode(errors="replace")), key)
+
+    def refused_connections(self, batch: list[Refused]) -> None:
+        """Connections refused before the authenticator was asked, from the watch thread (in the daemon's loop)."""
+        for refused in batch:
+            self.record(refused, NO_KEY)
+
+    def record(self, refused: Refused, key: str) -> None:
+        suppressed = self.refusals.record(refused.domain, refused.peer, key, time.time())
         if suppressed is None:
             return
-        fields: dict[str, Any] = {"peer": address, "key": key, "domain": domain, "suppressed": suppressed,
-                                  "reason": reason.decode(errors="replace"), "refused_keys": self.refusals.total}
+        fields: dict[str, Any] = {**refused._asdict(), "key": key, "suppressed": suppressed,
+                                  "refused_keys": self.refusals.total}
         more = f"; {suppressed} more from it since its last report" if suppressed else ""
-        log.warning("refused key %s from %s on %s (%s)%s", key, address, domain, fields["reason"], more)
+        what = f"key {key}" if key != NO_KEY else "a connection"
+        log.warning("refused %s from %s on %s (%s)%s", what, refused.peer, refused.domain, refused.reason, more)
         if self.report is not None:
             self.report(EventKind.key_refused, **fields)
 
@@ -228,6 +252,9 @@ class Gatekeeper:
         return self.roles.get(user_id.encode())
 
     def stop(self) -> None:
+        """After the CURVE servers of `ctx` are closed, before the context is."""
+        if self.watch is not None:
+            self.watch.stop()
         self.auth.stop()
 
 

@@ -131,7 +131,7 @@ class Daemon:
                 self.keys = store.node_keys()
             except KeyStoreError as err:
                 raise StartError(str(err)) from None
-            self.gate = Gatekeeper(self.ctx, store, self.node_event)  # refused keys become events
+            self.gate = Gatekeeper(self.ctx, store, self.node_event)  # refused connections become events
             self.gate.start()
         self.bind_mesh()
         self.bind_relay()

@@ -129,7 +129,7 @@ class DaemonCollector(Collector):
         self.gpu_metrics(out, workers)
         self.shim_metrics(out)
         if self.host.gate is not None:
-            out.counter("elasticd_refused_keys_total", "CURVE handshakes this daemon refused",
+            out.counter("elasticd_refused_keys_total", "Connections this daemon's keyed sockets refused",
                         self.host.gate.refusals.total)
         return list(out.built.values())
 

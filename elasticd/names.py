@@ -135,7 +135,7 @@ class EventKind(StrEnum):
     checkpoint_skipped = "checkpoint_skipped"
     command_received = "command_received"
     unauthorized = "unauthorized"
-    key_refused = "key_refused"  # a CURVE handshake this daemon's authenticator denied (rate-limited)
+    key_refused = "key_refused"  # a connection a keyed socket refused, at any stage of the handshake (rate-limited)
     unknown = "unknown"  # a member's event without a kind
 
 

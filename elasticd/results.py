@@ -44,7 +44,7 @@ class JobStatus:
     last_recovery: dict[str, float] = field(default_factory=dict)
     nodes: list[NodeInfo] = field(default_factory=list)
     rank_map: dict[str, list[int]] = field(default_factory=dict)
-    refused_keys: int = 0  # handshakes the daemon that answered has refused since it started
+    refused_keys: int = 0  # connections the daemon that answered has refused since it started
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod

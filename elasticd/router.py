@@ -9,6 +9,8 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
+from elasticd.peer_watch import monitor_socket
+
 log = logging.getLogger("elasticd")
 # A burst of frames is read in batches: a loop turn (an epoll call) per frame cost as much as the frame;
 # after this many messages the loop lets the rest of the daemon run, then reads on.
@@ -42,7 +44,7 @@ class Router:
     def __init__(self, sock: zmq.asyncio.Socket) -> None:
         """`sock`: a configured ROUTER, not yet bound (its monitor must see every connection)."""
         self.sock = sock
-        self.monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.monitor = monitor_socket(sock, zmq.EVENT_DISCONNECTED)  # with --keys, a copy of the refusal watch's
         self.fds: dict[int, bytes] = {}  # a connection's fd -> the identity whose frames came through it
         self.raw: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
         self._waiter: asyncio.Future[None] | None = None

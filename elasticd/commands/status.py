@@ -31,7 +31,7 @@ def render(s: dict[str, Any]) -> str:
     if s.get("last_recovery"):
         lines.append("last recovery: " + "  ".join(f"{k} {v:.2f}s" for k, v in s["last_recovery"].items()))
     if s.get("refused_keys"):
-        lines.append(f"refused keys: {s['refused_keys']} at this daemon (elasticd events --kind key_refused)")
+        lines.append(f"refused connections: {s['refused_keys']} at this daemon (elasticd events --kind key_refused)")
     ranks = {e["node_id"]: e["ranks"] for e in s.get("rank_map", [])}
     lines.append(f"{'NODE':<12} {'HOST':<16} {'ROLE':<9} {'STATUS':<7} {'RANKS':<12} LAST SEEN")
     for n in s["nodes"]:
