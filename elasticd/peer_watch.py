@@ -263,6 +263,7 @@ class PeerWatch:
             self.stopping.wait(POLL_MS / 1000)  # and must not spin either
 
     def hear(self, now: float) -> None:
+        """Take in the sockets the kernel freed since the last turn; forget what is too old to match."""
         assert self.feed is not None
         self.freed.extend((now, closed) for closed in self.feed.read())
         while self.freed and now - self.freed[0][0] > KEEP_S:
@@ -270,6 +271,7 @@ class PeerWatch:
         self.known = {peer: at for peer, at in self.known.items() if now - at <= KEEP_S}
 
     def read(self, poller: zmq.Poller, listener: _Listener, now: float) -> list[Refused]:
+        """What one listener's monitor said since the last turn (each message copied to its taps), judged."""
         batch: list[tuple[int, int]] = []
         with listener.lock:
             taps = list(listener.taps)
