@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0 numpy -e '.[dev]'
 	touch $(STAMP)
 
-.PHONY: setup demo test lint
+.PHONY: setup demo test quick lint
 setup: $(STAMP)
 
 demo: $(STAMP)
@@ -22,3 +22,7 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q
+
+# The quick lane: the tests that start no daemon, no subprocess and no system package (under a minute).
+quick: $(STAMP)
+	$(BIN)/python -m pytest -q -m quick

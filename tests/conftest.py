@@ -1,6 +1,32 @@
-"""Test set-up: tests import the harness module from this folder."""
+"""Test set-up: tests import the harness module from this folder; the quick lane's tests may start no process."""
 
+import asyncio
+import os
+import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+QUICK_ONLY = ("a test marked `quick` started a process ({what}): the quick lane runs no daemon, no subprocess and "
+              "no system package; drop the file's quick mark")
+
+
+def refuse(what: str) -> Callable[..., Any]:
+    def fail(*_args: Any, **_kwargs: Any) -> Any:
+        raise AssertionError(QUICK_ONLY.format(what=what))
+    return fail
+
+
+@pytest.fixture(autouse=True)
+def quick_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The `quick` mark is checked, not trusted: a quick test that starts a process fails and says so."""
+    if request.node.get_closest_marker("quick") is not None:
+        monkeypatch.setattr(subprocess.Popen, "__init__", refuse("subprocess"))
+        monkeypatch.setattr(asyncio, "create_subprocess_exec", refuse("asyncio subprocess"))
+        monkeypatch.setattr(os, "fork", refuse("fork"))
+    yield

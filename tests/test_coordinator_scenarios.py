@@ -15,6 +15,8 @@ from elasticd.protocol import ProtocolError
 from elasticd.step_agreement import QUERY_TIMEOUT_S
 from elasticd.transitions import DRAIN_TIMEOUT_S
 
+pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
+
 K = EventKind
 MARGIN = 3  # docs: at_step = max + 1 + ceil(150 ms / step time); 0.1 s steps -> 3
 

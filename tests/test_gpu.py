@@ -13,6 +13,8 @@ from elasticd.config import JobConfig
 from elasticd.gpu import GpuSampler
 from elasticd.node import NodeAgent
 
+pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
+
 GIB = 1 << 30
 
 

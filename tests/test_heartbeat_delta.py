@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from sim import Sim
 
 from elasticd.beats import DELTA_FIELDS, SLOW_REFRESH_S, BeatDiff, PortPool
 from elasticd.commands import REGISTRY
 from elasticd.names import MeshOp
+
+pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 
 WORKER = {"pid": 11, "local_rank": 0, "rank": 0, "state": "running", "exit_code": None, "cpu_percent": 5.0,
           "rss": 1000, "uptime_s": 1.0, "log": "/tmp/r0.log", "round": 1}

@@ -7,11 +7,15 @@ from collections.abc import Coroutine
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from elasticd.config import JobConfig
 from elasticd.events import EventLog
 from elasticd.member import EXIT_COORDINATOR_LOST, WEDGED_LIMITS, Member
 from elasticd.names import MeshOp
 from elasticd.protocol import Envelope
+
+pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 
 T0 = 1000.0
 

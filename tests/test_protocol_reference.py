@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from elasticd.names import EventKind, MeshOp
+
+pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text()
 

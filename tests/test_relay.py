@@ -21,6 +21,8 @@ from elasticd.names import RELAY_MANY, MeshOp
 from elasticd.protocol import Envelope
 from elasticd.relay import Relay
 
+pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
+
 
 class Node:
     """A member daemon's mesh side: its link, what it heard, and (if it relays) its relay."""

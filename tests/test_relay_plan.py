@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from sim import COORD, Sim
 
 from elasticd.config import JobConfig
@@ -15,6 +16,8 @@ from elasticd.failover import restore
 from elasticd.membership import MemoryStore
 from elasticd.names import EventKind, MeshOp
 from elasticd.relay_plan import RelayPlan
+
+pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 
 K = EventKind
 GROUP = 3

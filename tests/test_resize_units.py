@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from elasticd.config import LEAVE_SLACK_S, STOP_SLACK_S, JobConfig
 from elasticd.coordinator import Coordinator
 from elasticd.events import EventLog
 from elasticd.membership import MemoryStore, NodeRecord, RankEntry, Round
 from elasticd.names import Cause, EventKind
 from elasticd.resize import Resizer
+
+pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 
 
 def round_of(round_id: int, nodes: dict[str, list[int]]) -> Round:

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from trainer_shim.data import ElasticSampler, GlobalBatch
 
+pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
+
 
 def run_world(state: dict | None, length: int, world: int, rounds: int, per_rank: int,
               seen: list[int]) -> dict:

@@ -16,6 +16,8 @@ import trainer_shim
 from elasticd.protocol import Envelope, decode, encode
 from trainer_shim import NullSession, Session
 
+pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
+
 
 @pytest.fixture
 def addr() -> Iterator[str]:

@@ -12,7 +12,7 @@ from tui.rows import checkpoint_rows, event_rows
 from tui.views.loss import LossView, round_marks
 from tui.widgets.header import JobHeader
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.quick, pytest.mark.asyncio]
 
 
 def row_text(app: ElasticApp, key: str) -> list[str]:

@@ -9,6 +9,8 @@ from tui.rows import Row
 from tui.screens.node_detail import NodeDetailScreen
 from tui.views.table import SyncedTable
 
+pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
+
 
 async def gpu_table(gpu: bool) -> tuple[bool, list[Row]]:
     """Whether node a's detail shows its GPU table, and the table's rows."""

@@ -9,6 +9,8 @@ import pytest
 from tui.details import event_fields, format_seconds, short_path, significant
 from tui.names import ELLIPSIS, common_domain, short_names
 
+pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
+
 HOSTS = ["gpu-node-017.example.internal", "gpu-node-018.example.internal", "gpu-node-117.example.internal"]
 
 

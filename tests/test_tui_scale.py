@@ -12,7 +12,7 @@ from tui.paging import PAGE_MARGIN, is_placeholder
 from tui.views.ranks import GRID_LINES
 from tui.widgets.header import JobHeader
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.quick, pytest.mark.asyncio]
 
 
 def status_calls(job: LargeJob) -> list[dict[str, int]]:

@@ -8,6 +8,8 @@ from textual.pilot import Pilot
 
 from tui.screens.confirm import ConfirmScreen
 
+pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
+
 
 def go(view: str):  # type: ignore[no-untyped-def]
     async def run_before(pilot: Pilot) -> None:

@@ -8,7 +8,7 @@ from textual.app import App, ComposeResult
 
 from tui.views.table import SyncedTable
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.quick, pytest.mark.asyncio]
 KEYS = [f"k{i}" for i in range(100)]
 
 

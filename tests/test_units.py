@@ -15,6 +15,8 @@ from elasticd.logsink import SecondCachedFormatter, TurnBufferedHandler
 from elasticd.membership import NodeRecord, build_rank_map, sticky_order
 from elasticd.protocol import MAX_FRAME_BYTES, Envelope, ErrorCode, ProtocolError, arg, decode, encode
 
+pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
+
 
 def node(node_id: str, seq: int, nproc: int = 2) -> NodeRecord:
     return NodeRecord(node_id, "127.0.0.1", nproc, "i", seq)
