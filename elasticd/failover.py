@@ -105,8 +105,7 @@ class Failover:
         port: int | str = "*"
         if d.cfg.port_range is not None:
             low, high = d.cfg.port_range
-            # A failed bind would leave CoordinatorMesh's socket open (and the context's term waiting on it):
-            # find a free port first.
+            # A free port first: a bind that fails names the whole range in its error, not one port.
             port = next((p for p in range(low, high + 1) if PortPool(d.host).free(p)), 0)
             if not port:
                 raise StartError(f"no free port for the mesh in --port-range {low}-{high} on {d.host}")

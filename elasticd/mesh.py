@@ -33,7 +33,11 @@ class CoordinatorMesh(Router):
         if keys is not None:
             serve_curve(sock, keys.secret, keys.public, "mesh")
         super().__init__(sock)
-        sock.bind(endpoint)
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError:
+            self.close()  # not left to the garbage collector: the context's term would wait on an open socket
+            raise
         self.node_id = node_id
         self.identities: dict[str, bytes] = {}  # node id -> the identity of its *welcomed* daemon
         self.registering: bytes = b""  # the identity of the `register` being handled right now
