@@ -701,8 +701,8 @@ class Coordinator:
 
     def ask_step_when_due(self, now: float) -> None:
         trans = self.transition
-        if trans is not None and trans.ask_at and now >= trans.ask_at:
-            trans.ask_at = 0.0
+        if trans is not None and not trans.asked and now >= trans.ask_at:
+            trans.asked = True
             self.ask_step(trans.op_id, StepRequest.drain)
 
     def node_drained(self, node_id: str, now: float) -> None:

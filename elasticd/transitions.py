@@ -65,7 +65,8 @@ class Transition:
     cause: Cause = Cause.membership  # the cause of the round that follows
     detail: str = ""
     departing: dict[str, str] = field(default_factory=dict)  # node -> reason: leaves the job once this ends
-    ask_at: float = 0.0  # when to ask for the step (a signal's window); 0: asked
+    ask_at: float = 0.0  # when to ask for the step: its start, or a signal's window later
+    asked: bool = False
     in_place: bool = False  # its step was agreed as a resize: the ranks keep their state, and save no checkpoint
 
     @property

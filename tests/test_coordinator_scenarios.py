@@ -13,7 +13,7 @@ from elasticd.coordinator import RECONNECT_GRACE_S
 from elasticd.names import Cause, EventKind, JobState, MeshOp, NodeState, Role
 from elasticd.protocol import ProtocolError
 from elasticd.step_agreement import QUERY_TIMEOUT_S
-from elasticd.transitions import DRAIN_TIMEOUT_S
+from elasticd.transitions import DRAIN_TIMEOUT_S, SIGNAL_WINDOW_S
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 
@@ -432,6 +432,26 @@ def test_two_notices_at_once_make_one_drain_and_one_round() -> None:
     assert sim.kinds(K.drain_started, K.round_started, since=mark) == [K.drain_started, K.round_started]
     assert sorted(m.dst for m in sim.msgs(MeshOp.left, since=mark)) == ["c", "d"]
     assert sim.rank_map() == [("a", [0, 1]), ("b", [2, 3])]
+
+
+def test_a_job_wide_signal_folds_the_leaves_and_the_coordinators_stop_into_one_agreed_step() -> None:
+    """A scheduler signals every node at once: leaves within the signal window and the coordinator's own stop make
+    one transition; every rank saves at its one agreed step (a drain, never an in-place resize), then the job ends."""
+    sim = shim_job("abcd")
+    mark = sim.mark()
+    sim.nodes["c"].leave("SIGTERM", graceful=True)
+    sim.run(SIGNAL_WINDOW_S / 2)
+    assert sim.kinds(K.step_agreed, since=mark) == []  # the window is still open: no step asked yet
+    sim.nodes["d"].leave("SIGTERM", graceful=True)
+    sim.coordinator.stop_gracefully("node a's elasticd received SIGTERM", sim.clock.now)
+    sim.run_until(lambda: sim.coordinator.state == JobState.stopped, timeout=DRAIN_TIMEOUT_S)
+    assert sim.kinds(K.drain_started, K.step_agreed, K.drain_complete, K.round_started, K.job_end, since=mark) == \
+        [K.drain_started, K.step_agreed, K.drain_complete, K.job_end]
+    agreed, = sim.of(K.step_agreed, since=mark)
+    assert agreed["op"] == "drain" and agreed["at_step"] is not None
+    assert sorted(m.src for m in sim.msgs(MeshOp.node_drained, since=mark)) == ["a", "b", "c", "d"]
+    assert sorted(m.dst for m in sim.msgs(MeshOp.left, since=mark)) == ["c", "d"]
+    assert "SIGTERM" in sim.coordinator.reason
 
 
 def test_a_leave_with_plain_workers_or_when_the_grace_runs_out_still_goes() -> None:
