@@ -257,7 +257,8 @@ class Soak:
         overlaps = self.overlaps(end["ts"] if end else time.time())
         self.job.close()
         orphans = wait_gone(job_processes(self.job.job_id), 20)
-        zombies = [p.pid for p in psutil.Process().children(recursive=True) if p.status() == psutil.STATUS_ZOMBIE]
+        zombies = [p.pid for p in psutil.Process().children(recursive=True)  # ours: the process runs other tests too
+                   if p.status() == psutil.STATUS_ZOMBIE and p.create_time() >= started]
         invariants = {
             "target": {"ok": bool(end and end["state"] == "succeeded") and steps == self.cfg.steps,
                        "job_end": end and {k: end[k] for k in ("state", "reason")}, "last_step": steps,

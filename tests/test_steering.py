@@ -68,6 +68,7 @@ def test_drain_dry_run_then_drain_then_scale_back(job: Job) -> None:
         assert {"drain_started", "drain_complete", "round_started", "scale_set", "command_received"} <= seen
     finally:
         follow.kill()
+        follow.wait(10)  # reaped: a test's zombie would be the next one's in the same process
 
 
 def test_interlocks_refuse_with_a_reason_and_force_overrides(job: Job) -> None:
