@@ -68,6 +68,7 @@ def main() -> int:
     script = HERE / "train_plain.py" if args.plain or not shim.exists() else shim
     port = free_port()
     metrics = {n: free_port() for n in ("a", "b")}
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `kill` stops the demo's daemons too, as Ctrl-C does
     nodes = [start_node(n, port, metrics[n], workdir, script, args.steps) for n in metrics]
     print(f"demo: job 'demo', nodes a and b on 127.0.0.1:{port}, running {script.name}; files in {workdir}; "
           "Prometheus metrics: " + ", ".join(f"http://127.0.0.1:{p}/metrics ({n})" for n, p in metrics.items()))
