@@ -27,7 +27,7 @@ from elasticd.election import Elector, EtcdHealth, Leader
 from elasticd.etcd_client import EtcdClient, EtcdClusterChanged, EtcdUnavailable
 from elasticd.etcd_store import Deposed, EtcdStore, Snapshot, StoreUnavailable, job_prefix
 from elasticd.events import EventLog
-from elasticd.leader_probe import RECONNECT_GRACE_S, lease_of, refuses_connections
+from elasticd.leader_probe import PROBE_AFTER_S, lease_of, refuses_connections
 from elasticd.member import Member
 from elasticd.member_mesh import MemberMesh
 from elasticd.mesh import CoordinatorMesh
@@ -257,7 +257,7 @@ class Failover:
     async def replace_if_dead(self, mesh: MemberMesh, leader: Leader) -> None:
         """The coordinator's link dropped: if its host refuses its port, its daemon is dead, and its lease goes now
         rather than at its TTL (elasticd/leader_probe.py says why only then)."""
-        await asyncio.sleep(RECONNECT_GRACE_S)
+        await asyncio.sleep(PROBE_AFTER_S)
         if mesh.link_up or mesh is not self.d.member_mesh or self.leader != leader:
             return
         if not await refuses_connections(leader.endpoint):

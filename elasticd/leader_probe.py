@@ -11,13 +11,13 @@ the next epoch speaks.
 from __future__ import annotations
 
 import asyncio
-import logging
 from urllib.parse import urlsplit
 
 from elasticd.election import Leader
 
-log = logging.getLogger("elasticd")
-RECONNECT_GRACE_S = 0.2  # ZeroMQ reconnects every 0.1 s: a link still down after this is not a passing blip
+# ZeroMQ reconnects every 0.1 s: a link still down after this is not a passing blip. Shorter than the coordinator's
+# RECONNECT_GRACE_S for a member's link, which decides on the closed link alone; here a refused connect decides.
+PROBE_AFTER_S = 0.2
 PROBE_TIMEOUT_S = 1.0  # a connect that neither succeeds nor is refused within this is a cut network, not a death
 
 
