@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import zmq
 import zmq.asyncio
 
-from elasticd.protocol import Envelope, decode, encode
+from elasticd.wire.protocol import Envelope, decode, encode
 
 TICK_S = 0.05  # the publishing loop's period; each daemon checks its step every 0.25 s, as the real one
 

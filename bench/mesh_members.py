@@ -21,12 +21,12 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from elasticd.beats import BeatDiff
-from elasticd.member_mesh import MemberMesh
-from elasticd.names import EventKind, MeshOp, NodeState
-from elasticd.node import event_body
-from elasticd.protocol import Envelope
-from elasticd.relay import Relay
+from elasticd.member.agent import event_body
+from elasticd.member.beats import BeatDiff
+from elasticd.mesh.member_mesh import MemberMesh
+from elasticd.mesh.relay import Relay
+from elasticd.wire.names import EventKind, MeshOp, NodeState
+from elasticd.wire.protocol import Envelope
 
 BEAT_S = 1.0
 LOST_AFTER_S = 3 * BEAT_S  # the loss limit: a report older than this and still asked for was lost

@@ -50,10 +50,10 @@ def is_worker(p: psutil.Process) -> bool:
 
 
 def is_zygote(p: psutil.Process) -> bool:
-    """`python -m elasticd.zygote` until it has set its title `elasticd zygote job=J node=N`."""
+    """`python -m elasticd.member.processes.zygote` until it has set its title `elasticd zygote job=J node=N`."""
     with contextlib.suppress(psutil.Error):
         cmd = " ".join(p.cmdline())
-        return "elasticd.zygote" in cmd or cmd.startswith("elasticd zygote ")
+        return "elasticd.member.processes.zygote" in cmd or cmd.startswith("elasticd zygote ")
     return False
 
 

@@ -24,7 +24,7 @@ from harness import TICKER, Job
 from procs import CpuMeter
 from scale_sim import cpu_model, publish
 
-from elasticd.names import EventKind
+from elasticd.wire.names import EventKind
 
 STEADY_S = 10.0
 START_GAP_S = 0.05  # between daemon starts: a storm, but the fork/exec of 128 Pythons is spread a little

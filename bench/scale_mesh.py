@@ -34,10 +34,10 @@ from procs import CpuMeter
 from scale_sim import cpu_model
 
 from elasticd.client import Client
-from elasticd.config import JobConfig
-from elasticd.member_mesh import RETIRE_S
-from elasticd.names import EventKind
-from elasticd.protocol import decode
+from elasticd.job.config import JobConfig
+from elasticd.mesh.member_mesh import RETIRE_S
+from elasticd.wire.names import EventKind
+from elasticd.wire.protocol import decode
 
 WORKERS = 8
 STEADY_S = 10.0

@@ -35,11 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # ben
 from etcd_cluster import EtcdCluster
 from sim import Msg, Sim
 
-from elasticd.commands import REGISTRY
-from elasticd.etcd_client import EtcdClient, created_at, put
-from elasticd.etcd_store import Batch, EtcdStore
-from elasticd.failover import SYNC_EVERY_S, job_record
-from elasticd.names import EventKind, MeshOp
+from elasticd.commands.registry import REGISTRY
+from elasticd.coordinator.etcd.client import EtcdClient, created_at, put
+from elasticd.coordinator.etcd.store import Batch, EtcdStore
+from elasticd.daemon.failover import SYNC_EVERY_S, job_record
+from elasticd.wire.names import EventKind, MeshOp
 
 WORKERS = 8
 STEADY_S = 10.0  # simulated seconds of quiet heartbeats to measure the steady cost
@@ -101,7 +101,7 @@ class Meter:
 
 
 def etcd_store(cluster: EtcdCluster, nodes: int) -> EtcdStore:
-    """A store under a leader key of our own, as an elected coordinator's (elasticd/failover.py)."""
+    """A store under a leader key of our own, as an elected coordinator's (elasticd/daemon/failover.py)."""
     client = EtcdClient([("127.0.0.1", p) for p in cluster.client_ports])
     prefix = f"/elasticd/scale{nodes}/"
     key = f"{prefix}leader/{client.grant(60):x}"

@@ -11,10 +11,10 @@ from typing import Any, TypeVar
 import zmq
 import zmq.asyncio
 
-from elasticd.handshake import WATCHED, Failure, Handshake
-from elasticd.protocol import MAX_REPLY_BYTES, Envelope, ErrorCode, ProtocolError, decode, encode, new_id
-from elasticd.results import JobStatus, RankMetrics, SteerResult
-from elasticd.runtime import live_daemons
+from elasticd.job.runtime import live_daemons
+from elasticd.wire.handshake import WATCHED, Failure, Handshake
+from elasticd.wire.protocol import MAX_REPLY_BYTES, Envelope, ErrorCode, ProtocolError, decode, encode, new_id
+from elasticd.wire.results import JobStatus, RankMetrics, SteerResult
 
 DEFAULT_TIMEOUT_S = 5.0
 _UNREACHABLE = "no connection to send {op!r} on within {limit:.1f}s (daemon down, or its keys refused ours?)"
@@ -39,7 +39,7 @@ class Endpoints:
 
 @dataclass(frozen=True)
 class Credentials:
-    """A client's CURVE key pair and the job's server key (see elasticd/auth.py)."""
+    """A client's CURVE key pair and the job's server key (see elasticd/keys/auth.py)."""
 
     public: bytes
     secret: bytes
@@ -47,7 +47,7 @@ class Credentials:
 
     @classmethod
     def load(cls, key_file: str, server_key: str) -> Credentials:
-        from elasticd.auth import load_client_key, load_public
+        from elasticd.keys.auth import load_client_key, load_public
 
         public, secret = load_client_key(key_file)
         return cls(public, secret, load_public(server_key))

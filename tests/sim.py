@@ -9,15 +9,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from elasticd.beats import BeatDiff
-from elasticd.config import STOP_SLACK_S, JobConfig
-from elasticd.coordinator import Coordinator
-from elasticd.events import EventLog
-from elasticd.member import LEAVING_OPS
-from elasticd.membership import MembershipStore, MemoryStore, Round
-from elasticd.names import JobState, MeshOp, NodeState
-from elasticd.protocol import Envelope
-from elasticd.step_agreement import local_answer
+from elasticd.coordinator.coordinator import Coordinator
+from elasticd.coordinator.membership import MembershipStore, MemoryStore, Round
+from elasticd.coordinator.step_agreement import local_answer
+from elasticd.job.config import STOP_SLACK_S, JobConfig
+from elasticd.job.events import EventLog
+from elasticd.member.beats import BeatDiff
+from elasticd.member.link import LEAVING_OPS
+from elasticd.wire.names import JobState, MeshOp, NodeState
+from elasticd.wire.protocol import Envelope
 
 COORD = "coordinator"  # the destination of member -> coordinator messages in the trace
 Timer = tuple[float, int, Callable[..., None], tuple[Any, ...]]  # (due, order, fn, args)

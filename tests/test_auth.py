@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from harness import TICKER, Job
 
-from elasticd.auth import KeyStore
 from elasticd.client import Client, ClientError, Credentials
+from elasticd.keys.auth import KeyStore
 
 
 def keys(*args: str) -> str:

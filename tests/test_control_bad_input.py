@@ -33,8 +33,8 @@ from harness import DaemonProc, Job
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from elasticd.commands import REGISTRY
-from elasticd.protocol import MAX_FRAME_BYTES, MESSAGE_TYPES, PROTOCOL_VERSION
+from elasticd.commands.registry import REGISTRY
+from elasticd.wire.protocol import MAX_FRAME_BYTES, MESSAGE_TYPES, PROTOCOL_VERSION
 
 TICKER = """\
 import itertools, os, time

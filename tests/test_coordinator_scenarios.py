@@ -7,13 +7,13 @@ import itertools
 import pytest
 from sim import COORD, Sim
 
-from elasticd.commands import REGISTRY
-from elasticd.config import STOP_SLACK_S
-from elasticd.coordinator import RECONNECT_GRACE_S
-from elasticd.names import Cause, EventKind, JobState, MeshOp, NodeState, Role
-from elasticd.protocol import ProtocolError
-from elasticd.step_agreement import QUERY_TIMEOUT_S
-from elasticd.transitions import DRAIN_TIMEOUT_S, SIGNAL_WINDOW_S
+from elasticd.commands.registry import REGISTRY
+from elasticd.coordinator.coordinator import RECONNECT_GRACE_S
+from elasticd.coordinator.step_agreement import QUERY_TIMEOUT_S
+from elasticd.coordinator.transitions import DRAIN_TIMEOUT_S, SIGNAL_WINDOW_S
+from elasticd.job.config import STOP_SLACK_S
+from elasticd.wire.names import Cause, EventKind, JobState, MeshOp, NodeState, Role
+from elasticd.wire.protocol import ProtocolError
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from harness import TICKER, Job, job_processes, wait_gone
 
-from elasticd.runtime import id_digest
+from elasticd.job.runtime import id_digest
 
 
 def runtime_files(job: Job, node: str) -> list[Path]:

@@ -15,14 +15,14 @@ from etcd_cluster import EtcdCluster
 from harness import TICKER, free_port
 from system_deps import require_binary
 
-from elasticd.config import JobConfig
-from elasticd.coordinator import Coordinator
-from elasticd.election import Elector, Leader
-from elasticd.etcd_client import EtcdClient, EtcdClusterChanged, b64, created_at, put
-from elasticd.etcd_store import Deposed, EtcdStore, Snapshot
-from elasticd.events import EventLog
-from elasticd.membership import MembershipStore, MemoryStore, NodeRecord, RankEntry, Round
-from elasticd.names import Cause, NodeStatus, Role
+from elasticd.coordinator.coordinator import Coordinator
+from elasticd.coordinator.etcd.client import EtcdClient, EtcdClusterChanged, b64, created_at, put
+from elasticd.coordinator.etcd.election import Elector, Leader
+from elasticd.coordinator.etcd.store import Deposed, EtcdStore, Snapshot
+from elasticd.coordinator.membership import MembershipStore, MemoryStore, NodeRecord, RankEntry, Round
+from elasticd.job.config import JobConfig
+from elasticd.job.events import EventLog
+from elasticd.wire.names import Cause, NodeStatus, Role
 
 
 @pytest.fixture(scope="module")

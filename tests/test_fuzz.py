@@ -35,14 +35,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from elasticd.client import AsyncClient, Client
-from elasticd.commands import REGISTRY
-from elasticd.config import JobConfig
-from elasticd.coordinator import Coordinator
-from elasticd.events import EventLog
-from elasticd.membership import MemoryStore
-from elasticd.names import RELAY_DOWN, RELAY_MANY, RELAY_UP, MeshOp
-from elasticd.protocol import Envelope, ProtocolError, _may_overflow, arg, decode, encode
-from elasticd.runtime import id_digest
+from elasticd.commands.registry import REGISTRY
+from elasticd.coordinator.coordinator import Coordinator
+from elasticd.coordinator.membership import MemoryStore
+from elasticd.job.config import JobConfig
+from elasticd.job.events import EventLog
+from elasticd.job.runtime import id_digest
+from elasticd.wire.names import RELAY_DOWN, RELAY_MANY, RELAY_UP, MeshOp
+from elasticd.wire.protocol import Envelope, ProtocolError, _may_overflow, arg, decode, encode
 from tui.feeds import ingest
 from tui.session import JobSession
 
@@ -467,7 +467,7 @@ class Live:
         raise AssertionError(f"the workers stopped stepping: {ranks} vs {after}")
 
     def worker_addr(self, node: str) -> str:
-        digest = id_digest(f"{self.job.job_id}--{node}")  # elasticd/runtime.py worker_socket, in the job's folder
+        digest = id_digest(f"{self.job.job_id}--{node}")  # elasticd/job/runtime.py worker_socket, in the job's folder
         return f"ipc://{self.job.tmp / 'run'}/w-{digest}-{self.daemons[node].proc.pid}.sock"
 
     def check(self) -> None:

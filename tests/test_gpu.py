@@ -1,4 +1,4 @@
-"""GPU stats per worker (elasticd/gpu.py) against a stand-in for pynvml: mapping, errors, caching, no NVML."""
+"""GPU stats per worker (elasticd/member/gpu.py) against a stand-in for pynvml: mapping, errors, caching, no NVML."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from elasticd.config import JobConfig
-from elasticd.gpu import GpuSampler
-from elasticd.node import NodeAgent
+from elasticd.job.config import JobConfig
+from elasticd.member.agent import NodeAgent
+from elasticd.member.gpu import GpuSampler
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 

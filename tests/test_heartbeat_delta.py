@@ -1,4 +1,4 @@
-"""Heartbeats carry changes only (elasticd/beats.py); the coordinator keeps the last values for its verbs."""
+"""Heartbeats carry changes only (elasticd/member/beats.py); the coordinator keeps the last values for its verbs."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from sim import Sim
 
-from elasticd.beats import DELTA_FIELDS, SLOW_REFRESH_S, BeatDiff, PortPool
-from elasticd.commands import REGISTRY
-from elasticd.names import MeshOp
+from elasticd.commands.registry import REGISTRY
+from elasticd.member.beats import DELTA_FIELDS, SLOW_REFRESH_S, BeatDiff, PortPool
+from elasticd.wire.names import MeshOp
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 

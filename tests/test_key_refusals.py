@@ -21,10 +21,10 @@ import zmq.auth
 from harness import TICKER, Job
 from netlab import Lab
 
-from elasticd.auth import KeyStore
 from elasticd.client import AsyncClient, Client, ClientError, Credentials
-from elasticd.refusals import MAX_REPORTS_PER_WINDOW, REPORT_WINDOW_S, RefusalLog
-from elasticd.tcp_closed import ADDRESSES, HEADER, Closed, parse
+from elasticd.keys.auth import KeyStore
+from elasticd.keys.refusals import MAX_REPORTS_PER_WINDOW, REPORT_WINDOW_S, RefusalLog
+from elasticd.keys.tcp_closed import ADDRESSES, HEADER, Closed, parse
 
 BURST = 50
 SOCK_DIAG_BY_FAMILY = 20  # the netlink message type of the kernel's news

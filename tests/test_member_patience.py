@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from elasticd.config import JobConfig
-from elasticd.events import EventLog
-from elasticd.member import EXIT_COORDINATOR_LOST, WEDGED_LIMITS, Member
-from elasticd.names import MeshOp
-from elasticd.protocol import Envelope
+from elasticd.job.config import JobConfig
+from elasticd.job.events import EventLog
+from elasticd.member.link import EXIT_COORDINATOR_LOST, WEDGED_LIMITS, Member
+from elasticd.wire.names import MeshOp
+from elasticd.wire.protocol import Envelope
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 

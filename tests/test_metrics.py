@@ -14,11 +14,11 @@ import pytest
 from harness import ROOT, Job
 from prometheus_client.parser import text_string_to_metric_families
 
-from elasticd.auth import KeyStore
 from elasticd.client import Credentials
-from elasticd.config import JobConfig
-from elasticd.exporter import DaemonCollector
-from elasticd.node import NodeAgent
+from elasticd.daemon.exporter import DaemonCollector
+from elasticd.job.config import JobConfig
+from elasticd.keys.auth import KeyStore
+from elasticd.member.agent import NodeAgent
 
 SHIM_TICKER = Path(__file__).resolve().parent / "workers" / "shim_ticker.py"
 NVML_ONLY = "elasticd_gpu_"  # served only where NVML is present (not on this machine): see test_gpu_families
@@ -152,7 +152,7 @@ async def test_a_failing_section_is_logged_and_the_rest_is_still_served(caplog: 
 
 
 class FakeGpus:
-    """NVML's answer for one worker on GPU 1 (elasticd/gpu.py GpuSampler.for_workers)."""
+    """NVML's answer for one worker on GPU 1 (elasticd/member/gpu.py GpuSampler.for_workers)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid

@@ -10,7 +10,7 @@ from harness import PLAIN, Job
 from test_shim_e2e import cli, wait_for
 from test_tui_support import SIZE, until
 
-from elasticd.output_metrics import compile_pattern, parse_line
+from elasticd.member.output_metrics import compile_pattern, parse_line
 from tui.app import ElasticApp
 
 PLAIN_LINE = r"step=(?P<step>\d+) world_size=\d+ loss=(?P<loss>[-\d.e]+)"  # what examples/train_plain.py prints

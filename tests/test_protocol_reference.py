@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from elasticd.names import EventKind, MeshOp
+from elasticd.wire.names import EventKind, MeshOp
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 

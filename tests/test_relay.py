@@ -14,12 +14,12 @@ import zmq
 import zmq.asyncio
 from harness import free_port
 
-from elasticd import member_mesh
-from elasticd.member_mesh import MemberMesh
-from elasticd.mesh import CoordinatorMesh
-from elasticd.names import RELAY_MANY, MeshOp
-from elasticd.protocol import Envelope
-from elasticd.relay import Relay
+from elasticd.mesh import member_mesh
+from elasticd.mesh.coordinator_mesh import CoordinatorMesh
+from elasticd.mesh.member_mesh import MemberMesh
+from elasticd.mesh.relay import Relay
+from elasticd.wire.names import RELAY_MANY, MeshOp
+from elasticd.wire.protocol import Envelope
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 

@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 from sim import COORD, Sim
 
-from elasticd.config import JobConfig
-from elasticd.coordinator import Coordinator
-from elasticd.etcd_store import Snapshot
-from elasticd.events import EventLog
-from elasticd.failover import restore
-from elasticd.membership import MemoryStore
-from elasticd.names import EventKind, MeshOp
-from elasticd.relay_plan import RelayPlan
+from elasticd.coordinator.coordinator import Coordinator
+from elasticd.coordinator.etcd.store import Snapshot
+from elasticd.coordinator.membership import MemoryStore
+from elasticd.coordinator.relay_plan import RelayPlan
+from elasticd.daemon.failover import restore
+from elasticd.job.config import JobConfig
+from elasticd.job.events import EventLog
+from elasticd.wire.names import EventKind, MeshOp
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 

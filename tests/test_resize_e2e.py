@@ -12,8 +12,8 @@ from pathlib import Path
 from harness import SHIM, Job
 from test_shim_e2e import cli, wait_for
 
-from elasticd.auth import KeyStore
 from elasticd.client import Credentials
+from elasticd.keys.auth import KeyStore
 
 DATASET = 1000  # examples/train_shim.py
 ARGS = ("--steps", "100000", "--ckpt-every", "0", "--step-time", "0.05", "--batch", "16", "--micro", "8")

@@ -20,10 +20,10 @@ from netlab import Lab
 from test_resize_e2e import ARGS, kept, resized
 from test_two_hosts import A, B, TwoHosts, listeners, store_answers
 
-from elasticd.auth import KeyStore
-from elasticd.round_store import StoreError, StoreHost
-from elasticd.spawner import Spawner
-from elasticd.store_tunnel import JOB_STORE, LOOPBACK, RoundRelay
+from elasticd.keys.auth import KeyStore
+from elasticd.member.processes.spawner import Spawner
+from elasticd.member.store.round_store import StoreError, StoreHost
+from elasticd.member.store.store_tunnel import JOB_STORE, LOOPBACK, RoundRelay
 
 QUIET_S = 5.0  # how long a stranger's store client is given to hear from the store
 READY_S = 20.0  # a store host's start: it imports torch first

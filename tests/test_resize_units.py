@@ -1,4 +1,4 @@
-"""The coordinator's in-place decisions (elasticd/resize.py), without daemons: which rounds keep their workers."""
+"""The coordinator's in-place decisions (elasticd/coordinator/resize.py), without daemons: which rounds keep workers."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
-from elasticd.config import LEAVE_SLACK_S, STOP_SLACK_S, JobConfig
-from elasticd.coordinator import Coordinator
-from elasticd.events import EventLog
-from elasticd.membership import MemoryStore, NodeRecord, RankEntry, Round
-from elasticd.names import Cause, EventKind
-from elasticd.resize import Resizer
+from elasticd.coordinator.coordinator import Coordinator
+from elasticd.coordinator.membership import MemoryStore, NodeRecord, RankEntry, Round
+from elasticd.coordinator.resize import Resizer
+from elasticd.job.config import LEAVE_SLACK_S, STOP_SLACK_S, JobConfig
+from elasticd.job.events import EventLog
+from elasticd.wire.names import Cause, EventKind
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 

@@ -13,7 +13,7 @@ import time
 
 import zmq
 
-from elasticd.protocol import Envelope, decode, encode
+from elasticd.wire.protocol import Envelope, decode, encode
 from trainer_shim.checkpoint import list_checkpoints, load_latest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 import trainer_shim
-from elasticd.protocol import Envelope, decode, encode
+from elasticd.wire.protocol import Envelope, decode, encode
 from trainer_shim import NullSession, Session
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`

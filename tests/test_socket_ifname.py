@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harness import Job
 
-from elasticd.runtime import SOCKET_IFNAME_VARS, interface_holding, socket_ifname_env
+from elasticd.job.runtime import SOCKET_IFNAME_VARS, interface_holding, socket_ifname_env
 
 PRINT_ENV = Path(__file__).resolve().parent / "workers" / "print_env.py"
 

@@ -14,11 +14,11 @@ import zmq
 import zmq.asyncio
 from harness import PLAIN, Job
 
-from elasticd.auth import Gatekeeper, KeyStore, NodeKeys
 from elasticd.client import Credentials
-from elasticd.config import StartError
-from elasticd.runtime import bind_in_range
-from elasticd.store_tunnel import LOOPBACK, RoundRelay, TunnelServer
+from elasticd.job.config import StartError
+from elasticd.job.runtime import bind_in_range
+from elasticd.keys.auth import Gatekeeper, KeyStore, NodeKeys
+from elasticd.member.store.store_tunnel import LOOPBACK, RoundRelay, TunnelServer
 
 QUIET_S = 1.0  # how long "nothing arrives" is watched for
 

@@ -13,13 +13,13 @@ import pytest
 from harness import PLAIN, ROOT, TICKER
 from torch.distributed.run import get_args_parser
 
-from elasticd.cli import build_parser
-from elasticd.config import JobConfig
-from elasticd.coordinator import Coordinator
-from elasticd.events import EventLog
-from elasticd.membership import MemoryStore
-from elasticd.start_cli import config_from_args
-from elasticd.torchrun_flags import torchrun_values
+from elasticd.cli.main import build_parser
+from elasticd.cli.start import config_from_args
+from elasticd.cli.torchrun_flags import torchrun_values
+from elasticd.coordinator.coordinator import Coordinator
+from elasticd.coordinator.membership import MemoryStore
+from elasticd.job.config import JobConfig
+from elasticd.job.events import EventLog
 
 # A plausible value per torchrun dest, unlike torchrun's and our defaults; a flag torch adds later falls back
 # to plausible_value's guess, so the test still asks our parser to accept it.

@@ -22,8 +22,8 @@ from harness import PLAIN, DaemonProc, Job
 from netlab import Lab
 from test_tui_support import SIZE, until
 
-from elasticd.auth import KeyStore
 from elasticd.client import Credentials
+from elasticd.keys.auth import KeyStore
 from tui.app import ElasticApp
 from tui.session import LiveConnector
 
@@ -146,7 +146,7 @@ def test_a_stranger_on_a_third_host_reaches_no_store_and_no_socket_of_ours(hosts
     found = [listeners(hosts.lab, host) for host in (0, 1)]
     for host, node in enumerate((A, B)):
         mine = ours(hosts.job.daemon(node), workers)
-        store_hosts[node] = [pid for pid, cmd in mine.items() if "elasticd.store_host" in cmd]
+        store_hosts[node] = [pid for pid, cmd in mine.items() if "elasticd.member.store.store_host" in cmd]
         exposed = [(addr, port) for addr, port, pids in found[host]
                    if not addr.startswith("127.") and pids & mine.keys()]
         assert len(exposed) >= 3, exposed  # control, pub and the store tunnel at least

@@ -10,10 +10,10 @@ import re
 
 import pytest
 
-from elasticd.config import ConfigError, parse_endpoint, parse_nnodes
-from elasticd.logsink import SecondCachedFormatter, TurnBufferedHandler
-from elasticd.membership import NodeRecord, build_rank_map, sticky_order
-from elasticd.protocol import MAX_FRAME_BYTES, Envelope, ErrorCode, ProtocolError, arg, decode, encode
+from elasticd.coordinator.membership import NodeRecord, build_rank_map, sticky_order
+from elasticd.job.config import ConfigError, parse_endpoint, parse_nnodes
+from elasticd.job.logsink import SecondCachedFormatter, TurnBufferedHandler
+from elasticd.wire.protocol import MAX_FRAME_BYTES, Envelope, ErrorCode, ProtocolError, arg, decode, encode
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 
@@ -104,8 +104,8 @@ def test_console_liveness_thresholds_follow_the_heartbeat_rule() -> None:
 
 def test_a_shim_rank_whose_first_step_report_is_on_its_way_answers_step_0_not_no_shim() -> None:
     """Else a join right after a start would restart it like a plain worker and repeat what it trained."""
-    from elasticd.output_metrics import OUTPUT
-    from elasticd.step_agreement import local_answer
+    from elasticd.coordinator.step_agreement import local_answer
+    from elasticd.member.output_metrics import OUTPUT
 
     assert local_answer({0: {"rank": 0, "round": 2, "hello": 1.0}}, 2) == {"step": 0, "step_time": None}
     assert local_answer({0: {"rank": 0, "round": 2, "hello": 1.0, "step": 7, "step_time": 0.5},

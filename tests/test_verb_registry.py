@@ -1,4 +1,4 @@
-"""A verb is one module: `bookmark`, dropped into elasticd/commands/ of a copy of the project and edited nowhere
+"""A verb is one module: `bookmark`, dropped into elasticd/commands/verbs/ of a copy of the project and edited nowhere
 else, is in `elasticd --help`, runs on a daemon through the CLI, and is a key and a palette entry in the console."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from harness import TICKER, Job
 
-from elasticd.cli import build_parser
-from elasticd.commands import REGISTRY
+from elasticd.cli.main import build_parser
+from elasticd.commands.registry import REGISTRY
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -25,9 +25,9 @@ BOOKMARK = '''"""`bookmark`: a labelled marker in the job's event log (a verb on
 
 from typing import Any
 
-from elasticd.commands import Arg, Command, ConsoleAction
-from elasticd.coordinator import Coordinator
-from elasticd.protocol import arg
+from elasticd.commands.verb import Arg, Command, ConsoleAction
+from elasticd.coordinator.coordinator import Coordinator
+from elasticd.wire.protocol import arg
 
 
 def label(args: dict[str, Any]) -> str:
@@ -80,7 +80,7 @@ def src(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp_path_factory.mktemp("verb") / "src"
     for package in ("elasticd", "tui", "trainer_shim"):
         shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
-    (src / "elasticd" / "commands" / "bookmark.py").write_text(BOOKMARK)
+    (src / "elasticd" / "commands" / "verbs" / "bookmark.py").write_text(BOOKMARK)
     return src
 
 

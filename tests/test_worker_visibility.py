@@ -13,8 +13,8 @@ import psutil
 import pytest
 from harness import PLAIN, TICKER, Job, free_port
 
-from elasticd.proctitle import worker_title, zygote_title
-from elasticd.runtime import NR_OPEN
+from elasticd.job.runtime import NR_OPEN
+from elasticd.member.processes.proctitle import worker_title, zygote_title
 
 ENV = {"ELASTICD_JOB_ID": "j1", "ELASTICD_NODE_ID": "n1", "RANK": "3", "ELASTICD_ROUND": "7"}
 TAG = "[elastic job=j1 node=n1 rank=3 round=7]"
@@ -33,7 +33,7 @@ def test_arguments_that_do_not_fit_give_way_to_the_tag() -> None:
 
 
 def test_title_fills_argv_and_leaves_the_environment_block_alone() -> None:
-    probe = ("import sys; from elasticd import proctitle; proctitle.reexec_with_title_room(); "
+    probe = ("import sys; from elasticd.member.processes import proctitle; proctitle.reexec_with_title_room(); "
              "t = proctitle.worker_title('/py', ['train.py', 'y' * 9000], {}, proctitle.title_limit()); "
              "proctitle.set_title(t); print(t, flush=True); sys.stdin.read()")
     proc = subprocess.Popen([sys.executable, "-c", probe], env={**os.environ, "VIS_MARK": "kept"},

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from harness import TICKER, Job
 
-from elasticd.commands.workers import render
-from elasticd.gpu import GpuSampler
+from elasticd.commands.verbs.workers import render
+from elasticd.member.gpu import GpuSampler
 
 GIB = 1 << 30
 WORKER = {"pid": 4242, "local_rank": 0, "rank": 0, "state": "running", "exit_code": None, "cpu_percent": 38.2,

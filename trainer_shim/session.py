@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import zmq
 
-from elasticd.protocol import Envelope, ProtocolError, decode, encode, new_id
+from elasticd.wire.protocol import Envelope, ProtocolError, decode, encode, new_id
 
 # What the daemon may ask (docs/worker-channel.md): act at a step boundary, or (`generation`) join a new world.
 REQUEST_OPS = ("checkpoint", "drain", "resize", "generation")

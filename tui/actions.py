@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from textual.binding import Binding, BindingType
 
-from elasticd.commands import REGISTRY, Command
+from elasticd.commands.registry import REGISTRY
+from elasticd.commands.verb import Command
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ import argparse
 import os
 import sys
 
-from elasticd.auth import KeyStoreError
 from elasticd.client import Client, ClientError, Credentials, discover
-from elasticd.handshake import CODES as HANDSHAKE_CODES
+from elasticd.keys.auth import KeyStoreError
+from elasticd.wire.handshake import CODES as HANDSHAKE_CODES
 
 DESCRIPTION = """\
 elastic-tui: the live console of elasticd jobs (k9s-style keys; `?` inside lists them all).

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from elasticd.render import format_bytes as format_bytes  # where the console has always found it
+from elasticd.commands.render import format_bytes as format_bytes  # where the console has always found it
 
 # Daemons beat every second (docs/protocol.md §6.4): one late beat is stale, three missed are missing,
 # the same rule by which the coordinator declares a node lost.

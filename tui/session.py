@@ -11,7 +11,7 @@ import zmq
 import zmq.asyncio
 
 from elasticd.client import AsyncClient, ClientError, Credentials, Event, parse_telemetry
-from elasticd.handshake import CODES as HANDSHAKE_CODES
+from elasticd.wire.handshake import CODES as HANDSHAKE_CODES
 from tui.model import Clock, JobModel
 from tui.paging import FIRST_PAGE, RowsShown
 

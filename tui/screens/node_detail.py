@@ -16,7 +16,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from elasticd.render import GPU_COLUMNS, gpu_cells, has_gpu
+from elasticd.commands.render import GPU_COLUMNS, gpu_cells, has_gpu
 from tui.details import event_fields, short_path
 from tui.liveness import format_age, format_bytes
 from tui.model import JobModel

@@ -1,0 +1,86 @@
+"""Operator steering on the coordinator: interlocks and plans (dry-run) the verbs share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from elasticd.coordinator.coordinator import Coordinator
+from elasticd.coordinator.membership import Round, build_rank_map
+from elasticd.coordinator.transitions import After, TransitionKind
+from elasticd.member.output_metrics import OUTPUT
+from elasticd.wire.names import Cause, JobState, Role
+from elasticd.wire.protocol import ErrorCode, ProtocolError
+
+
+def refuse(reason: str, errno: int = ErrorCode.REFUSED) -> ProtocolError:
+    return ProtocolError(errno, reason)
+
+
+def require_running(c: Coordinator) -> Round:
+    """The current round of a running job, or a refusal."""
+    if c.state != JobState.running or c.round is None:
+        raise refuse(f"job '{c.cfg.job_id}' is not running (state {c.state})", ErrorCode.NOT_RUNNING)
+    return c.round
+
+
+def require_idle(c: Coordinator) -> None:
+    """One membership transition at a time: a second would orphan the first's completion."""
+    trans = c.transition
+    if trans is not None:
+        raise refuse(f"a {trans.kind} of {', '.join(trans.leaving) or 'the job'} is in progress (op {trans.op_id}); "
+                     f"wait for its {trans.events.complete} event")
+
+
+def shim_step(c: Coordinator) -> int | None:
+    """The highest step any rank of this round reported, or None when no worker uses the shim."""
+    round_id = c.round.round_id if c.round else None
+    steps = [int(m["step"]) for n in c.alive() for m in n.metrics.values()
+             if isinstance(m, dict) and m.get("step") is not None and m.get("round") == round_id
+             and m.get("source") != OUTPUT]
+    return max(steps) if steps else None
+
+
+def plan(c: Coordinator, members_after: list[str]) -> dict[str, Any]:
+    """What a change does to the world: sizes, and which global ranks leave or move."""
+    assert c.round is not None
+    before = {e.node_id: e.ranks for e in c.round.members}
+    entries, world = build_rank_map(members_after, c.nodes)
+    after = {e.node_id: e.ranks for e in entries}
+    leaving = sorted(r for n, ranks in before.items() if n not in after for r in ranks)
+    moved = {n: [before[n], after[n]] for n in after if n in before and before[n] != after[n]}
+    return {"world_before": c.round.world_size, "world_after": world, "nodes_after": members_after,
+            "ranks_leaving": leaving, "ranks_moving": moved,
+            "summary": f"world {c.round.world_size} → {world}" + (f"; ranks {span(leaving)} leave" if leaving else "")}
+
+
+def span(ranks: list[int]) -> str:
+    contiguous = len(ranks) > 1 and ranks[-1] - ranks[0] == len(ranks) - 1
+    return f"{ranks[0]}-{ranks[-1]}" if contiguous else ",".join(map(str, ranks))
+
+
+def check_leave(c: Coordinator, nodes: list[str], force: bool) -> None:
+    assert c.round is not None
+    members = c.round.node_ids()
+    for node_id in nodes:
+        if node_id not in c.nodes:
+            raise refuse(f"no node '{node_id}' in job '{c.cfg.job_id}'", ErrorCode.NOT_FOUND)
+        if node_id not in members:
+            raise refuse(f"node '{node_id}' is not in the current round (role {c.nodes[node_id].role})",
+                         ErrorCode.BAD_ARGUMENT)
+    if force:
+        return
+    remaining = len(members) - len(nodes)
+    if remaining < c.cfg.min_nodes:
+        raise refuse(f"would leave {remaining} node(s), below --nnodes min {c.cfg.min_nodes}; use --force")
+    if c.cfg.node_id in nodes:
+        raise refuse(f"node '{c.cfg.node_id}' is the coordinator; draining it ends the job; use --force")
+    if members[0] in nodes:
+        raise refuse(f"node '{members[0]}' holds rank 0; draining it moves rank 0; use --force")
+
+
+def begin(c: Coordinator, kind: TransitionKind, leaving: list[str], final_role: Role, then: After,
+          detail: str) -> dict[str, Any]:
+    """Start a graceful transition, one at a time; shim workers stop at one agreed step, plain ones get SIGTERM."""
+    require_idle(c)
+    op_id = c.begin_transition(kind, leaving, final_role, then, detail, Cause.membership)
+    return {"ok": True, "accepted": True, "op_id": op_id}

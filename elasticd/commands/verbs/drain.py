@@ -1,0 +1,30 @@
+"""`drain NODE`: a graceful leave; shim workers checkpoint and stop at one step, the node stays as standby."""
+
+from typing import Any
+
+from elasticd.commands import steering
+from elasticd.commands.verb import Arg, Command, ConsoleAction, forced
+from elasticd.coordinator.coordinator import Coordinator
+from elasticd.coordinator.transitions import After, TransitionKind
+from elasticd.wire.names import Role
+from elasticd.wire.protocol import arg
+
+
+def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+    node = arg(args, "node", str)
+    rnd = steering.require_running(c)
+    steering.check_leave(c, [node], forced(args))
+    return steering.plan(c, [n for n in rnd.node_ids() if n != node])
+
+
+def apply(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+    node = args["node"]
+    c.target = max(1, len(steering.require_running(c).node_ids()) - 1)
+    return steering.begin(c, TransitionKind.drain, [node], Role.standby, After.round, f"drain of {node}")
+
+
+COMMANDS = [Command(
+    "drain", "graceful leave of a node: drain NODE", order=70, plan=plan, apply=apply,
+    args=(Arg("node", "node id"),),
+    console=(ConsoleAction("drain", "D", "Drain node(s): graceful leave", targets="nodes", destructive=True),),
+)]

@@ -1,0 +1,44 @@
+"""`events`: the bounded job event history, filtered by kind, time or sequence number."""
+
+import math
+import time
+from typing import Any
+
+from elasticd.commands.render import event
+from elasticd.commands.verb import Arg, Command
+from elasticd.coordinator.coordinator import Coordinator
+from elasticd.wire.protocol import ErrorCode, ProtocolError, arg
+
+
+def read(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+    kinds = arg(args, "kinds", list, [])
+    if not all(isinstance(k, str) for k in kinds):
+        kinds = []
+    try:
+        since_ts = float(arg(args, "since_ts", (int, float), 0.0))
+    except OverflowError:  # an integer too large for a float
+        since_ts = math.inf
+    if not math.isfinite(since_ts):
+        raise ProtocolError(ErrorCode.BAD_ARGUMENT, "argument 'since_ts' must be a finite UNIX time")
+    events = c.events.query(kinds, since_ts,
+                            arg(args, "since_seq", int, 0), arg(args, "limit", int, 500))
+    return {"ok": True, "events": events, "seq": c.events.seq}
+
+
+def since_ts(seconds_ago: float) -> float:
+    return time.time() - seconds_ago if seconds_ago else 0.0
+
+
+def render(result: dict[str, Any]) -> str:
+    return "\n".join(event(e) for e in result["events"]) or "(no events)"
+
+
+COMMANDS = [Command(
+    "events", "job events (--follow to stream them)", order=40, read=read, render=render,
+    args=(Arg("follow", "stream events as they happen", type=None, flags=("--follow", "-f"), default=False,
+              action="store_true", cli_only=True),
+          Arg("kind", "only these kinds (repeatable)", flags=("--kind",), default=[], action="append", field="kinds"),
+          Arg("since", "only events newer than this many seconds", type=float, flags=("--since",), default=0.0,
+              field="since_ts", to_request=since_ts),
+          Arg("limit", "at most this many past events", type=int, flags=("--limit",), default=200)),
+)]

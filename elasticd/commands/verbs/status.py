@@ -1,0 +1,53 @@
+"""`status`: the job, its round, and every node with role, state and restarts."""
+
+from typing import Any
+
+from elasticd.commands.verb import Arg, Command
+from elasticd.coordinator.coordinator import Coordinator
+from elasticd.wire.protocol import ErrorCode, ProtocolError, arg
+
+
+def read(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+    offset, limit = arg(args, "nodes_offset", int, 0), arg(args, "nodes_limit", int, None)
+    if offset < 0 or (limit is not None and limit < 0):
+        raise ProtocolError(ErrorCode.BAD_ARGUMENT, "nodes_offset and nodes_limit must be 0 or more")
+    return {"ok": True, **c.status(c.clock(), offset, limit)}
+
+
+def render(s: dict[str, Any]) -> str:
+    restarts = " ".join(f"{k}={v}" for k, v in s["restarts"].items())
+    lines = [
+        f"job {s['job_id']}  state {s['state']}  round {s['round']}  world {s['world_size']}  "
+        f"nodes {s['min_nodes']}:{s['max_nodes']} target {s['target']}  coordinator {s['coordinator']}",
+        f"restarts {restarts} (max failures {s['max_restarts']})",
+    ]
+    if s.get("epoch"):
+        etcd = s.get("etcd", {})
+        health = "reachable" if etcd.get("ok") else "UNREACHABLE: membership frozen, training goes on"
+        lines.append(f"coordinator elected on etcd, epoch {s['epoch']}; etcd {','.join(etcd.get('endpoints', []))} "
+                     f"{health}")
+    if s.get("reason"):
+        lines.append(f"reason: {s['reason']}")
+    if s.get("last_recovery"):
+        lines.append("last recovery: " + "  ".join(f"{k} {v:.2f}s" for k, v in s["last_recovery"].items()))
+    if s.get("refused_keys"):
+        lines.append(f"refused connections: {s['refused_keys']} at this daemon (elasticd events --kind key_refused)")
+    ranks = {e["node_id"]: e["ranks"] for e in s.get("rank_map", [])}
+    lines.append(f"{'NODE':<12} {'HOST':<16} {'ROLE':<9} {'STATUS':<7} {'RANKS':<12} LAST SEEN")
+    for n in s["nodes"]:
+        lines.append(f"{n['node_id']:<12} {n['host']:<16} {n['role']:<9} {n['status']:<7} "
+                     f"{','.join(map(str, ranks.get(n['node_id'], []))) or '-':<12} {n['last_seen_age_s']:.1f}s ago")
+    shown, total = len(s["nodes"]), s.get("nodes_total", len(s["nodes"]))
+    if shown < total:
+        first = s.get("nodes_offset", 0)
+        lines.append(f"nodes {first + 1}-{first + shown} of {total} "
+                     f"({', '.join(f'{v} {k}' for k, v in sorted(s.get('node_counts', {}).items()))}); "
+                     "--nodes-offset/--nodes-limit page through them")
+    return "\n".join(lines)
+
+
+COMMANDS = [Command(
+    "status", "job state, round, nodes, restarts by cause", order=10, read=read, render=render,
+    args=(Arg("nodes_offset", "first node of the page (join order)", type=int, flags=("--nodes-offset",)),
+          Arg("nodes_limit", "at most this many nodes (default: all)", type=int, flags=("--nodes-limit",))),
+)]

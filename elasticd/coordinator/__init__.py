@@ -1,0 +1,1 @@
+"""The decisions: membership, rounds, transitions, step agreement, relays, resizes, restart accounting."""

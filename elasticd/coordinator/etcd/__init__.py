@@ -1,0 +1,1 @@
+"""The coordinator's seat in etcd: the client, the membership store and the election."""

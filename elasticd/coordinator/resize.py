@@ -1,0 +1,165 @@
+"""The coordinator's side of in-place resizes: which rounds keep their workers, and each one's timeline.
+
+docs/architecture.md, "Generations". A round is in place when the job has a long-lived store and every surviving
+member's workers said they resize in place (trainer_shim.Elastic); then members keep those processes and only the
+missing ranks are forked. Anything that goes wrong falls back to a restart round, the reason in the event log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from elasticd.coordinator.membership import NodeRecord, Round
+from elasticd.coordinator.step_agreement import StepQuery
+from elasticd.wire.names import EventKind
+
+RESIZE_TIMEOUT_S = 30.0  # an in-place round whose ranks have not all synced by then falls back to a restart
+WARM_TIMEOUT_S = 30.0  # how long a join's round waits for the joiner's pre-started workers
+Emit = Callable[..., dict[str, Any]]  # Coordinator.emit
+
+
+@dataclass
+class InPlaceRound:
+    """One generation formed in place, until its `resize` event (or its fallback)."""
+
+    round_id: int
+    members: set[str]
+    started: float
+    timeline: dict[str, float]
+    synced: dict[str, dict[str, float]] = field(default_factory=dict)  # node -> its ranks' latest group_ready/synced
+
+
+class Resizer:
+    def __init__(self, job_id: str, emit: Emit) -> None:
+        self.job_id = job_id
+        self.emit = emit
+        self.store = ""  # host:port of the job's store (member/store/job_store.py); "" means no in-place resizes
+        self.store_pending = False  # the store is starting: the first round waits for it
+        self.tunnel = ""  # with --keys: the coordinator's store tunnel, through which every node reaches the store
+        self.agreed_at = 0.0  # a graceful change's ranks left their group at an agreed step: its round is in place
+        self.fall_back = ""  # why the next round restarts its workers (the last in-place resize failed)
+        self.current: InPlaceRound | None = None
+        self.in_place_nodes: dict[str, int] = {}  # node -> the round in which all its ranks joined as in-place workers
+        self.warming: dict[str, float] = {}  # joiner -> since when its pre-started workers are starting
+
+    def agree(self, query: StepQuery, now: float) -> bool:
+        """A graceful change: resize in place when every member answered, each with only in-place workers."""
+        if not self.store or self.fall_back or query.awaiting or not query.in_place:
+            return False
+        self.agreed_at = now
+        return True
+
+    def begin(self, previous: Round | None, members: list[NodeRecord], round_id: int, detected: float,
+              now: float) -> bool:
+        """Whether round `round_id` keeps its survivors' workers; it is tracked until its `resize` event."""
+        agreed, self.agreed_at = self.agreed_at, 0.0
+        if self.current is not None and previous is not None and self.current.round_id == previous.round_id:
+            self.abandon(f"round {round_id} started before generation {previous.round_id} had synced")
+        fall_back, self.fall_back = self.fall_back, ""
+        self.current = None
+        if not self.store or previous is None or fall_back:
+            return False
+        survivors = [m for m in members if previous.has(m.node_id)]
+        capable = all(self.in_place_nodes.get(m.node_id) == previous.round_id or self.capable(m, previous)
+                      for m in survivors)
+        if not survivors or not (agreed or capable):
+            return False
+        self.current = InPlaceRound(round_id, {m.node_id for m in members}, now,
+                                    {"detect": detected, "agreed": agreed or detected})
+        return True
+
+    @staticmethod
+    def capable(node: NodeRecord, previous: Round) -> bool:
+        """Every rank this node ran in the previous round said hello as an in-place worker (its heartbeat)."""
+        entry = previous.entry(node.node_id)
+        ranks = {str(r): node.metrics.get(str(r)) for r in (entry.ranks if entry else [])}
+        return bool(ranks) and all(isinstance(m, dict) and m.get("in_place") is True
+                                   and m.get("round") == previous.round_id for m in ranks.values())
+
+    def force_restart(self, reason: str) -> None:
+        """The next round restarts every worker whatever they support (`elasticd restart` means it)."""
+        self.fall_back = reason
+
+    def prewarm(self, node: NodeRecord, rnd: Round | None, now: float) -> bool:
+        """A node joining a running job of in-place workers starts its own before the change: it is told so in
+        its welcome, and the change waits (at most WARM_TIMEOUT_S) until they are up."""
+        if not self.store or self.fall_back or rnd is None or rnd.has(node.node_id) \
+                or not all(self.in_place_nodes.get(n) == rnd.round_id for n in rnd.node_ids()):
+            return False
+        self.warming.setdefault(node.node_id, now)
+        return True
+
+    def warm(self, node_id: str) -> None:
+        self.warming.pop(node_id, None)
+
+    def warming_up(self, alive: set[str], now: float) -> bool:
+        """A joiner's workers are still starting: the round that adds it waits for them."""
+        for node_id, since in list(self.warming.items()):
+            if node_id not in alive or now - since > WARM_TIMEOUT_S:
+                del self.warming[node_id]
+        return bool(self.warming)
+
+    def fields(self, rnd: Round, standby: bool) -> dict[str, Any]:
+        """What a round's assignment adds: the store and prefix for every round, whether this one is in place,
+        and for a standby node of an in-place job whether to keep workers started, waiting (hot spares)."""
+        if not self.store:
+            return {"in_place": False}
+        cur = self.current
+        in_place = cur is not None and cur.round_id == rnd.round_id
+        return {"in_place": in_place, "store": self.store, "prefix": f"elastic/{self.job_id}/g{rnd.round_id}",
+                "prewarm": standby and not self.fall_back and in_place,
+                **({"job_store_tunnel": self.tunnel} if self.tunnel else {})}
+
+    def progress(self, node_id: str, body: dict[str, Any], rnd: Round) -> None:
+        if body.get("in_place") is True:
+            self.in_place_nodes[node_id] = rnd.round_id
+        cur = self.current
+        if cur is None or cur.round_id != rnd.round_id:
+            return
+        if "synced" in body and node_id in cur.members:
+            cur.synced[node_id] = {k: float(body[k]) for k in ("group_ready", "synced") if k in body}
+        self.finish_if_done(rnd)
+
+    def first_step(self, rnd: Round, at: float) -> None:
+        cur = self.current
+        if cur is not None and cur.round_id == rnd.round_id:
+            cur.timeline.setdefault("first_step", at)
+            self.finish_if_done(rnd)
+
+    def finish_if_done(self, rnd: Round) -> None:
+        """Every member synced and a first step seen: the `resize` event, with its timeline from detection."""
+        cur = self.current
+        if cur is None or "first_step" not in cur.timeline or cur.synced.keys() < cur.members:
+            return
+        self.current = None
+        marks = dict(cur.timeline)
+        marks.setdefault("left", rnd.timeline.get("go", marks["agreed"]))  # every old rank was out by `go`
+        for phase in ("group_ready", "synced"):
+            marks[phase] = max(s.get(phase, 0.0) for s in cur.synced.values())
+        start = marks["detect"]
+        order = ("detect", "agreed", "left", "group_ready", "synced", "first_step")
+        self.emit(EventKind.resize, generation=rnd.round_id, round=rnd.round_id, world_size=rnd.world_size,
+                  cause=rnd.cause, detail=rnd.detail,
+                  timeline={p: round(marks[p] - start, 3) for p in order if p in marks})
+
+    def failed(self, round_id: int, reason: str) -> bool:
+        """A member says its part of this in-place round failed: True when the coordinator must restart."""
+        cur = self.current
+        if cur is None or cur.round_id != round_id:
+            return False
+        return self.abandon(reason)
+
+    def expired(self, now: float) -> bool:
+        cur = self.current
+        if cur is None or now - cur.started < RESIZE_TIMEOUT_S or cur.synced.keys() >= cur.members:
+            return False
+        return self.abandon(f"not every rank of generation {cur.round_id} synced within {RESIZE_TIMEOUT_S:.0f}s")
+
+    def abandon(self, reason: str) -> bool:
+        cur, self.current = self.current, None
+        assert cur is not None
+        self.fall_back = reason
+        self.emit(EventKind.resize_failed, generation=cur.round_id, round=cur.round_id, reason=reason)
+        return True

@@ -1,0 +1,103 @@
+"""One step for every rank: ask each node for its freshest step, then pick one just far enough ahead.
+
+The coordinator's own view of steps arrives with heartbeats (up to 1 s old): too stale to choose a step
+that no rank has passed yet. A rank that acts a step later than the others leaves them waiting in a
+collective forever, so a drain or a forced checkpoint first asks every member node (a round trip of
+milliseconds), then sets at_step = the highest step + enough steps to cover report coalescing and delivery.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from elasticd.member.output_metrics import OUTPUT
+from elasticd.wire.names import MeshOp, StrEnum
+
+DELIVERY_BUDGET_S = 0.15  # the shim's 50 ms report coalescing plus request delivery, with room to spare
+QUERY_TIMEOUT_S = 1.0
+SendAll = Callable[[list[str], MeshOp, dict[str, Any]], None]  # (node ids, op, body): one message to many
+
+
+class StepRequest(StrEnum):
+    """What the workers do at the agreed step; each travels to the nodes as its own mesh op."""
+
+    drain = "drain"
+    checkpoint = "checkpoint"
+    resize = "resize"  # leave the process group at the step, keep the process (an in-place drain)
+
+
+WORKER_OPS: dict[StepRequest, MeshOp] = {StepRequest.drain: MeshOp.drain_workers,
+                                         StepRequest.checkpoint: MeshOp.checkpoint_workers,
+                                         StepRequest.resize: MeshOp.resize_workers}
+
+
+@dataclass
+class StepQuery:
+    op_id: str
+    request: StepRequest
+    awaiting: set[str]
+    deadline: float
+    steps: list[int] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)
+    in_place: bool = True  # every node answered that all its workers can resize in place
+    plain: set[str] = field(default_factory=set)  # nodes that answered with no shim rank: nothing to ask of them
+
+    def at_step(self) -> int | None:
+        """The step every rank acts at, or None when no rank reports through the shim."""
+        return max(self.steps) + margin(self.step_times) if self.steps else None
+
+
+class StepAgreement:
+    """Open step queries by op id; the coordinator resolves each once it is answered or expires."""
+
+    def __init__(self, send: SendAll) -> None:
+        self.send = send
+        self.queries: dict[str, StepQuery] = {}
+
+    def ask(self, op_id: str, request: StepRequest, members: list[str], now: float) -> None:
+        self.queries[op_id] = StepQuery(op_id, request, set(members), now + QUERY_TIMEOUT_S)
+        self.send(members, MeshOp.step_query, {"op_id": op_id})  # our own node answers at once, inside this call
+
+    def answer(self, node_id: str, body: dict[str, Any]) -> StepQuery | None:
+        """A node's `step_report`; returns the query once every node has answered it."""
+        query = self.queries.get(str(body.get("op_id")))
+        if query is None or node_id not in query.awaiting:
+            return None
+        query.awaiting.discard(node_id)
+        query.in_place = query.in_place and body.get("in_place") is True
+        step, step_time = body.get("step"), body.get("step_time")
+        if isinstance(step, int) and not isinstance(step, bool):
+            query.steps.append(step)
+        elif step is None:
+            query.plain.add(node_id)
+        if isinstance(step_time, int | float) and not isinstance(step_time, bool) and step_time > 0:
+            query.step_times.append(float(step_time))
+        return self.queries.pop(query.op_id) if not query.awaiting else None
+
+    def expired(self, now: float) -> list[StepQuery]:
+        """Queries past their deadline: a node that did not answer in time is about to be declared lost anyway."""
+        late = [q for q in self.queries.values() if now >= q.deadline]
+        for query in late:
+            del self.queries[query.op_id]
+        return late
+
+
+def margin(step_times: list[float]) -> int:
+    if not step_times:
+        return 2
+    return 1 + min(10_000, math.ceil(DELIVERY_BUDGET_S / max(statistics.median(step_times), 1e-4)))
+
+
+def local_answer(rank_metrics: dict[int, dict[str, Any]], round_id: int) -> dict[str, Any]:
+    """A node's reply: the highest step its shim workers reported in this round, and their step time."""
+    # A shim rank that said hello but whose first step report is still on its way counts as step 0: it is
+    # a shim rank, so it must stop at the agreed step rather than be restarted (and lose what it trained).
+    current = [m for m in rank_metrics.values() if m.get("round") == round_id and m.get("source") != OUTPUT
+               and (m.get("step") is not None or "hello" in m)]  # steps read from output have no shim behind
+    times = [float(m["step_time"]) for m in current if isinstance(m.get("step_time"), int | float)]
+    return {"step": max((int(m.get("step") or 0) for m in current), default=None),
+            "step_time": statistics.median(times) if times else None}

@@ -1,0 +1,1 @@
+"""The composition root: the daemon, its control plane, failover to a new coordinator, the exporter."""

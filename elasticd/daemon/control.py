@@ -1,0 +1,283 @@
+"""The operator API of one daemon: a ROUTER for requests and a PUB for events and heartbeats."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from typing import Any, Protocol
+
+import zmq
+import zmq.asyncio
+
+from elasticd import __version__
+from elasticd.commands.registry import REGISTRY
+from elasticd.coordinator.coordinator import Coordinator
+from elasticd.job.config import JobConfig, StartError
+from elasticd.job.events import EventLog
+from elasticd.keys.auth import Gatekeeper, NodeKeys, serve_curve
+from elasticd.member.agent import NodeAgent
+from elasticd.mesh.router import MORE_NOBLOCK, NOBLOCK
+from elasticd.wire.names import CTL_PREFIX, EventKind
+from elasticd.wire.protocol import (
+    PROTOCOL_VERSION,
+    Envelope,
+    ErrorCode,
+    ProtocolError,
+    decode,
+    encode,
+    error_reply,
+    new_id,
+    reply,
+)
+
+log = logging.getLogger("elasticd")
+FORWARD_TIMEOUT_S = 5.0
+STEP_TELEMETRY_S = 0.25
+CAPABILITIES = ["snapshot-seq", "dry-run", "force", "forward", *sorted(REGISTRY)]
+
+
+class ControlHost(Protocol):
+    """What the operator sockets need of their daemon, and nothing more."""
+
+    cfg: JobConfig
+    ctx: zmq.asyncio.Context
+    keys: NodeKeys | None
+    gate: Gatekeeper | None
+    events: EventLog
+    node: NodeAgent
+    endpoints: dict[str, str]
+
+    @property
+    def coordinator(self) -> Coordinator | None: ...
+    @property
+    def events_pub(self) -> str: ...
+    def node_event(self, kind: EventKind, **fields: Any) -> None: ...
+    def steering_held(self) -> str: ...
+    def forward(self, op: str, body: dict[str, Any], msg_id: str) -> bool: ...
+    def answer_forward(self, node_id: str, op: str, body: dict[str, Any], msg_id: str) -> None: ...
+
+
+class ControlPlane:
+    def __init__(self, d: ControlHost) -> None:
+        self.d = d
+        self.router = d.ctx.socket(zmq.ROUTER)
+        # The PUB only sends (NOBLOCK), so it is a plain socket: asyncio's future per send cost as much as the
+        # event's JSON when a round publishes thousands of events (one per node's workers stopped, started).
+        self.pub: zmq.Socket[bytes] = zmq.Context.shadow(d.ctx.underlying).socket(zmq.PUB)
+        self.pending: dict[str, tuple[bytes, Envelope, float]] = {}  # forwarded id -> (client, request, due)
+        self.stats = {"requests": 0, "errors": 0, "dropped": 0}
+        self.steps_sent = 0.0
+
+    def bind(self) -> dict[str, str]:
+        for sock in (self.router, self.pub):
+            sock.setsockopt(zmq.LINGER, 0)
+            if self.d.keys is not None:
+                serve_curve(sock, self.d.keys.secret, self.d.keys.public, "control")
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished client is counted, not lost silently
+        self.pub.setsockopt(zmq.SNDHWM, 10000)  # a stuck subscriber loses events, the daemon never stalls
+        return {"control": self._bind(self.router, self.d.cfg.control_bind),
+                "pub": self._bind(self.pub, self.d.cfg.pub_bind)}
+
+    @staticmethod
+    def _bind(sock: zmq.Socket, addr: str) -> str:
+        if addr.startswith("ipc://"):
+            check_private_folder(addr)
+        try:
+            if not addr:
+                port = sock.bind_to_random_port("tcp://127.0.0.1")
+                return f"tcp://127.0.0.1:{port}"
+            sock.bind(addr)
+        except zmq.ZMQError as exc:
+            reason = "address in use" if exc.errno == zmq.EADDRINUSE else str(exc)
+            raise StartError(f"cannot bind {addr or 'a loopback port'}: {reason}") from None
+        return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def tasks(self) -> list[Any]:
+        return [asyncio.create_task(self.serve())]
+
+    # ---- telemetry ---------------------------------------------------------------------------
+    def publish_event(self, event: dict[str, Any]) -> None:
+        env = Envelope("ev", str(event.get("kind", "event")), event, node=str(event.get("node", "")),
+                       seq=int(event.get("seq", 0)), ts=float(event.get("ts", time.time())))
+        self._publish(f"ev.{env.node}/{env.op}", env)
+
+    def publish_steps(self, now: float) -> None:
+        """This node's shim ranks on `st.<node>`, at most 4 times a second and only when a step moved."""
+        node = self.d.node
+        if not node.steps_dirty or now - self.steps_sent < STEP_TELEMETRY_S:
+            return
+        node.steps_dirty, self.steps_sent = False, now
+        keys = ("rank", "step", "loss", "throughput", "samples", "step_time", "last_step_at")
+        ranks = [{k: m.get(k) for k in keys} for m in node.rank_metrics.values() if m.get("round") == node.round_id]
+        body = {"round": node.round_id, "ranks": ranks}
+        self._publish(f"st.{self.d.cfg.node_id}/", Envelope("st", "steps", body, node=self.d.cfg.node_id,
+                                                          seq=self.d.events.seq, ts=now))
+
+    def heartbeat(self) -> None:
+        self.expire_forwards()
+        c = self.d.coordinator
+        body = {"state": self.d.node.state, "round": self.d.node.round_id,
+                "job_state": c.state if c else None, "coordinator": c is not None}
+        self._publish(f"hb.{self.d.cfg.node_id}/", Envelope("hb", "heartbeat", body, node=self.d.cfg.node_id,
+                                                          seq=self.d.events.seq, ts=time.time()))
+
+    def _publish(self, topic: str, env: Envelope) -> None:
+        try:
+            self.pub.send(topic.encode(), MORE_NOBLOCK)  # plain ints: multipart's flag enums cost as much
+            self.pub.send(encode(env), NOBLOCK)
+        except zmq.ZMQError:
+            self.stats["dropped"] += 1
+
+    # ---- requests ----------------------------------------------------------------------------
+    async def serve(self) -> None:
+        while True:
+            parts = await self.router.recv_multipart(copy=False)
+            frames = [part.bytes for part in parts]
+            user = str(parts[-1].get("User-Id")) if self.d.gate is not None else ""
+            self.stats["requests"] += 1
+            self.expire_forwards()
+            if len(frames) < 2:
+                self.stats["dropped"] += 1
+                continue
+            ident = frames[0]
+            if len(frames) != 2:
+                self.send(ident, error_reply("", "error", self.d.cfg.node_id, ProtocolError(
+                    ErrorCode.BAD_MESSAGE, f"a request is one frame; got {len(frames) - 1}")))
+                continue
+            try:
+                env = decode(frames[1])
+                if env.type != "req":
+                    raise ProtocolError(ErrorCode.BAD_MESSAGE, f"expected type 'req', got {env.type!r}")
+                self.handle(ident, env, user)
+            except ProtocolError as err:
+                self.stats["errors"] += 1
+                self.send(ident, error_reply(_safe_id(frames[1]), "error", self.d.cfg.node_id, err))
+            except Exception as exc:  # one bad request must never end the loop that serves everyone
+                log.exception("control request failed")
+                self.send(ident, error_reply(_safe_id(frames[1]), "error", self.d.cfg.node_id,
+                                             ProtocolError(ErrorCode.INTERNAL, f"request failed: {exc!r}")))
+            await asyncio.sleep(0)  # a pipelined flood must not starve heartbeats and rounds
+
+    def handle(self, ident: bytes, env: Envelope, user: str = "") -> None:
+        if env.op == "hello":
+            self.send(ident, reply(env, self.d.cfg.node_id, self.hello()))
+            return
+        command = REGISTRY.get(env.op)
+        if command is None:
+            raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {env.op!r}; known: hello, {', '.join(REGISTRY)}")
+        who = self.authorize(env, command.steer, user)
+        if command.steer:
+            self.d.node_event(EventKind.command_received, op=env.op, by=who,
+                              args={k: v for k, v in env.body.items() if k != "client"})
+        if self.d.coordinator is not None:
+            self.send(ident, reply(env, self.d.cfg.node_id, self.own_view(env.op, self.execute(env))))
+            return
+        fwd = new_id()
+        if not self.d.forward(env.op, env.body, fwd):
+            raise ProtocolError(ErrorCode.NOT_RUNNING, "this daemon is not connected to its coordinator yet")
+        self.pending[fwd] = (ident, env, time.time() + FORWARD_TIMEOUT_S)
+
+    def authorize(self, env: Envelope, steer: bool, user: str) -> str:
+        """Who is asking; a viewer's steer verb, or a key revoked since it connected, is refused and logged."""
+        claimed = str(env.body.get("client", "?"))
+        if self.d.gate is None:
+            return claimed  # no keys: loopback only (start refuses otherwise), every local user may steer
+        key = self.d.gate.role_of(user)
+        if key is None:
+            self.d.node_event(EventKind.unauthorized, op=env.op, by=claimed, reason="key not authorized (revoked?)")
+            raise ProtocolError(ErrorCode.UNAUTHORIZED, "this key is not authorized (revoked?)")
+        if steer and key.role != "operator":
+            self.d.node_event(EventKind.unauthorized, op=env.op, by=key.name, reason=f"role {key.role} cannot steer")
+            raise ProtocolError(ErrorCode.UNAUTHORIZED, f"key '{key.name}' has role {key.role}: it may read, not steer")
+        return f"{key.name} ({key.role})"
+
+    def execute(self, env: Envelope) -> dict[str, Any]:
+        """Run a verb at the coordinator; interlock refusals become events as well as replies."""
+        c = self.d.coordinator
+        assert c is not None
+        command = REGISTRY[env.op]
+        held = self.d.steering_held() if command.steer and not env.body.get("dry_run") else ""
+        if held:  # applied now, it would be lost or undone by the coordinator that takes over
+            return ProtocolError(ErrorCode.NOT_RUNNING, f"{env.op}: {held}; nothing was changed").as_body()
+        try:
+            return command.run(c, env.body)
+        except ProtocolError as err:
+            if err.errno == ErrorCode.REFUSED:
+                c.emit(EventKind.interlock_refused, op=env.op, reason=err.reason)
+            return err.as_body()
+        except Exception as exc:  # a verb's bug must not take the daemon down
+            log.exception("verb %s failed", env.op)
+            return ProtocolError(ErrorCode.INTERNAL, f"{env.op} failed inside the daemon: {exc!r}").as_body()
+
+    def own_view(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A job-wide answer plus what only the daemon asked knows: `status` carries its refused handshakes."""
+        if op != "status" or body.get("ok") is False:
+            return body
+        return {**body, "refused_keys": self.refused_keys()}
+
+    def refused_keys(self) -> int:
+        return self.d.gate.refusals.total if self.d.gate is not None else 0
+
+    def hello(self) -> dict[str, Any]:
+        d = self.d
+        return {"ok": True, "version": __version__, "protocol": PROTOCOL_VERSION, "capabilities": CAPABILITIES,
+                "node": d.cfg.node_id, "job_id": d.cfg.job_id, "coordinator": d.coordinator is not None,
+                "rendezvous": f"{d.cfg.rdzv_host}:{d.cfg.rdzv_port}", **d.endpoints,
+                "events_pub": d.events_pub,
+                "stats": {**self.stats, "refused_keys": self.refused_keys()}}
+
+    # ---- forwarding between a member and the coordinator ------------------------------------------
+    def on_forwarded(self, sender: str, env: Envelope) -> None:
+        """Coordinator side: run a member's forwarded request and send the answer back."""
+        op = env.op.removeprefix(CTL_PREFIX)
+        body = (self.execute(Envelope("req", op, env.body, id=env.id)) if op in REGISTRY
+                else ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {op!r}").as_body())
+        self.d.answer_forward(sender, env.op, body, env.id)
+
+    def on_forwarded_reply(self, env: Envelope) -> None:
+        entry = self.pending.pop(env.id, None)
+        if entry is not None:
+            ident, request, _ = entry
+            self.send(ident, reply(request, self.d.cfg.node_id, self.own_view(request.op, env.body)))
+
+    def expire_forwards(self) -> None:
+        now = time.time()
+        for fwd, (ident, request, due) in list(self.pending.items()):
+            if now > due:
+                del self.pending[fwd]
+                self.send(ident, error_reply(request.id, request.op, self.d.cfg.node_id, ProtocolError(
+                    ErrorCode.TIMEOUT, "the coordinator did not answer in time")))
+
+    def send(self, ident: bytes, env: Envelope) -> None:
+        try:
+            self.router.send_multipart([ident, encode(env)], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            self.stats["dropped"] += 1  # the client is gone or not reading: its loss, not ours
+
+    def close(self) -> None:
+        self.router.close()
+        self.pub.close()
+
+
+def check_private_folder(addr: str) -> None:
+    """An ipc:// socket is as private as its folder: anyone who can enter it can steer the job."""
+    folder = os.path.dirname(os.path.abspath(addr[len("ipc://"):])) or "."
+    try:
+        mode = os.stat(folder).st_mode & 0o777
+    except OSError as exc:
+        raise StartError(f"cannot use {addr}: {exc.strerror} ({folder})") from None
+    if mode & 0o077:
+        raise StartError(f"{addr}: its folder {folder} is open to other users (mode {mode:04o}); "
+                         "put ipc:// endpoints in a 0700 folder")
+
+
+def _safe_id(frame: bytes) -> str:
+    """Echo a request id back even on a bad request, when one can be found."""
+    try:
+        raw = json.loads(frame)
+        return raw["id"] if isinstance(raw, dict) and isinstance(raw.get("id"), str) else ""
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return ""

@@ -1,0 +1,421 @@
+"""One elasticd process: wires the node agent, the coordinator role, the mesh and the operator sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from elasticd import __version__
+from elasticd.coordinator.coordinator import Coordinator
+from elasticd.coordinator.membership import MemoryStore
+from elasticd.daemon.control import ControlPlane
+from elasticd.daemon.exporter import MetricsExporter, bind_host_of
+from elasticd.daemon.failover import Failover
+from elasticd.job.config import JobConfig, StartError
+from elasticd.job.events import EventLog
+from elasticd.job.runtime import advertised_addr, is_local_host, remove_endpoints, socket_ifname_env, write_endpoints
+from elasticd.keys.auth import Gatekeeper, KeyStore, KeyStoreError, NodeKeys
+from elasticd.member.agent import NodeAgent
+from elasticd.member.link import Member
+from elasticd.member.processes.spawner import Spawner, Zygote
+from elasticd.member.processes.workers import base_env
+from elasticd.member.store.job_store import JobStore
+from elasticd.member.store.round_store import RoundStore
+from elasticd.member.store.store_host import LOOPBACK
+from elasticd.member.store.store_tunnel import JOB_STORE, TunnelServer
+from elasticd.member.worker_channel import WorkerChannel
+from elasticd.mesh.coordinator_mesh import CoordinatorMesh
+from elasticd.mesh.member_mesh import MemberMesh
+from elasticd.mesh.relay import Relay
+from elasticd.wire.names import CTL_PREFIX, EventKind, JobState, MeshOp, NodeState
+from elasticd.wire.protocol import Envelope
+
+log = logging.getLogger("elasticd")
+ZYGOTE_WARMUP_S = 60.0  # past this, register anyway: workers are then exec'd cold
+
+
+class Daemon:
+    """The composition root: builds the parts, owns the loop and the signals, hands each part what it needs."""
+
+    def __init__(self, cfg: JobConfig, connect_timeout_s: float = 60.0) -> None:
+        self.cfg = cfg
+        self.ctx = zmq.asyncio.Context()
+        self.events = EventLog(EventLog.capacity_for(cfg.max_nodes))
+        self.host = advertised_addr(cfg.rdzv_host, cfg.local_addr)
+        self.connect_timeout_s = connect_timeout_s
+        self.coordinator: Coordinator | None = None
+        self.coord_mesh: CoordinatorMesh | None = None
+        self.member_mesh: MemberMesh | None = None
+        self.node = NodeAgent(cfg, self.host, self.to_coord, self.node_event, {})
+        self.started = time.time()
+        self.done = asyncio.Event()
+        self.exit_message = ""
+        self.signalled = False  # the coordinator's node got its first leave signal: the job is stopping gracefully
+        self.tasks: list[asyncio.Task[Any]] = []
+        self.endpoints: dict[str, str] = {}
+        self.plane: ControlPlane | None = None  # the operator sockets, bound in start()
+        self.channel = WorkerChannel(self.ctx, cfg, self.node)
+        self.node.output_step = self.channel.on_output_step  # --metrics-from-output feeds the shim's metrics path
+        self.member = Member(cfg, self.node, self.channel, self.to_coord, self, self.events, self.publish_event,
+                             self.on_forwarded_reply, connect_timeout_s, is_coordinator=False, link=CurrentLink(self))
+        self.zygote: Zygote | None = None
+        self.keys: NodeKeys | None = None
+        self.gate: Gatekeeper | None = None
+        self.tunnel: TunnelServer | None = None  # with --keys: how other nodes reach our round's store
+        self.exporter: MetricsExporter | None = None  # --metrics-port
+        self.failover: Failover | None = None  # --rdzv-backend etcd: the coordinator is elected (failover.py)
+        self.job_store = JobStore()  # the coordinator's: in-place resizes of shim workers
+        self.relay: Relay | None = None  # in a job with relays: where this node relays for others when told to
+
+    # ---- set-up ------------------------------------------------------------------------------
+    def bind_mesh(self) -> None:
+        if self.cfg.etcd_endpoints:  # every daemon is equal: none binds the rendezvous endpoint
+            self.failover = Failover(self)
+            self.member.await_election = True
+            self.failover.start()  # etcd unreachable or another cluster: a start error (exit 2)
+            return
+        endpoint = f"tcp://{self.cfg.rdzv_host}:{self.cfg.rdzv_port}"
+        if self.cfg.host_coordinator and is_local_host(self.cfg.rdzv_host):
+            try:
+                addr = socket.gethostbyname(self.cfg.rdzv_host)
+                self.coord_mesh = CoordinatorMesh(self.ctx, f"tcp://{addr}:{self.cfg.rdzv_port}", self.cfg.node_id,
+                                                  self.keys)
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EADDRINUSE:
+                    raise StartError(f"cannot bind rendezvous endpoint {endpoint}: {exc}") from None
+        if self.coord_mesh is not None:
+            self.coordinator = Coordinator(self.cfg, MemoryStore(), self.send_to_node, self.events,
+                                           self.on_job_event, connected=self.coord_mesh.connected,
+                                           backlog=self.coord_mesh.backlog, send_all=self.send_to_nodes)
+            self.coord_mesh.relay_of = self.coordinator.relays.via_of
+            self.member.is_coordinator = True
+        else:
+            self.member_mesh = self.new_member_mesh(endpoint)
+
+    def new_member_mesh(self, endpoint: str) -> MemberMesh:
+        """Our link to the coordinator at `endpoint`; a relay's batches from it go to our relay."""
+        mesh = MemberMesh(self.ctx, endpoint, self.cfg.node_id, self.node.instance, self.keys)
+        mesh.on_switched = lambda: self.member.speak(time.time())
+        if self.relay is not None:
+            mesh.on_batch = self.relay.deliver
+        return mesh
+
+    def bind_relay(self) -> None:
+        """Every daemon of a job with relays can be told to relay (the embedded coordinator's node never is)."""
+        if self.cfg.relay_size and self.coordinator is None:
+            self.relay = Relay(self.ctx, self.host, self.keys, self.cfg.port_range, self.to_coordinator_as_relay)
+            if self.member_mesh is not None:
+                self.member_mesh.on_batch = self.relay.deliver
+
+    def to_coordinator_as_relay(self, parts: list[bytes]) -> bool:
+        """Our relay's batch goes up our own link (a relay is never relayed itself)."""
+        mesh = self.member_mesh
+        return mesh is not None and self.member.registered and mesh.send_parts(parts)
+
+    async def start(self) -> None:
+        if self.cfg.keys_dir:
+            store = KeyStore(Path(self.cfg.keys_dir))
+            try:
+                self.keys = store.node_keys()
+            except KeyStoreError as err:
+                raise StartError(str(err)) from None
+            self.gate = Gatekeeper(self.ctx, store, self.node_event)  # refused connections become events
+            self.gate.start()
+        self.bind_mesh()
+        self.bind_relay()
+        self.plane = ControlPlane(self)
+        self.endpoints = self.plane.bind()
+        self.node.endpoints = {"control": self.endpoints["control"], "pub": self.endpoints["pub"],
+                               **({"relay": self.relay.endpoint} if self.relay else {})}
+        if self.keys is not None:
+            self.tunnel = TunnelServer(self.ctx, self.keys, self.host, self.cfg.port_range)
+            self.node.endpoints["store_tunnel"] = self.tunnel.endpoint
+        if self.cfg.metrics_port is not None:  # the scrape endpoint is exactly as reachable as the control socket
+            self.exporter = MetricsExporter(self, bind_host_of(self.endpoints["control"]), self.cfg.metrics_port)
+        # Multi-host gloo/NCCL out of the box: workers bind the interface we advertise, unless the user named one.
+        socket_env, socket_note = socket_ifname_env(self.host, {**os.environ, **self.cfg.env})
+        log.info("%s", socket_note)  # `elasticd start` logs INFO to stderr: one line by the startup line
+        self.node.worker_env = {**socket_env, **self.channel.bind()}
+        if self.cfg.zygote:
+            self.zygote = Zygote(self.cfg.python or sys.executable, self.cfg.preload, base_env(self.cfg))
+            await self.zygote.start()
+            self.node.spawner = Spawner(self.cfg.python, self.zygote)
+        if self.keys is not None and self.tunnel is not None:  # a Python spawner even with --no-python
+            self.node.round_store = RoundStore(self.cfg, self.ctx, self.keys, self.tunnel,
+                                               Spawner(self.cfg.python, self.zygote))
+        write_endpoints(self.cfg.job_id, self.cfg.node_id, {
+            "job_id": self.cfg.job_id, "node_id": self.cfg.node_id, "pid": os.getpid(), "host": self.host,
+            "coordinator": self.coordinator is not None, "version": __version__, **self.endpoints,
+            "server_key": self.keys.public.decode() if self.keys else ""})
+        role = "coordinator" if self.coordinator else "candidate" if self.failover else "member"
+        metrics = f"metrics {self.exporter.url}; " if self.exporter else ""
+        print(f"elasticd {__version__}: node {self.cfg.node_id} ({role}) of job {self.cfg.job_id}; "
+              f"control {self.endpoints['control']} pub {self.endpoints['pub']}; {metrics}"
+              f"logs {os.path.join(self.cfg.log_dir, self.cfg.job_id, self.cfg.node_id)}", file=sys.stderr,
+              flush=True)
+        loop = asyncio.get_running_loop()
+        for name in self.cfg.leave_signals:  # --signals-to-handle
+            loop.add_signal_handler(signal.Signals[name], self.on_signal, signal.Signals[name])
+        self.tasks += [asyncio.create_task(self.tick_loop()), asyncio.create_task(self.channel.serve()),
+                       *self.plane.tasks()]
+        if self.coord_mesh is not None and self.failover is None:  # with etcd, the election's role serves the mesh
+            self.tasks.append(asyncio.create_task(self.coord_mesh.serve(self.on_peer, self.on_connection_closed)))
+        elif self.member_mesh is not None and self.failover is None:
+            self.tasks.append(asyncio.create_task(self.member_mesh.serve(lambda _s, env: self.member.receive(env))))
+        if self.tunnel is not None:
+            self.tasks.append(asyncio.create_task(self.tunnel.serve()))
+        if self.relay is not None:
+            self.tasks.append(asyncio.create_task(self.relay.serve()))
+        if self.coordinator is not None and not self.cfg.no_python:
+            self.coordinator.resizer.store_pending = True  # the first round waits for it: its workers use it
+            self.spawn(self.start_job_store(self.coordinator))
+        self.spawn(self.register_when_warm())
+
+    async def start_job_store(self, coordinator: Coordinator) -> None:
+        """With --keys it binds loopback and every node reaches it through our store tunnel (JOB_STORE); without,
+        our advertised address, which every node's workers (ours too) reach directly. Never every interface: a
+        keyed job's store would then answer anyone who reaches this host."""
+        try:
+            bind = LOOPBACK if self.tunnel is not None else self.host
+            coordinator.resizer.store = addr = await self.job_store.start(self.cfg, self.node.spawner, bind)
+            if addr and self.tunnel is not None:
+                self.tunnel.host_round(JOB_STORE, int(addr.rpartition(":")[2]))
+                coordinator.resizer.tunnel = self.tunnel.endpoint
+        finally:
+            coordinator.resizer.store_pending = False
+
+    async def register_when_warm(self) -> None:
+        """Join only once workers can start at once: the job keeps training while our zygote imports torch."""
+        if self.zygote is not None:
+            self.to_coord(MeshOp.announce, {})  # the first round waits for us rather than forming without us
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.zygote.ready.wait(), ZYGOTE_WARMUP_S)
+        self.member.start_registering()
+
+    async def run(self) -> int:
+        try:
+            await self.start()
+            await self.done.wait()
+        finally:
+            await self.shutdown()
+        if self.exit_message:
+            print(f"elasticd: {self.exit_message}", file=sys.stderr, flush=True)
+        return self.node.exit_code if self.node.exit_code is not None else 1
+
+    async def shutdown(self) -> None:
+        await self.node.stop_workers()
+        await self.job_store.stop()
+        if self.node.round_store is not None:
+            self.node.round_store.close_job_store()
+        if self.zygote is not None:
+            await self.zygote.close()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.plane is not None:
+            self.plane.close()
+        if self.exporter is not None:
+            self.exporter.close()
+        self.channel.close()
+        if self.tunnel is not None:
+            self.tunnel.close()
+        if self.relay is not None:
+            self.relay.close()
+        if self.failover is not None:  # after our workers stopped: resigning lets the next daemon take over now
+            self.failover.close()
+            self.coord_mesh = None
+        for mesh in (self.coord_mesh, self.member_mesh):
+            if mesh is not None:
+                mesh.close()
+        if self.gate is not None:
+            self.gate.stop()
+        self.ctx.term()
+        remove_endpoints(self.cfg.job_id, self.cfg.node_id, os.getpid())
+
+    # ---- messages between this node, the coordinator and the members -------------------------------
+    def to_coord(self, op: MeshOp, body: dict[str, Any]) -> None:
+        if self.coordinator is not None:
+            self.on_peer(self.cfg.node_id, Envelope("req", op, body, node=self.cfg.node_id, ts=time.time()))
+        elif self.member_mesh is not None:
+            self.member_mesh.send(op, body)
+
+    def send_to_node(self, node_id: str, op: MeshOp, body: dict[str, Any]) -> None:
+        if node_id == self.cfg.node_id:
+            self.member.receive(Envelope("req", op, body, node=node_id, ts=time.time()))
+        elif self.coord_mesh is not None:
+            self.coord_mesh.send(node_id, op, body)
+
+    def send_to_nodes(self, node_ids: list[str], op: MeshOp, body: dict[str, Any]) -> None:
+        """One message to many nodes: encoded once for the members, handed as is to our own node."""
+        if self.coord_mesh is not None:
+            self.coord_mesh.send_all([n for n in node_ids if n != self.cfg.node_id], op, body)
+        if self.cfg.node_id in node_ids:
+            self.send_to_node(self.cfg.node_id, op, dict(body))
+
+    def on_peer(self, sender: str, env: Envelope) -> None:
+        """Coordinator side: a forwarded operator request goes to the control plane, the rest to the coordinator."""
+        if env.type in ("req", "rep") and env.op.startswith(CTL_PREFIX):
+            if self.plane is not None:
+                self.plane.on_forwarded(sender, env)
+        elif self.failover is not None:
+            self.failover.receive(sender, env)  # fenced: held while our lease is unconfirmed
+        elif self.coordinator is not None:
+            self.coordinator.receive(sender, env, time.time())
+
+    def on_connection_closed(self, node_id: str) -> None:
+        if self.coordinator is not None:
+            self.coordinator.connection_lost(node_id, time.time())
+
+    def forward(self, op: str, body: dict[str, Any], msg_id: str) -> bool:
+        """Member side: pass an operator request to the coordinator; False while not connected to it."""
+        if not self.member.registered or self.member_mesh is None:
+            return False
+        self.member_mesh.send(CTL_PREFIX + op, body, kind="req", msg_id=msg_id)
+        return True
+
+    def answer_forward(self, node_id: str, op: str, body: dict[str, Any], msg_id: str) -> None:
+        if self.coord_mesh is not None:
+            self.coord_mesh.send(node_id, op, body, kind="rep", msg_id=msg_id)
+
+    def on_forwarded_reply(self, env: Envelope) -> None:
+        if self.plane is not None:
+            self.plane.on_forwarded_reply(env)
+
+    # ---- events -------------------------------------------------------------------------------
+    def node_event(self, kind: EventKind, **fields: Any) -> None:
+        self.to_coord(MeshOp.event, {"kind": kind, "node": self.cfg.node_id, "ts": time.time(), **fields})
+
+    def steering_held(self) -> str:
+        """Why this coordinator may not take a steer verb now ("" when it may): its etcd lease is unconfirmed."""
+        if self.failover is not None and not self.failover.elector.may_act():
+            return "this coordinator's etcd lease is not confirmed (etcd unreachable, or a takeover under way)"
+        return ""
+
+    def on_job_event(self, event: dict[str, Any]) -> None:
+        """The coordinator numbered an event: it is published once, here (members get only what they act on)."""
+        self.publish_event(event)
+
+    @property
+    def events_pub(self) -> str:
+        """Where the job's events are published: the coordinator's PUB (a member learns it from its welcome)."""
+        return self.endpoints.get("pub", "") if self.coordinator is not None else self.member.events_pub
+
+    def publish_event(self, event: dict[str, Any]) -> None:
+        if self.plane is not None:
+            self.plane.publish_event(event)
+
+    # ---- time and signals -------------------------------------------------------------------------
+    async def tick_loop(self) -> None:
+        next_beat = 0.0
+        while not self.done.is_set():
+            now = time.time()
+            try:
+                if self.failover is not None:
+                    self.failover.tick(now)
+                elif self.coordinator is not None:
+                    self.coordinator.tick(now)
+                if self.plane is not None:
+                    self.plane.publish_steps(now)
+                if now >= next_beat:
+                    next_beat = now + self.cfg.heartbeat_s
+                    self.beat(now)
+            except Exception:  # a bug in one tick must not freeze membership for the whole job
+                log.exception("[%s] tick failed", self.cfg.node_id)
+            await asyncio.sleep(0.05)
+
+    def beat(self, now: float) -> None:
+        if self.gate is not None:
+            self.gate.reload()
+        if self.plane is not None:
+            self.plane.heartbeat()
+        self.channel.check_hangs(now)
+        self.member.beat(now)
+
+    def fail_start(self, message: str) -> None:
+        self.exit_message = message
+        self.node.exit_code = 2
+        self.done.set()
+
+    def on_signal(self, sig: int) -> None:
+        log.info("[%s] received %s", self.cfg.node_id, signal.Signals(sig).name)
+        self.leave(f"node {self.cfg.node_id}'s elasticd received {signal.Signals(sig).name}")
+
+    def leave(self, reason: str) -> None:
+        """SIGTERM/SIGINT/HUP: a member leaves; the embedded coordinator's node ends the job (with etcd it hands over).
+
+        Both are graceful the first time: shim ranks stop at one agreed step with a checkpoint (a member's
+        drain, the coordinator's `stop`), bounded by --grace-period; a second signal ends it at once.
+        """
+        if self.failover is not None and self.failover.leave(reason):
+            return  # the coordinator's node drains, then the role goes to the next daemon
+        if self.coordinator is None:
+            self.member.leave(reason)
+            return
+        why = f"{reason}; it is the coordinator, so the job ends (no coordinator HA without --rdzv-backend etcd)"
+        c = self.coordinator
+        if self.signalled or c.state != JobState.running:
+            c.end(JobState.stopped, why, time.time())
+            return
+        self.signalled = True
+        c.stop_gracefully(why, time.time())  # a member's leave in flight (a job-wide signal) folds into it
+        self.spawn(self.end_after_grace(why))
+
+    async def end_after_grace(self, why: str) -> None:
+        await asyncio.sleep(self.cfg.grace_s)
+        if self.coordinator is not None:
+            self.coordinator.end(JobState.stopped, f"{why}; --grace-period {self.cfg.grace_s:g}s ran out", time.time())
+
+    async def finish(self, state: str, reason: str, code: int | None = None, message: str = "") -> None:
+        if self.node.state == NodeState.ending:
+            return
+        self.exit_message = self.exit_message or message
+        await self.node.end(state, reason)
+        if code is not None:
+            self.node.exit_code = code
+        if not self.exit_message:
+            self.exit_message = f"job '{self.cfg.job_id}' {state}: {reason}"
+        if self.coordinator is not None:
+            await asyncio.sleep(0.3)  # let job_end reach the members before the ROUTER closes
+        self.done.set()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(coro)
+        self.tasks.append(task)
+        task.add_done_callback(log_failure)
+
+
+class CurrentLink:
+    """The member mesh the daemon holds now, as its Member sees it (failover replaces the mesh; none: we coordinate)."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.d = daemon
+
+    def backlog(self) -> bool:
+        return self.d.member_mesh is not None and self.d.member_mesh.backlog()
+
+    def link_up(self) -> bool:
+        return self.d.member_mesh is not None and self.d.member_mesh.link_up
+
+    def route(self, via: str) -> None:
+        if self.d.member_mesh is not None:
+            self.d.member_mesh.route(via)
+
+    def state(self) -> dict[str, str]:
+        return self.d.member_mesh.state() if self.d.member_mesh is not None else {}
+
+
+def log_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("task failed: %r", task.exception())

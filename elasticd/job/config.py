@@ -1,0 +1,161 @@
+"""Parsed `elasticd start` settings, validated into one immutable JobConfig."""
+
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass, field
+
+DEFAULT_LEAVE_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")  # the signals on which a node leaves the job
+STOP_SLACK_S = 5.0  # beyond the grace period, how long a new round waits for a node to stop its old workers
+# In place, the node first waits this long beyond the grace period for its kept workers to leave their group (a
+# survivor blocked in a collective errors at its group's timeout), so an in-place round's stop barrier waits as long.
+LEAVE_SLACK_S = 10.0
+
+
+def stop_barrier_s(grace_s: float, in_place: bool) -> float:
+    """How long a round's stop barrier waits for every node's old workers (the coordinator's side); a node waits
+    for `go` one STOP_SLACK_S longer, so the barrier always gives up first."""
+    return grace_s + STOP_SLACK_S + (LEAVE_SLACK_S if in_place else 0.0)
+
+
+class ConfigError(ValueError):
+    """A flag value that cannot work; the message is shown to the user as is."""
+
+
+class StartError(Exception):
+    """The daemon cannot start (a port in use, an endpoint it cannot bind); one line says why."""
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int
+    rdzv_host: str
+    rdzv_port: int
+    job_id: str
+    node_id: str
+    entry: list[str]  # the command after the interpreter: [script, args...] or ["-m", module, args...]
+    max_restarts: int = 0
+    grace_s: float = 5.0
+    log_dir: str = "elastic-logs"
+    join_timeout_s: float = 600.0
+    hang_timeout_s: float = 60.0
+    exit_timeout_s: float = 300.0  # torchrun's exit barrier: peers of a worker that finished get this long
+    heartbeat_s: float = 1.0
+    heartbeat_misses: int = 3
+    local_addr: str = ""
+    control_bind: str = ""
+    pub_bind: str = ""
+    omp_threads: int = 1
+    python: str = ""
+    keys_dir: str = ""  # CURVE key store (elasticd/keys/auth.py); empty: no encryption, loopback only
+    insecure: bool = False  # allow non-loopback binds without keys
+    zygote: bool = True  # fork workers from a pre-imported interpreter (elasticd/member/processes/zygote.py)
+    preload: str = "torch,torch.distributed,torch.nn.parallel,torch._dynamo"
+    env: dict[str, str] = field(default_factory=dict)
+    role: str = "default"  # ROLE_NAME (torchrun's --role)
+    metrics_from_output: str = ""  # REGEX with (?P<step>) / (?P<loss>) groups, matched on every worker line
+    console_ranks: frozenset[int] | None = None  # local ranks whose output is echoed; None: all (log files: all)
+    no_python: bool = False  # exec the entry itself, no interpreter in front (torchrun's --no-python)
+    node_rank: int = -1  # this node's place in the rank map (torchrun's --node-rank); -1: join order
+    leave_signals: tuple[str, ...] = DEFAULT_LEAVE_SIGNALS  # torchrun's --signals-to-handle
+    port_range: tuple[int, int] | None = None  # --port-range: where non-loopback ports we open go (the tunnel)
+    host_coordinator: bool = True  # --rdzv-conf is_host=false: only ever a member, even on the endpoint's host
+    metrics_port: int | None = None  # --metrics-port: serve Prometheus metrics there (0: a free port); None: off
+    # --rdzv-backend etcd: the coordinator is elected on this etcd cluster (daemon/failover.py); empty: embedded
+    etcd_endpoints: tuple[tuple[str, int], ...] = ()
+    lease_ttl_s: int = 5  # --rdzv-conf lease_ttl: a dead coordinator is replaced within about this long
+    etcd_outage_s: float = 300.0  # --rdzv-conf etcd_outage_timeout: how long the job runs without etcd, then stops
+    relay_group: int = 32  # --rdzv-conf relay_group: members per relay (0: no relays); docs/architecture.md "Relays"
+    relay_from: int = 256  # --rdzv-conf relay_from: a job whose --nnodes max is below this has no relays
+
+    @property
+    def lost_after_s(self) -> float:
+        return self.heartbeat_s * self.heartbeat_misses
+
+    @property
+    def relay_size(self) -> int:
+        """Members per relay in this job; 0 when it has none (a small job gains nothing from the extra hop)."""
+        return self.relay_group if self.max_nodes >= self.relay_from else 0
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*(?::\s*(\d+)\s*)?", text)
+    if not match:
+        raise ConfigError(f"--nnodes must be N or MIN:MAX with positive integers, got {text!r}")
+    low = int(match.group(1))
+    high = int(match.group(2)) if match.group(2) else low
+    if low < 1 or high < low:
+        raise ConfigError(f"--nnodes {text!r}: need 1 <= MIN <= MAX")
+    return low, high
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = text, "29400"
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--rdzv-endpoint must be HOST:PORT with a port in 1..65535, got {text!r}")
+    return host, int(port)
+
+
+def parse_endpoints(text: str) -> tuple[tuple[str, int], ...]:
+    """`HOST:PORT[,HOST:PORT...]`: etcd's client endpoints (port 2379 when left out)."""
+    endpoints = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if part.startswith("https://"):
+            raise ConfigError(f"--rdzv-endpoint {part}: TLS to etcd is not supported yet; use http:// on a trusted "
+                              "network")
+        host, sep, port = part.removeprefix("http://").rpartition(":")
+        if not sep:
+            host, port = part, "2379"
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"--rdzv-endpoint for etcd must be HOST:PORT[,HOST:PORT...], got {text!r}")
+        endpoints.append((host.strip("[]"), int(port)))
+    if not endpoints:
+        raise ConfigError("--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT[,HOST:PORT...] (etcd's client URLs)")
+    return tuple(endpoints)
+
+
+def parse_port_range(text: str) -> tuple[int, int] | None:
+    """`LOW-HIGH`, both in 1..65535; empty: ephemeral ports."""
+    if not text:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", text)
+    if not match or not 0 < int(match.group(1)) <= int(match.group(2)) < 65536:
+        raise ConfigError(f"--port-range must be LOW-HIGH with 1 <= LOW <= HIGH <= 65535, got {text!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def default_node_id() -> str:
+    """The full hostname: `gpu-017.us-east-1` and `gpu-017.us-west-2` are different nodes."""
+    return socket.gethostname() or "node"
+
+
+_LABEL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,62}")  # a DNS label ('_' too, as --node-id always allowed)
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
+
+
+def check_node_id(node_id: str) -> str:
+    """Any hostname: dot-separated labels of letters, digits, '-' (and '_'), 253 characters at most."""
+    if len(node_id) > 253 or not all(_LABEL.fullmatch(label) for label in node_id.split(".")):
+        raise ConfigError(f"--node-id {node_id!r}: use a hostname (labels of 1-63 letters, digits, '-' or '_', "
+                          "separated by '.', 253 characters at most)")
+    return node_id
+
+
+def check_job_id(job_id: str) -> str:
+    if not _JOB_ID.fullmatch(job_id):
+        raise ConfigError(f"--rdzv-id {job_id!r}: use 1-63 letters, digits, '_' or '-'")
+    return job_id
+
+
+def parse_metrics_port(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not text.isdigit() or int(text) > 65535:
+        raise ConfigError(f"--metrics-port must be a port in 0..65535 (0: a free one), got {text!r}")
+    return int(text)

@@ -1,0 +1,269 @@
+"""The node agent: registers with the coordinator, applies each round to the local workers, reports back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from elasticd.job.config import STOP_SLACK_S, JobConfig, stop_barrier_s
+from elasticd.member.beats import BeatDiff, PortPool
+from elasticd.member.gpu import GpuSampler
+from elasticd.member.in_place import InPlace
+from elasticd.member.output_metrics import compile_pattern, parse_line
+from elasticd.member.processes.spawner import Spawner
+from elasticd.member.processes.workers import Worker, WorkerGroup
+from elasticd.member.store.round_store import RoundStore, StoreError
+from elasticd.wire.names import EventKind, JobState, MeshOp, NodeState
+
+log = logging.getLogger("elasticd")
+ToCoordinator = Callable[[MeshOp, dict[str, Any]], None]
+NodeEvent = Callable[..., None]  # (EventKind, **fields): a node-side event for the job log
+
+
+class NodeAgent:
+    def __init__(self, cfg: JobConfig, host: str, to_coord: ToCoordinator, event: NodeEvent,
+                 worker_env: dict[str, str]) -> None:
+        self.cfg = cfg
+        # The daemon swaps in a zygote-backed one at start (never with --no-python: cfg.zygote is off then).
+        self.spawner = Spawner(cfg.python, None, no_python=cfg.no_python)
+        self.round_store: RoundStore | None = None  # with --keys: each round's store is loopback-only (daemon.py)
+        self.host = host
+        self.to_coord = to_coord
+        self.event = event
+        self.worker_env = worker_env
+        self.instance = uuid.uuid4().hex[:12]
+        self.state: str = NodeState.registering
+        self.reason = ""
+        self.round_id = 0
+        self.assignment: dict[str, Any] = {}
+        self.group: WorkerGroup | None = None
+        self.exit_code: int | None = None  # set when the daemon should exit
+        self._round_lock = asyncio.Lock()
+        self.endpoints: dict[str, str] = {}
+        self.rank_metrics: dict[int, dict[str, Any]] = {}  # filled by the worker channel (shim reports)
+        self.drained_ranks: set[int] = set()
+        self.steps_dirty = False  # a shim step arrived since the last `st` telemetry message
+        self.drained_reported = False
+        self.latest_round = 0  # the newest round assigned, even while an older one is still being applied
+        self._exit_watch: asyncio.TimerHandle | None = None  # armed when a worker finished before its peers
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._go: dict[int, asyncio.Event] = {}  # round -> set when the coordinator says its workers may start
+        self.reports: dict[str, dict[str, Any]] = {}  # this round's `round_progress` (stopped, spawned), to resend
+        self.output_pattern = compile_pattern(cfg.metrics_from_output) if cfg.metrics_from_output else None
+        self.output_step: Callable[[int, dict[str, Any]], None] = lambda _rank, _fields: None  # the daemon wires it
+        self.gpu = GpuSampler(cfg.heartbeat_s)  # NVML read once per heartbeat for all workers
+        self.beats = BeatDiff()  # what the coordinator already holds: heartbeats carry only the rest
+        self.ports = PortPool()
+        self.in_place = InPlace(self)  # in-place rounds: shim workers kept through membership changes
+
+    def register_body(self) -> dict[str, Any]:
+        self.beats.reset()  # a new record at the coordinator: the next heartbeat carries everything again
+        return {"node_id": self.cfg.node_id, "instance": self.instance, "host": self.host,
+                "nproc": self.cfg.nproc_per_node, "node_rank": self.cfg.node_rank, "ports": self.ports.current(),
+                **self.endpoints}
+
+    def heartbeat_body(self, now: float) -> dict[str, Any]:
+        """State every beat; ports, worker records and shim metrics only when the coordinator lacks them."""
+        return self.beats.body({
+            "instance": self.instance, "ports": self.ports.current(), "workers": self.workers_info(),
+            "state": self.state, "round": self.round_id, "assigned": self.latest_round,
+            "metrics": {str(rank): m for rank, m in self.rank_metrics.items() if m.get("round") == self.round_id}},
+            now)
+
+    def workers_info(self) -> list[dict[str, Any]]:
+        """Worker records; with NVML each has `gpu` (null when on no GPU), without it the field is absent."""
+        records = self.group.info() if self.group else []
+        gpu = self.gpu.for_workers([r["pid"] for r in records if r["state"] == "running"]) if records else None
+        return records if gpu is None else [{**r, "gpu": gpu.get(r["pid"])} for r in records]
+
+    # ---- rounds -------------------------------------------------------------------------------
+    async def apply_round(self, body: dict[str, Any]) -> None:
+        round_id = body.get("round")
+        self.ports.take(body.get("master_port"))  # offered no more: a round's store listens there (here or not)
+        if round_id is not None:
+            self.latest_round = max(self.latest_round, round_id)
+            for waiting, event in self._go.items():
+                if waiting < round_id:
+                    event.set()  # wake an older round's wait: it is superseded
+        async with self._round_lock:
+            if round_id is not None and (round_id <= self.round_id or round_id < self.latest_round):
+                if round_id == self.round_id:  # the coordinator asks again: our `stopped` did not reach it
+                    self.report_again("stopped")
+                return  # a stale or repeated assignment, or one a newer round already replaced
+            if body.get("job_store_tunnel") and self.round_store is not None:  # with --keys: through our relay
+                body = {**body, "store": await self.round_store.job_store(str(body["job_store_tunnel"]))}
+            kept = await self.in_place.keep(body) if self.in_place.applies(body) else []
+            # The old workers' `workers_stopped` rides on the progress report: one frame per node, not two.
+            held: list[dict[str, Any]] | None = [] if round_id is not None else None
+            stopped = await self.stop_workers(kept, held)  # what was not kept in place
+            if round_id is None:
+                self.state, self.reason = str(body.get("state", NodeState.waiting)), str(body.get("reason", ""))
+                log.warning("[%s] %s: %s", self.cfg.node_id, self.state, self.reason)
+                return
+            self.round_id, self.assignment = round_id, body
+            self.rank_metrics, self.drained_ranks, self.drained_reported = {}, set(), False
+            self.reports = {}
+            if self._exit_watch is not None:
+                self._exit_watch.cancel()
+                self._exit_watch = None
+            self.report("stopped", {"round": round_id, "stopped": stopped, "events": held})
+            if body["state"] != NodeState.running:
+                self.state = body["state"]
+                if body.get("prewarm"):  # a standby of an in-place job: its workers wait, ready to join
+                    await self.in_place.prestart()
+                return
+            self.state = NodeState.running
+            store_env = await self.open_store(round_id, body)  # while other nodes still stop their old workers
+            if store_env is None:
+                return
+            # Kept workers belong to the new group at once: a newer round that supersedes this one stops them.
+            self.group = WorkerGroup(self.cfg, round_id, body, {**self.worker_env, **store_env}, self.on_worker_exit,
+                                     self.spawner, self.on_worker_line if self.output_pattern else None, kept)
+            if not await self.wait_for_go(round_id, in_place=bool(body.get("in_place"))):
+                return  # a newer round replaced this one while its old workers were being stopped
+            self.in_place.publish(self.group, kept, body)  # the survivors join first: they wait on nothing
+            try:
+                await self.group.spawn()
+            except OSError as exc:
+                self.report_failure(None, f"could not start workers on node {self.cfg.node_id}: {exc}")
+                return
+            started = event_body(EventKind.workers_started, round=round_id, ranks=body["ranks"],
+                                 world_size=body["world_size"], pids=[w.proc.pid for w in self.group.workers],
+                                 kept=[w.proc.pid for w in kept])
+            self.report("spawned", {"round": round_id, "spawned": time.time(), "events": [started]})
+
+    async def open_store(self, round_id: int, body: dict[str, Any]) -> dict[str, str] | None:
+        """The env that points workers at the round's store; {} without keys (rank 0 hosts it); None: failed."""
+        if self.round_store is None:
+            return {}
+        try:
+            return await self.round_store.open(round_id, body)
+        except (OSError, StoreError) as exc:
+            self.report_failure(None, f"could not open round {round_id}'s store on node {self.cfg.node_id}: {exc}")
+            return None
+
+    async def wait_for_go(self, round_id: int, in_place: bool = False) -> bool:
+        """Start this round's workers only once every node's old ones are gone (the coordinator says go); longer
+        than the coordinator's stop barrier (Coordinator.stop_limit), which an in-place round lengthens."""
+        event = self._go.setdefault(round_id, asyncio.Event())
+        with contextlib.suppress(asyncio.TimeoutError):
+            limit = stop_barrier_s(self.cfg.grace_s, in_place) + STOP_SLACK_S
+            await asyncio.wait_for(event.wait(), limit)
+        self._go.pop(round_id, None)
+        return self.latest_round <= round_id
+
+    def go(self, round_id: int) -> None:
+        if round_id == self.round_id and "spawned" in self.reports:  # a `go` again: our `spawned` was lost
+            self.report_again("spawned")
+        self._go.setdefault(round_id, asyncio.Event()).set()
+
+    def report(self, phase: str, body: dict[str, Any]) -> None:
+        """A step of this round, kept until the next round: the mesh may drop it, the coordinator asks again."""
+        self.reports[phase] = body
+        self.to_coord(MeshOp.round_progress, body)
+
+    def report_again(self, phase: str) -> None:
+        """Only a report older than the loss limit: a younger one is more likely queued than lost, and a
+        busy coordinator asking again must not get a second copy of every member's report."""
+        body = self.reports.get(phase)
+        if body is not None and time.time() - float(body[phase]) > self.cfg.lost_after_s:
+            self.to_coord(MeshOp.round_progress, body)
+
+    async def stop_workers(self, kept: list[Worker] | None = None, held: list[dict[str, Any]] | None = None) -> float:
+        """Stop this round's workers; those `kept` in place (out of their group already) end the round too.
+        Their `workers_stopped` event goes to `held` when given, else is sent."""
+        group, self.group = self.group, None
+        if group and (group.running or kept):
+            await group.stop(self.cfg.grace_s)
+            fields = {"round": group.round_id, "exit_codes": {w.rank: w.exit_code for w in group.workers},
+                      **({"kept": [w.proc.pid for w in kept]} if kept else {})}
+            if held is None:
+                self.event(EventKind.workers_stopped, **fields)
+            else:
+                held.append(event_body(EventKind.workers_stopped, **fields))
+        if self.round_store is not None:
+            await self.round_store.close()  # the store goes with the round's workers
+        return time.time()
+
+    def on_worker_line(self, worker: Worker, text: str) -> None:
+        """--metrics-from-output: a line that states a step or a loss is that rank's report."""
+        assert self.output_pattern is not None
+        fields = parse_line(self.output_pattern, text)
+        if fields is not None:
+            self.output_step(worker.rank, fields)
+
+    def on_worker_exit(self, worker: Worker) -> None:
+        self.in_place.gone(worker.proc.pid)
+        group = self.group
+        if worker.stopping or group is None or worker not in group.workers:
+            return
+        self.event(EventKind.worker_exited, round=group.round_id, rank=worker.rank, pid=worker.proc.pid,
+                   exit_code=worker.exit_code)
+        if worker.rank in self.drained_ranks:
+            self.check_drained()  # it saved and said so: how its teardown ends is no failure
+        elif worker.exit_code != 0:
+            self.report_failure(worker, f"worker rank {worker.rank} on node {self.cfg.node_id} exited with "
+                                f"{describe_exit(worker.exit_code)} (log: {worker.log_path})")
+        elif not group.running and all(w.exit_code == 0 for w in group.workers):
+            self.to_coord(MeshOp.node_done, {"round": group.round_id})
+        elif self._exit_watch is None:
+            self._exit_watch = asyncio.get_running_loop().call_later(
+                self.cfg.exit_timeout_s, lambda: self._background(self.stop_stragglers(group)))
+
+    async def stop_stragglers(self, group: WorkerGroup) -> None:
+        """Peers of a finished worker that never exit (a teardown deadlock) are stopped; the node is done."""
+        if self.group is not group or not group.running:
+            return
+        self.event(EventKind.worker_exit_timeout, round=group.round_id, ranks=[w.rank for w in group.running],
+                   timeout_s=self.cfg.exit_timeout_s)
+        for worker in group.running:
+            worker.stopping = True  # their work is over: how they die is no failure
+        await group.stop(self.cfg.grace_s)
+        self.to_coord(MeshOp.node_done, {"round": group.round_id})
+
+    def _background(self, coro: Any) -> None:
+        self._tasks.add(task := asyncio.ensure_future(coro))
+        task.add_done_callback(self._tasks.discard)
+
+    def check_drained(self) -> None:
+        """Every local rank said `drained`, so its checkpoint is durable: no need to wait for the exits."""
+        group = self.group
+        if group is not None and not self.drained_reported and {w.rank for w in group.workers} <= self.drained_ranks:
+            self.drained_reported = True
+            self.to_coord(MeshOp.node_drained, {"round": group.round_id})
+
+    async def kill_worker(self, rank: int) -> None:
+        """A failure drill: SIGKILL one local worker, which the job then recovers from like any crash."""
+        if self.group is not None and self.group.kill_worker(rank):
+            self.event(EventKind.worker_killed, rank=rank, reason="operator drill")
+
+    def report_failure(self, worker: Worker | None, reason: str, hang: bool = False) -> None:
+        self.to_coord(MeshOp.worker_failed, {"round": self.round_id, "reason": reason, "detected": time.time(),
+                                        "rank": worker.rank if worker else None, "hang": hang})
+
+    async def end(self, state: str, reason: str) -> None:
+        self.state, self.reason = NodeState.ending, reason
+        await self.stop_workers()
+        self.exit_code = 0 if state in (JobState.succeeded, JobState.stopped) else 1
+
+
+def event_body(kind: EventKind, **fields: Any) -> dict[str, Any]:
+    """A node event as the coordinator adopts it: from an `event` frame, or in `round_progress.events`."""
+    return {"kind": kind, "ts": time.time(), **fields}
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "no exit code"
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"

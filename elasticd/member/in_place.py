@@ -1,0 +1,169 @@
+"""A node's side of an in-place round: keep its live shim workers (same PIDs), re-rank them, fork only the missing.
+
+docs/architecture.md, "Generations". The node agent calls `keep` where it would stop its workers and `publish`
+where it would only spawn; the worker channel feeds `on_hello`, `on_left`, `on_joined`, `on_failed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from elasticd.job.config import LEAVE_SLACK_S, JobConfig
+from elasticd.member.processes.spawner import Spawner
+from elasticd.member.processes.workers import Worker, WorkerGroup, signal_worker
+from elasticd.wire.names import EventKind, MeshOp, NodeState
+from elasticd.wire.protocol import new_id
+
+PRESTART_ENV = "ELASTICD_AWAIT_GENERATION"  # a pre-started worker: RANK and WORLD_SIZE come with its generation
+
+log = logging.getLogger("elasticd")
+SendToWorker = Callable[[int, str, dict[str, Any]], bool]  # (pid, op, body) -> sent
+
+
+class Agent(Protocol):
+    """What this needs of the node agent (elasticd/member/agent.py), which owns it."""
+
+    cfg: JobConfig
+    group: WorkerGroup | None
+    drained_ranks: set[int]
+    state: str
+    worker_env: dict[str, str]
+    spawner: Spawner
+
+    def check_drained(self) -> None: ...
+    def event(self, kind: EventKind, **fields: Any) -> None: ...
+    def report_failure(self, worker: Worker | None, reason: str, hang: bool = False) -> None: ...
+    def to_coord(self, op: MeshOp, body: dict[str, Any]) -> None: ...
+    def on_worker_exit(self, worker: Worker) -> None: ...
+
+
+class InPlace:
+    def __init__(self, node: Agent) -> None:
+        self.node = node
+        self.send: SendToWorker = lambda _pid, _op, _body: False  # the worker channel wires itself in
+        self.capable: set[int] = set()  # pids whose hello said they resize in place (trainer_shim.Elastic)
+        self.left: dict[int, dict[str, Any]] = {}  # pid -> its `left` (the step it holds), until it joins again
+        self.joined: dict[int, dict[str, Any]] = {}  # pid -> its `joined` in the current round
+        self.failed_round = 0  # the last round whose failure was reported (one report per round)
+        self.resizing = False  # between an in-place round's arrival and its workers' publication
+
+    # -- what the workers say ------------------------------------------------------------------------
+    def on_hello(self, pid: int, body: dict[str, Any]) -> None:
+        if body.get("in_place") is True:
+            self.capable.add(pid)
+        if body.get("waiting") is True:  # pre-started: out of any group, like a survivor that has left
+            self.left[pid] = body
+            group = self.node.group
+            if group is not None and group.round_id == 0 and {w.proc.pid for w in group.running} <= self.left.keys():
+                self.node.to_coord(MeshOp.warm, {})
+
+    async def prestart(self) -> None:
+        """Start this node's workers before the round that adds it: they load, then wait for their generation."""
+        if self.node.group is not None:
+            return
+        nproc = self.node.cfg.nproc_per_node
+        placeholder = {"ranks": list(range(nproc)), "world_size": nproc, "group_rank": 0, "group_world_size": 1,
+                       "master_addr": "", "master_port": 0, "restart_count": 0, "max_restarts": 0}
+        env = {**self.node.worker_env, PRESTART_ENV: "1"}
+        self.node.group = group = WorkerGroup(self.node.cfg, 0, placeholder, env, self.node.on_worker_exit,
+                                              self.node.spawner)
+        try:
+            await group.spawn()
+        except OSError as exc:
+            log.warning("[%s] could not pre-start workers: %s", self.node.cfg.node_id, exc)
+
+    def gone(self, pid: int) -> None:
+        """A worker exited: what it said goes with it (its pid may come back as another process)."""
+        self.capable.discard(pid)
+        self.left.pop(pid, None)
+        self.joined.pop(pid, None)
+
+    def end_hung(self, rank: int) -> None:
+        """A hung in-place worker is stopped at once: its peers, blocked in a collective with it, then fail at
+        once and heal in place (otherwise they would wait for their group's timeout). The restart path stops
+        it too, only later. Its exit is reported as any exit is; the coordinator takes it for an echo."""
+        group = self.node.group
+        for worker in group.running if group else []:
+            if worker.rank == rank and worker.proc.pid in self.capable:
+                signal_worker(worker.proc.pid, signal.SIGKILL)
+
+    def ready(self) -> bool:
+        """Every live worker of this node can resize in place (the step agreement's `in_place`)."""
+        group = self.node.group
+        return group is not None and bool(group.running) and all(w.proc.pid in self.capable for w in group.running)
+
+    def on_left(self, body: dict[str, Any]) -> None:
+        pid, rank = int(body["pid"]), int(body["rank"])
+        self.left[pid] = body
+        error = body.get("error")
+        if not error:
+            self.node.drained_ranks.add(rank)  # out of the group at the agreed step: the node's part is done
+            self.node.check_drained()
+            return
+        self.node.event(EventKind.worker_left, round=body.get("round"), rank=rank, pid=pid, step=body.get("step"),
+                        error=error)
+        if not self.resizing and self.node.state == NodeState.running:  # a peer died: heal in place
+            self.node.report_failure(None, f"worker rank {rank} on node {self.node.cfg.node_id} lost its process "
+                                     f"group at step {body.get('step')}: {error}")
+
+    def on_joined(self, body: dict[str, Any]) -> None:
+        group = self.node.group
+        if group is None or body.get("round") != group.round_id:
+            return
+        self.joined[int(body["pid"])] = body
+        pids = {w.proc.pid for w in group.workers}
+        if pids and pids <= self.joined.keys():
+            mine = [self.joined[p] for p in pids]
+            self.node.to_coord(MeshOp.round_progress, {
+                "round": group.round_id, "in_place": all(j.get("in_place") is True for j in mine),
+                **{k: max(float(j.get(k) or 0.0) for j in mine) for k in ("group_ready", "synced")}})
+
+    def on_failed(self, body: dict[str, Any]) -> None:
+        self.capable.discard(int(body["pid"]))  # it waits to be replaced: no later round keeps it
+        round_id = int(body.get("round") or 0)
+        if round_id <= self.failed_round:
+            return
+        self.failed_round = round_id
+        reason = f"rank {body.get('rank')} on node {self.node.cfg.node_id}: {body.get('reason')}"
+        self.node.to_coord(MeshOp.resize_failed, {"round": round_id, "reason": reason})
+
+    # -- the round ---------------------------------------------------------------------------------------
+    def applies(self, body: dict[str, Any]) -> bool:
+        return bool(body.get("in_place")) and body.get("state") == NodeState.running and self.node.group is not None
+
+    async def keep(self, body: dict[str, Any]) -> list[Worker]:
+        """Survivors out of their old group (asked now if the agreed step did not do it); released from it."""
+        group = self.node.group
+        assert group is not None
+        self.resizing = True
+        survivors = [w for w in group.running if w.proc.pid in self.capable]
+        for worker in survivors:
+            if worker.proc.pid not in self.left:  # a crash or a loss: nobody agreed a step; leave at once
+                self.send(worker.proc.pid, "resize", {"request_id": new_id(), "at_step": None,
+                                                      "round": body["round"]})
+        deadline = time.monotonic() + self.node.cfg.grace_s + LEAVE_SLACK_S
+        while time.monotonic() < deadline and any(w.exit_code is None and w.proc.pid not in self.left
+                                                  for w in survivors):
+            await asyncio.sleep(0.005)
+        kept = [w for w in survivors if w.exit_code is None and w.proc.pid in self.left]
+        if len(kept) < len(survivors):
+            log.warning("[%s] %d worker(s) did not leave their group in time; they are replaced",
+                        self.node.cfg.node_id, len(survivors) - len(kept))
+        group.release(kept)
+        return kept
+
+    def publish(self, group: WorkerGroup, kept: list[Worker], body: dict[str, Any]) -> None:
+        """Tell each kept worker its place in the new generation; newcomers read theirs from their environment."""
+        self.joined = {}
+        for worker in kept:
+            self.left.pop(worker.proc.pid, None)
+            self.send(worker.proc.pid, "generation", {
+                "round": group.round_id, "rank": worker.rank, "world_size": body["world_size"],
+                "local_rank": worker.local_rank, "group_rank": body["group_rank"],
+                "group_world_size": body["group_world_size"], "store": body["store"], "prefix": body["prefix"]})
+        self.resizing = False

@@ -1,0 +1,186 @@
+"""The local worker processes of one round: spawn with torchrun's env contract, watch, stop, log."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from elasticd.job.config import JobConfig
+from elasticd.member.processes.spawner import Spawner, WorkerProcess
+
+
+@dataclass
+class Worker:
+    local_rank: int
+    rank: int
+    proc: WorkerProcess
+    log_path: Path
+    started: float
+    exit_code: int | None = None
+    stopping: bool = False
+    ps: psutil.Process | None = None
+    tail: list[str] = field(default_factory=list)
+    watch: asyncio.Task[None] | None = None  # reads its output and reports its exit; moves with it to a new round
+
+    @property
+    def status(self) -> str:
+        return "running" if self.exit_code is None else ("succeeded" if self.exit_code == 0 else "failed")
+
+    def info(self) -> dict[str, Any]:
+        cpu = rss = 0.0
+        if self.exit_code is None and self.ps is not None:
+            with contextlib.suppress(psutil.Error), self.ps.oneshot():
+                cpu, rss = self.ps.cpu_percent(), self.ps.memory_info().rss
+        return {
+            "pid": self.proc.pid, "local_rank": self.local_rank, "rank": self.rank,
+            "state": self.status,
+            "exit_code": self.exit_code, "cpu_percent": cpu, "rss": int(rss),
+            "uptime_s": round(time.time() - self.started, 1), "log": str(self.log_path),
+        }
+
+
+ExitHandler = Callable[[Worker], None]
+LineHandler = Callable[[Worker, str], None]
+
+
+def signal_worker(pid: int, sig: int) -> None:
+    """The worker's whole process group (its data loaders too); the process alone if it has no group yet."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+    except PermissionError:
+        pass
+
+
+def base_env(cfg: JobConfig) -> dict[str, str]:
+    """What every worker's environment starts from (the zygote imports torch under it too)."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(cfg.omp_threads))
+    env.update(cfg.env)
+    # The job id is in the zygote's environment too: /proc/PID/environ of a forked worker is the zygote's,
+    # and this is how ps-style tools (and our orphan checks) tell the job's processes apart.
+    env.update(PYTHONUNBUFFERED="1", TORCHELASTIC_RUN_ID=cfg.job_id, ELASTICD_JOB_ID=cfg.job_id,
+               ELASTICD_NODE_ID=cfg.node_id)
+    return env
+
+
+class WorkerGroup:
+    """All workers of this node for one round."""
+
+    def __init__(self, cfg: JobConfig, round_id: int, assignment: dict[str, Any], extra_env: dict[str, str],
+                 on_exit: ExitHandler, spawner: Spawner, on_line: LineHandler | None = None,
+                 kept: list[Worker] | None = None) -> None:
+        self.cfg = cfg
+        self.spawner = spawner
+        self.round_id = round_id
+        self.assignment = assignment
+        self.extra_env = extra_env
+        self.on_exit = on_exit
+        self.on_line = on_line
+        # Workers kept from the last round (an in-place resize) take this node's lowest ranks, in their old order,
+        # and keep their local rank (their device); spawn() forks the rest.
+        self.workers: list[Worker] = sorted(kept or [], key=lambda w: w.rank)
+        for worker, rank in zip(self.workers, assignment["ranks"], strict=False):
+            worker.rank = rank
+
+    def env_for(self, local_rank: int, rank: int) -> dict[str, str]:
+        a, cfg = self.assignment, self.cfg
+        env = base_env(cfg)
+        env.update({
+            "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(a["world_size"]),
+            "LOCAL_WORLD_SIZE": str(cfg.nproc_per_node), "GROUP_RANK": str(a["group_rank"]),
+            "GROUP_WORLD_SIZE": str(a["group_world_size"]), "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(a["world_size"]), "ROLE_NAME": cfg.role,
+            "MASTER_ADDR": a["master_addr"], "MASTER_PORT": str(a["master_port"]),
+            "TORCHELASTIC_RESTART_COUNT": str(a["restart_count"]),
+            "TORCHELASTIC_MAX_RESTARTS": str(a["max_restarts"]), "TORCHELASTIC_RUN_ID": cfg.job_id,
+            "TORCHELASTIC_USE_AGENT_STORE": "False", "PYTHONUNBUFFERED": "1",
+            "ELASTICD_NODE_ID": cfg.node_id, "ELASTICD_ROUND": str(self.round_id),
+            "ELASTICD_JOB_ID": cfg.job_id, "ELASTICD_HANG_TIMEOUT": str(cfg.hang_timeout_s),
+        })
+        if a.get("store"):  # the job's long-lived store and this generation's prefix in it (in-place resizes)
+            env.update(ELASTICD_STORE=str(a["store"]), ELASTICD_STORE_PREFIX=str(a["prefix"]))
+        env.update(self.extra_env)
+        return env
+
+    async def spawn(self) -> None:
+        log_dir = Path(self.cfg.log_dir) / self.cfg.job_id / self.cfg.node_id / f"round-{self.round_id:04d}"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        ranks = list(self.assignment["ranks"])[len(self.workers):]
+        taken = {w.local_rank for w in self.workers}
+        free = [slot for slot in range(len(self.assignment["ranks"])) if slot not in taken]
+        for local_rank, rank in zip(free, ranks, strict=False):
+            log_path = log_dir / f"rank-{rank}.log"
+            proc = await self.spawner.spawn(self.cfg.entry, self.env_for(local_rank, rank), os.getcwd())
+            worker = Worker(local_rank, rank, proc, log_path, time.time())
+            with contextlib.suppress(psutil.Error):
+                worker.ps = psutil.Process(proc.pid)
+            self.workers.append(worker)
+            worker.watch = asyncio.create_task(self._watch(worker))
+
+    async def _watch(self, worker: Worker) -> None:
+        prefix, rank = b"", None
+        shown = self.cfg.console_ranks is None or worker.local_rank in self.cfg.console_ranks  # --redirects & co
+        assert worker.proc.stdout is not None
+        with open(worker.log_path, "ab") as log_file:
+            async for line in worker.proc.stdout:
+                log_file.write(line)
+                log_file.flush()
+                text = line.decode(errors="replace").rstrip()
+                worker.tail = [*worker.tail[-19:], text]
+                if self.on_line is not None:
+                    self.on_line(worker, text)
+                if shown:
+                    if worker.rank != rank:  # a worker kept through an in-place resize takes its new rank
+                        rank, prefix = worker.rank, f"[{self.cfg.node_id}:{worker.rank}] ".encode()
+                    sys.stdout.buffer.write(prefix + line)
+                    sys.stdout.flush()
+        worker.exit_code = await worker.proc.wait()
+        self.on_exit(worker)
+
+    @property
+    def running(self) -> list[Worker]:
+        return [w for w in self.workers if w.exit_code is None]
+
+    def signal_all(self, sig: int) -> None:
+        for worker in self.running:
+            signal_worker(worker.proc.pid, sig)
+
+    async def stop(self, grace_s: float) -> None:
+        """SIGTERM every process group, wait out the grace period, then SIGKILL what is left."""
+        for worker in self.workers:
+            worker.stopping = True
+        self.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while self.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if self.running:
+            self.signal_all(signal.SIGKILL)
+        # Grandchildren that left the group are not ours to chase; the group kill covers the usual ones.
+        await asyncio.gather(*(w.watch for w in self.workers if w.watch is not None), return_exceptions=True)
+
+    def release(self, workers: list[Worker]) -> None:
+        """Hand these workers to the next round (kept in place): this group no longer stops or reports them."""
+        self.workers = [w for w in self.workers if w not in workers]
+
+    def kill_worker(self, rank: int, sig: int = signal.SIGKILL) -> bool:
+        for worker in self.running:
+            if worker.rank == rank:
+                signal_worker(worker.proc.pid, sig)
+                return True
+        return False
+
+    def info(self) -> list[dict[str, Any]]:
+        return [{**w.info(), "round": self.round_id} for w in self.workers]

@@ -1,0 +1,162 @@
+"""The fork server: pre-imports torch once, then forks each worker, so a restart skips ~3 s of imports.
+
+Run by the daemon as `python -m elasticd.member.processes.zygote FD PRELOAD`; FD is its end of a unix socketpair.
+The socket is SOCK_SEQPACKET: one JSON message per packet. A spawn request carries the write end
+of the worker's output pipe as an SCM_RIGHTS fd. Replies: `ready`, `spawned` (pid), `exited`
+(pid, code).
+Workers take the title `python -u SCRIPT ARGS [elastic job= node= rank= round=]` (proctitle.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import sys
+import traceback
+from typing import Any
+
+from elasticd.member.processes import proctitle
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(sig: int) -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+
+
+def preload(modules: list[str]) -> list[str]:
+    loaded = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+            loaded.append(name)
+        except Exception as exc:  # a module that fails to import here will fail in the worker, loudly
+            print(f"elasticd zygote: could not preload {name}: {exc!r}", file=sys.stderr, flush=True)
+    return loaded
+
+
+def serve(sock: socket.socket) -> dict[str, Any] | None:
+    """Answer spawn requests until the daemon hangs up; returns the request in a forked child."""
+    while True:
+        readable, _, _ = select.select([sock], [], [], 0.05)
+        reap(sock)
+        if not readable:
+            continue
+        data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 4)  # SOCK_SEQPACKET: one request, its fd
+        if not data:
+            return None
+        request = json.loads(data)
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            os.close(ready_r)
+            become_worker_session(ready_w)
+            return {**request, "out_fd": fds[0]}
+        os.close(ready_w)
+        os.read(ready_r, 1)  # the child leads its own session now: a killpg from the daemon reaches it
+        os.close(ready_r)
+        for fd in fds:
+            os.close(fd)
+        send(sock, {"op": "spawned", "id": request["id"], "pid": pid})
+
+
+def reap(sock: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        send(sock, {"op": "exited", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def send(sock: socket.socket, message: dict[str, Any]) -> None:
+    sock.send(json.dumps(message).encode())
+
+
+def become_worker_session(ready_fd: int) -> None:
+    """In the forked child, before the zygote answers `spawned`: own session, default signals, PDEATHSIG."""
+    os.setsid()
+    _die_with(signal.SIGKILL)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    os.write(ready_fd, b"1")
+    os.close(ready_fd)
+
+
+def run_worker(request: dict[str, Any]) -> int:
+    """In the forked child: become the worker the request describes, then run its script as __main__."""
+    out = request["out_fd"]
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - the worker's stdout for life
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    os.environ.clear()
+    os.environ.update(request["env"])
+    entry = request["entry"]
+    # Before the script runs: from its first line on, ps and pkill -f see it, not the zygote.
+    proctitle.set_title(proctitle.worker_title(sys.executable, entry, os.environ, proctitle.title_limit()))
+    proctitle.name_kernel_task(f"elastic-r{os.environ.get('RANK', '?')}")
+    os.chdir(request["cwd"])
+    _match_thread_settings()
+    try:
+        if entry[0] == "-m":
+            sys.argv = [entry[1], *entry[2:]]
+            sys.path[0] = os.getcwd()
+            runpy.run_module(entry[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(entry)
+            sys.path[0] = os.path.dirname(os.path.abspath(entry[0]))
+            runpy.run_path(entry[0], run_name="__main__")
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def _match_thread_settings() -> None:
+    """torch read OMP_NUM_THREADS when the zygote imported it; apply the worker's own value."""
+    torch = sys.modules.get("torch")
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        with contextlib.suppress(RuntimeError):
+            torch.set_num_threads(int(threads))
+
+
+def main() -> None:
+    proctitle.reexec_with_title_room()
+    proctitle.set_title(proctitle.zygote_title(os.environ))
+    _die_with(signal.SIGKILL)  # the daemon's death takes the zygote down, and that takes its workers
+    os.setsid()  # a Ctrl+C at the daemon's terminal is the daemon's to handle, not ours
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    loaded = preload([m for m in sys.argv[2].split(",") if m])
+    send(sock, {"op": "ready", "preloaded": loaded, "pid": os.getpid()})
+    request = serve(sock)
+    if request is None:
+        return
+    code = run_worker(request)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""The daemon's end of the trainer_shim channel (docs/worker-channel.md): metrics, requests, hang checks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import zmq
+import zmq.asyncio
+
+from elasticd.job.config import JobConfig, StartError
+from elasticd.job.runtime import worker_socket
+from elasticd.member.output_metrics import OUTPUT
+from elasticd.wire.names import EventKind, MeshOp, NodeState
+from elasticd.wire.protocol import Envelope, decode, encode, new_id
+
+if TYPE_CHECKING:
+    from elasticd.member.agent import NodeAgent
+
+log = logging.getLogger("elasticd")
+
+
+class WorkerChannel:
+    def __init__(self, ctx: zmq.asyncio.Context, cfg: JobConfig, node: NodeAgent) -> None:
+        self.ctx = ctx
+        self.cfg = cfg
+        self.node = node
+        self.sock: zmq.asyncio.Socket | None = None
+        self.path = ""
+        self.idents: dict[int, tuple[bytes, int]] = {}  # rank -> (identity, round)
+        self.hung_reported: set[tuple[int, int]] = set()
+        self.dropped_frames = 0
+        self.pids: dict[int, bytes] = {}  # pid -> identity: a worker kept in place keeps its socket, not its rank
+        node.in_place.send = self.send_to_pid
+
+    def bind(self) -> dict[str, str]:
+        self.path = worker_socket(self.cfg.job_id, self.cfg.node_id, os.getpid())
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 100)
+        try:
+            self.sock.bind(f"ipc://{self.path}")
+        except zmq.ZMQError as exc:
+            raise StartError(f"cannot bind the worker channel ipc://{self.path}: {exc}") from None
+        return {"ELASTICD_WORKER_ADDR": f"ipc://{self.path}"}
+
+    async def serve(self) -> None:
+        assert self.sock is not None
+        while True:
+            frames = await self.sock.recv_multipart()
+            if len(frames) != 2:
+                self.dropped_frames += 1
+                continue
+            try:
+                env = decode(frames[1])
+                self.on_message(frames[0], env)
+            except Exception as exc:  # one bad frame must never end the loop that watches every worker
+                self.dropped_frames += 1
+                log.debug("worker channel: dropped a bad frame: %r", exc)
+            await asyncio.sleep(0)
+
+    def on_message(self, ident: bytes, env: Envelope) -> None:
+        body, now = env.body, time.time()
+        rank = int(body["rank"])
+        if env.op == "hello":
+            round_id = int(body.get("round", self.node.round_id))
+            in_place = body.get("in_place") is True
+            self.idents[rank] = (ident, round_id)
+            self.pids[int(body.get("pid", 0))] = ident
+            self.node.in_place.on_hello(int(body.get("pid", 0)), body)
+            if body.get("waiting") is True:
+                return  # started before its round: its rank is a placeholder, no metrics until it joins one
+            self.node.rank_metrics[rank] = {"rank": rank, "round": round_id, "hello": now, "last_step_at": now,
+                                            "in_place": in_place}
+            return
+        in_place_ops = {"left": self.node.in_place.on_left, "joined": self.node.in_place.on_joined,
+                        "resize_failed": self.node.in_place.on_failed}
+        if env.op in in_place_ops:  # from a worker between rounds: its rank and round are changing
+            in_place_ops[env.op](body)
+            return
+        metrics = self.node.rank_metrics.get(rank)
+        if metrics is None or metrics.get("round") != self.node.round_id:
+            return  # a worker of an old round still draining its queue
+        if env.op == "step":
+            self.on_step(metrics, body, now)
+        elif env.op == "checkpoint":
+            metrics["last_checkpoint"] = {k: body.get(k) for k in ("step", "path", "bytes", "duration_s")}
+            metrics["last_checkpoint"]["at"] = now
+            self.node.event(EventKind.checkpoint_saved, rank=rank, step=body.get("step"), path=body.get("path"),
+                            bytes=body.get("bytes"), duration_s=body.get("duration_s"),
+                            request_id=body.get("request_id"))
+        elif env.op == "checkpoint_skipped":
+            self.node.event(EventKind.checkpoint_skipped, rank=rank, path=body.get("path"), reason=body.get("reason"))
+        elif env.op == "drained":
+            metrics["drained_step"] = body.get("step")
+            self.node.drained_ranks.add(rank)
+            self.node.check_drained()
+        elif env.op == "ack":
+            metrics["last_ack"] = body.get("request_id")
+
+    def on_output_step(self, rank: int, fields: dict[str, Any]) -> None:
+        """A plain worker's output line stated its step or loss (--metrics-from-output); the shim's reports win."""
+        now = time.time()
+        metrics = self.node.rank_metrics.get(rank)
+        if metrics is None or metrics.get("round") != self.node.round_id:
+            metrics = {"rank": rank, "round": self.node.round_id, "source": OUTPUT, "last_step_at": now}
+            self.node.rank_metrics[rank] = metrics
+        if metrics.get("source") != OUTPUT:
+            return
+        self.on_step(metrics, {"step": fields.get("step", metrics.get("step", 0)), **fields}, now)
+
+    def on_step(self, metrics: dict[str, Any], body: dict[str, Any], now: float) -> None:
+        first = "step" not in metrics
+        elapsed = now - metrics["last_step_at"]
+        step = int(body["step"])
+        samples = int(body.get("samples") or 0)
+        metrics.update(step=step, loss=body.get("loss"), samples=samples, tokens=body.get("tokens"),
+                       step_time=body.get("step_time"), dropped=body.get("dropped", 0),
+                       extra=body.get("metrics", {}), last_step_at=now)
+        if elapsed > 0 and samples:
+            metrics["throughput"] = round(samples / elapsed, 2)
+        self.node.steps_dirty = True
+        if first:
+            self.node.to_coord(MeshOp.first_step, {"round": self.node.round_id, "at": now})
+
+    def request(self, op: str, body: dict[str, Any]) -> int:
+        """Send checkpoint/drain to this round's shim workers; returns how many were asked."""
+        if self.sock is None:
+            return 0
+        payload = {"request_id": body.get("request_id") or new_id(), "at_step": body.get("at_step")}
+        frame = encode(Envelope("req", op, payload, node=self.cfg.node_id, ts=time.time()))
+        sent = 0
+        for ident, round_id in list(self.idents.values()):
+            if round_id == self.node.round_id:
+                try:
+                    self.sock.send_multipart([ident, frame], flags=zmq.NOBLOCK)
+                    sent += 1
+                except zmq.ZMQError:
+                    self.dropped_frames += 1
+        return sent
+
+    def send_to_pid(self, pid: int, op: str, body: dict[str, Any]) -> bool:
+        """One request to one worker (in-place resizes address a process, whatever its rank)."""
+        ident = self.pids.get(pid)
+        if self.sock is None or ident is None:
+            return False
+        frame = encode(Envelope("req", op, body, node=self.cfg.node_id, ts=time.time()))
+        try:
+            self.sock.send_multipart([ident, frame], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            self.dropped_frames += 1
+            return False
+        return True
+
+    def check_hangs(self, now: float) -> None:
+        for rank, metrics in list(self.node.rank_metrics.items()):
+            key = (rank, int(metrics.get("round", 0)))
+            silent = now - metrics.get("last_step_at", now)
+            if (metrics.get("round") == self.node.round_id and self.node.state == NodeState.running
+                    and metrics.get("source") != OUTPUT  # a plain script's prints are no heartbeat
+                    and silent > self.cfg.hang_timeout_s and key not in self.hung_reported
+                    and rank not in self.node.drained_ranks):
+                self.hung_reported.add(key)
+                self.node.event(EventKind.worker_hung, rank=rank, silent_s=round(silent, 1))
+                self.node.report_failure(None, f"worker rank {rank} on node {self.cfg.node_id} made no step "
+                                         f"for {silent:.1f}s (hang timeout {self.cfg.hang_timeout_s:.0f}s)",
+                                         hang=True)
+                self.node.in_place.end_hung(rank)
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        if self.path:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)

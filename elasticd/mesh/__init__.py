@@ -1,0 +1,1 @@
+"""Sockets only: the coordinator's router, a member's link socket, and the relays between them."""

@@ -1,0 +1,193 @@
+"""The job's vocabulary: mesh ops, event kinds, and the states of nodes, rounds and the job, as named constants.
+
+Every name here crosses a process boundary (a mesh frame, an event, a JSON reply), so each is a `StrEnum`: it
+compares equal to, and encodes as, its plain string. Members are spelled exactly as on the wire, so
+`grep drain_workers` finds the definition, the sender and the receiver alike. docs/protocol.md lists them all.
+
+Vocabulary: a *node* is one host's elasticd; a *member* is a node seen from the coordinator; the
+*coordinator* is the one node that decides; a *round* is one membership epoch with its rank map; a
+*transition* is a graceful change (drain, scale down, stop, reform) that ends in a round or the job's end.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # pragma: no cover - Python 3.10
+
+    class StrEnum(str, Enum):
+        """`str` members that format as their value, as 3.11's enum.StrEnum does."""
+
+        __str__ = str.__str__
+        __format__ = str.__format__  # type: ignore[assignment]
+
+
+class MeshOp(StrEnum):
+    """Daemon-to-daemon messages (`docs/protocol.md`, "Mesh ops")."""
+
+    # member -> coordinator
+    announce = "announce"
+    register = "register"
+    hb = "hb"
+    leave = "leave"
+    event = "event"
+    worker_failed = "worker_failed"
+    node_done = "node_done"
+    node_drained = "node_drained"
+    round_progress = "round_progress"
+    first_step = "first_step"
+    step_report = "step_report"
+    pong = "pong"
+    resize_failed = "resize_failed"  # an in-place resize failed on that node: restart instead
+    warm = "warm"  # a joiner's pre-started workers are up and wait for their generation
+    # coordinator -> member
+    welcome = "welcome"
+    unknown = "unknown"
+    left = "left"
+    round = "round"
+    go = "go"
+    job_end = "job_end"
+    probe = "probe"
+    step_query = "step_query"
+    drain_workers = "drain_workers"
+    checkpoint_workers = "checkpoint_workers"
+    resize_workers = "resize_workers"  # shim ranks leave their group at the agreed step, keeping their process
+    kill_worker = "kill_worker"
+    relay = "relay"  # where the member sends from now on: its relay's endpoint, or "" for the coordinator
+
+
+class TunnelOp(StrEnum):
+    """The store tunnel's frames (`docs/protocol.md` §9.3): one TCP connection to the round's store, relayed."""
+
+    open = "open"
+    data = "data"
+    close = "close"
+
+
+CTL_PREFIX = "ctl."  # a member forwards an operator request as `ctl.<verb>`; the answer comes back as a `rep`
+# A relay's batches (`docs/protocol.md` §9.5): the first part of a multipart message between a relay and the
+# coordinator; JSON frames start with `{`, so neither can be taken for the other.
+RELAY_UP = b"relay-up"  # relay -> coordinator: identity, frame, identity, frame... (an empty frame: that link closed)
+RELAY_DOWN = b"relay-down"  # coordinator -> relay: identity, frame pairs, each frame for that member
+RELAY_MANY = b"relay-many"  # coordinator -> relay: one frame, then every identity it goes to
+
+
+class EventKind(StrEnum):
+    """Job events: each is a numbered entry in the job's log, a PUB message on `ev.<node>.<kind>` and a log line."""
+
+    # membership and rounds (coordinator)
+    node_joined = "node_joined"
+    node_left = "node_left"
+    node_lost = "node_lost"
+    node_role = "node_role"
+    node_done = "node_done"
+    waiting = "waiting"
+    round_started = "round_started"
+    round_complete = "round_complete"
+    first_step = "first_step"
+    stop_barrier_timeout = "stop_barrier_timeout"
+    job_end = "job_end"
+    relay_replaced = "relay_replaced"  # a relay went: its group now sends through another of its members
+    # --rdzv-backend etcd (elasticd/daemon/failover.py)
+    coordinator_elected = "coordinator_elected"
+    etcd_unreachable = "etcd_unreachable"
+    etcd_restored = "etcd_restored"
+    # steering (coordinator)
+    scale_set = "scale_set"
+    checkpoint_requested = "checkpoint_requested"
+    step_agreed = "step_agreed"
+    interlock_refused = "interlock_refused"
+    drain_started = "drain_started"
+    drain_progress = "drain_progress"
+    drain_complete = "drain_complete"
+    drain_abandoned = "drain_abandoned"
+    scale_started = "scale_started"
+    scale_progress = "scale_progress"
+    scale_complete = "scale_complete"
+    scale_abandoned = "scale_abandoned"
+    cordon_started = "cordon_started"
+    cordon_progress = "cordon_progress"
+    cordon_complete = "cordon_complete"
+    cordon_abandoned = "cordon_abandoned"
+    stop_started = "stop_started"
+    stop_progress = "stop_progress"
+    stop_complete = "stop_complete"
+    stop_abandoned = "stop_abandoned"
+    reform_started = "reform_started"
+    reform_progress = "reform_progress"
+    reform_complete = "reform_complete"
+    reform_abandoned = "reform_abandoned"
+    # in-place resizes (coordinator): the round kept its shim workers' processes
+    resize = "resize"  # a generation formed in place: its timeline (agreed, left, group ready, synced, first step)
+    resize_failed = "resize_failed"  # an in-place resize failed; a restart round follows, with the reason
+    # a node's own (sent to the coordinator, which numbers them)
+    workers_started = "workers_started"
+    workers_stopped = "workers_stopped"
+    worker_exited = "worker_exited"
+    worker_exit_timeout = "worker_exit_timeout"
+    worker_killed = "worker_killed"
+    worker_hung = "worker_hung"
+    worker_left = "worker_left"  # a shim rank left its process group after a collective error (a peer died)
+    checkpoint_saved = "checkpoint_saved"
+    checkpoint_skipped = "checkpoint_skipped"
+    command_received = "command_received"
+    unauthorized = "unauthorized"
+    key_refused = "key_refused"  # a connection a keyed socket refused, at any stage of the handshake (rate-limited)
+    unknown = "unknown"  # a member's event without a kind
+
+
+class Role(StrEnum):
+    """Where the coordinator wants a node: in the world, waiting beside it, on its way out, or kept out."""
+
+    active = "active"
+    standby = "standby"
+    draining = "draining"
+    cordoned = "cordoned"
+
+
+class NodeStatus(StrEnum):
+    """Whether a node is still part of the job, as the coordinator sees it."""
+
+    alive = "alive"
+    lost = "lost"
+    left = "left"
+
+
+class NodeState(StrEnum):
+    """What a node's own agent is doing now."""
+
+    registering = "registering"
+    active = "active"  # welcomed, before its first round
+    running = "running"
+    standby = "standby"
+    waiting = "waiting"
+    cordoned = "cordoned"
+    draining = "draining"
+    ending = "ending"
+
+
+class JobState(StrEnum):
+    waiting = "waiting"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    stopped = "stopped"
+
+
+ENDED = (JobState.succeeded, JobState.failed, JobState.stopped)
+
+
+class Cause(StrEnum):
+    """Why a round started; only `failure` counts against --max-restarts."""
+
+    failure = "failure"
+    membership = "membership"
+    operator = "operator"
+    hang = "hang"
+    start = "start"  # the first round: nothing restarted
+
+
+RESTART_CAUSES = (Cause.failure, Cause.membership, Cause.operator, Cause.hang)
