@@ -73,22 +73,43 @@ def test_the_scan_sees_real_imports() -> None:
     assert any(n == "elasticd.wire.protocol" for names in imports("trainer_shim").values() for n in names)
 
 
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def discovered(tree: ast.Module, path: Path) -> set[str]:
+    """Modules a file imports by discovery: `pkgutil.iter_modules(pkg.__path__)` with `pkg` imported by name."""
+    aliases = {alias.asname or alias.name: f"{node.module}.{alias.name}" for node in ast.walk(tree)
+               if isinstance(node, ast.ImportFrom) and node.module for alias in node.names}
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "iter_modules"
+                and node.args and isinstance(node.args[0], ast.Attribute)
+                and isinstance(node.args[0].value, ast.Name) and node.args[0].value.id in aliases):
+            package = aliases[node.args[0].value.id]
+            folder = ROOT.joinpath(*package.split("."))
+            found.update(f"{package}.{child.stem}" for child in folder.glob("*.py") if child.stem != "__init__")
+    assert not ("iter_modules" in path.read_text() and not found), f"{path}: a discovery the scan cannot follow"
+    return found
+
+
 def module_graph() -> dict[str, set[str]]:
-    """Every product module and the product modules it imports, anywhere in the file (TYPE_CHECKING too)."""
+    """Every product module and the product modules it imports, anywhere in the file (TYPE_CHECKING too), and
+    the modules it imports by discovery (the verb registry)."""
     graph: dict[str, set[str]] = {}
     for package in ("elasticd", "tui", "trainer_shim"):
         for path in (ROOT / package).rglob("*.py"):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            found: set[str] = set()
-            for node in ast.walk(ast.parse(path.read_text())):
+            tree = ast.parse(path.read_text())
+            found = discovered(tree, path)
+            for node in ast.walk(tree):
                 if isinstance(node, ast.Import):
                     found.update(alias.name for alias in node.names)
                 elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                     # `from pkg import mod` imports the submodule when there is one
                     found.update(f"{node.module}.{alias.name}" for alias in node.names)
                     found.add(node.module)
-            graph[name] = found
+            graph[module_name(path)] = found
     return {name: {n for n in found if n in graph and n != name} for name, found in graph.items()}
 
 
@@ -122,6 +143,53 @@ def test_no_import_cycle_among_product_modules() -> None:
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+# elasticd's folders by side, lowest first: a module imports only from its own folder or those before it
+# (docs/architecture.md draws the same tree). `elasticd` itself (its version) is below them all.
+SIDES = ("wire", "job", "keys", "mesh", "coordinator", "member", "client", "commands", "daemon", "cli")
+
+
+def side_of(module: str) -> int:
+    """Where an elasticd module stands among SIDES; -1 for the package itself."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return -1
+    assert parts[1] in SIDES, f"{module} is in no side of elasticd: add its folder to SIDES and to the docs"
+    return SIDES.index(parts[1])
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of an elasticd module from a folder above the importer's."""
+    return sorted(f"{name} -> {dep}" for name, deps in graph.items() if name.startswith("elasticd")
+                  for dep in deps if dep.startswith("elasticd") and side_of(dep) > side_of(name))
+
+
+def test_every_elasticd_module_imports_only_its_own_side_or_those_below() -> None:
+    graph = module_graph()
+    assert len({side_of(name) for name in graph if name.startswith("elasticd")}) == len(SIDES) + 1
+    assert upward_imports(graph) == []
+
+
+def test_the_direction_check_finds_an_upward_import() -> None:
+    graph = {"elasticd.wire.names": {"elasticd.wire.protocol"}, "elasticd.coordinator.rounds": {"elasticd.wire.names"},
+             "elasticd.member.agent": {"elasticd.daemon.daemon", "elasticd.coordinator.rounds"},
+             "elasticd.daemon.daemon": {"elasticd.member.agent"}}
+    assert upward_imports(graph) == ["elasticd.member.agent -> elasticd.daemon.daemon"]
+
+
+def test_a_module_in_no_side_is_named() -> None:
+    with pytest.raises(AssertionError, match="elasticd.misc.thing is in no side"):
+        upward_imports({"elasticd.misc.thing": {"elasticd.wire.names"}})
+
+
+def test_the_verb_registry_counts_as_importing_every_verb() -> None:
+    """Discovery is an import: a verb that imported the registry back would be a circle the scan must see."""
+    graph = module_graph()
+    verbs = {name for name in graph if name.startswith("elasticd.commands.verbs.")}
+    assert {"elasticd.commands.verbs.drain", "elasticd.commands.verbs.scale"} <= verbs
+    assert verbs <= graph["elasticd.commands.registry"]
+    assert find_cycle({**graph, "elasticd.commands.verbs.drain": {"elasticd.commands.registry"}})
+
 
 def test_tests_never_import_bench() -> None:
     """bench may use tests' support code (bench/chaos_soak.py runs tests/soak.py); tests never load bench code."""
