@@ -13,7 +13,9 @@ repeated --repeat times, each in a fresh directory (checkpoint, runtime dir, log
 
 Systems (--systems): elasticd (zygote fork server, the default), elasticd-nozygote (--no-zygote),
 elasticd-shim (toy job with trainer_shim: report + should_stop, so a drain stops at one agreed step),
-torchrun (c10d defaults), torchrun-tuned (--rdzv-conf last_call_timeout=1).
+torchrun (c10d defaults), torchrun-tuned (--rdzv-conf last_call_timeout=1). Each elasticd system has a twin with
+`-base` appended (elasticd-base, elasticd-shim-base, ...) that runs another checkout's elasticd and trainer_shim
+(--base-tree DIR, e.g. a `git worktree` of the commit before a change), so a change is measured side by side.
 
 Restarts charged: elasticd's own count (`elasticd status --json` restarts.failure, diffed around each
 event). torchrun has no such query: it runs with LOGLEVEL=INFO and we count its agents'
@@ -21,7 +23,7 @@ event). torchrun has no such query: it runs with LOGLEVEL=INFO and we count its 
 decrements that agent's --max-restarts budget); we report node a's count (a survives every event) and
 the total over both agents.
 
-Usage: recovery.py [--repeat 3] [--systems a,b] [--timeout 120] [--out bench/results/recovery.json]
+Usage: recovery.py [--repeat 3] [--systems a,b] [--timeout 120] [--base-tree DIR] [--out bench/results/recovery.json]
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import psutil
 from procs import PY, ROOT, SEEN_PIDS, TOY, Launched, free_port, is_worker, kill_all, on_signal, tree, write_report
 
 SYSTEMS = ["elasticd", "elasticd-nozygote", "elasticd-shim", "torchrun", "torchrun-tuned"]
+BASE = "-base"
 SCENARIOS = ["cold_start", "worker_crash", "graceful_leave", "node_join", "node_kill"]
 TARGETS = {"cold_start": 3.0, "worker_crash": 1.0, "graceful_leave": 1.0, "node_join": 1.5, "node_kill": 1.0}
 STEADY_STEPS = 6  # steps at the new world before the next event
@@ -127,6 +130,7 @@ class Job:
 
     def __init__(self, system: str, rep: int, args: argparse.Namespace, logdir: Path) -> None:
         self.system, self.args = system, args
+        self.kind = system.removesuffix(BASE)  # what runs; a `-base` twin runs it from --base-tree
         self.tmp = Path(tempfile.mkdtemp(prefix=f"bench-{system}-{rep}-"))
         self.port = free_port()
         self.job_id = f"bench-{system}-{rep}-{os.getpid()}"
@@ -139,6 +143,8 @@ class Job:
                         PYTHONUNBUFFERED="1")
         if system.startswith("torchrun"):
             self.env["LOGLEVEL"] = "INFO"
+        if system.endswith(BASE):  # its daemons, workers and CLI import the other checkout's elasticd
+            self.env.update(PYTHONPATH=str(Path(args.base_tree).resolve()), PYTHONSAFEPATH="1")
 
     @property
     def elasticd(self) -> bool:
@@ -151,15 +157,15 @@ class Job:
 
     def cmd(self, node: str) -> list[str]:
         script = [str(TOY), "--ckpt", str(self.ckpt), "--step-time", str(self.args.step_time)]
-        if self.system == "elasticd-shim":
+        if self.kind == "elasticd-shim":
             script.append("--shim")
         common = ["--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-endpoint", f"127.0.0.1:{self.port}",
                   "--rdzv-id", self.job_id, "--max-restarts", "3"]
         if self.elasticd:
-            extra = ["--no-zygote"] if self.system == "elasticd-nozygote" else []
+            extra = ["--no-zygote"] if self.kind == "elasticd-nozygote" else []
             return [PY, "-m", "elasticd.cli", "start", *common, "--node-id", node, "--log-dir",
                     str(self.tmp / "logs"), *extra, *script]
-        extra = ["--rdzv-conf", "last_call_timeout=1"] if self.system == "torchrun-tuned" else []
+        extra = ["--rdzv-conf", "last_call_timeout=1"] if self.kind == "torchrun-tuned" else []
         return [PY, "-m", "torch.distributed.run", "--rdzv-backend", "c10d", *common, *extra, *script]
 
     def launch(self, node: str) -> Node:
@@ -536,14 +542,17 @@ def main() -> int:
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per event before it counts as timed out")
     parser.add_argument("--step-time", type=float, default=0.05)
+    parser.add_argument("--base-tree", default="", help="the checkout that the `-base` systems run")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "recovery.json"))
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     systems = [s for s in args.systems.split(",") if s]
     for s in systems:
-        if s not in SYSTEMS:
-            parser.error(f"unknown system {s}; choose from {SYSTEMS}")
+        if s.removesuffix(BASE) not in SYSTEMS or (s.endswith(BASE) and not s.startswith("elasticd")):
+            parser.error(f"unknown system {s}; choose from {SYSTEMS} (an elasticd one may end in {BASE})")
+        if s.endswith(BASE) and not Path(args.base_tree, "elasticd").is_dir():
+            parser.error(f"{s} needs --base-tree: a checkout with elasticd/ in it")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     logdir = out.parent / "logs"

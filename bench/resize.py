@@ -14,7 +14,8 @@ drain or scale: those rows say n/a. Per event:
               also loses the compute of the step that was in flight, which no step number shows
   ckpt_read   whether the new world's rank 0 started from a checkpoint file (elasticd: a `checkpoint_skipped`
               aside, we read `start_step` of a fresh process)
-Usage: resize.py [--repeat 1] [--systems in-place,restart,torchrun] [--out bench/results/resize.json]
+Usage: resize.py [--repeat 1] [--systems in-place,restart,torchrun,in-place-base] [--base-tree DIR]
+                 [--out bench/results/resize.json]
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from procs import PY, ROOT, Launched, free_port, kill_all, on_signal, tree, writ
 
 SCRIPT = ROOT / "examples" / "train_shim.py"
 SYSTEMS = ["in-place", "restart", "torchrun"]
+BASE = "-base"  # in-place-base, restart-base: the same, run from another checkout (--base-tree DIR)
 EVENTS = ["join", "drain", "scale", "sigterm_leave", "rejoin", "worker_crash", "node_sigkill"]
 TARGETS = {"join": 0.15, "drain": 0.15, "scale": 0.15, "sigterm_leave": 0.15, "rejoin": 0.15, "worker_crash": 0.5,
            "node_sigkill": 1.5}  # seconds of stall for in-place (issue 13)
@@ -64,11 +66,14 @@ class Node(Launched):
 class Job:
     def __init__(self, system: str, rep: int, args: argparse.Namespace, logdir: Path) -> None:
         self.system, self.args, self.logdir = system, args, logdir
+        self.kind = system.removesuffix(BASE)
         self.tmp = Path(tempfile.mkdtemp(prefix=f"bench-resize-{system}-{rep}-"))
         self.port = free_port()
         self.job_id = f"resize-{system}-{rep}-{os.getpid()}"
         self.env = dict(os.environ, ELASTICD_RUNTIME_DIR=str(self.tmp / "rt"), PYTHONUNBUFFERED="1",
                         TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+        if system.endswith(BASE):  # its daemons, workers and CLI import the other checkout's elasticd and shim
+            self.env.update(PYTHONPATH=str(Path(args.base_tree).resolve()), PYTHONSAFEPATH="1")
         self.records: list[tuple[str, float, int, int, int]] = []  # (kind, t, step, world, pid)
         self.cond = threading.Condition()
         self.nodes: dict[str, Node] = {}
@@ -81,7 +86,7 @@ class Job:
     def cmd(self, node: str) -> list[str]:
         script = [str(SCRIPT), "--steps", "1000000", "--ckpt-dir", str(self.tmp / "ckpt"), "--ckpt-every", "10",
                   "--step-time", str(self.args.step_time), "--batch", "16", "--micro", "8", "--log-every", "1"]
-        if self.system == "restart":
+        if self.kind == "restart":
             script.append("--no-in-place")
         common = ["--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-endpoint", f"127.0.0.1:{self.port}",
                   "--rdzv-id", self.job_id, "--max-restarts", "5"]
@@ -250,13 +255,16 @@ def main() -> int:
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--timeout", type=float, default=90.0, help="seconds per event")
     parser.add_argument("--step-time", type=float, default=0.02)
+    parser.add_argument("--base-tree", default="", help="the checkout that the `-base` systems run")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "resize.json"))
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     systems = [s for s in args.systems.split(",") if s]
-    if bad := [s for s in systems if s not in SYSTEMS]:
-        parser.error(f"unknown system(s) {bad}; choose from {SYSTEMS}")
+    if bad := [s for s in systems if s.removesuffix(BASE) not in SYSTEMS or s == "torchrun" + BASE]:
+        parser.error(f"unknown system(s) {bad}; choose from {SYSTEMS} (in-place and restart may end in {BASE})")
+    if any(s.endswith(BASE) for s in systems) and not Path(args.base_tree, "elasticd").is_dir():
+        parser.error("a -base system needs --base-tree: a checkout with elasticd/ in it")
     out = Path(args.out)
     logdir = out.parent / "logs"
     logdir.mkdir(parents=True, exist_ok=True)
