@@ -6,9 +6,7 @@ from typing import Any
 
 from elasticd.coordinator.coordinator import Coordinator
 from elasticd.coordinator.membership import Round, build_rank_map
-from elasticd.coordinator.transitions import After, TransitionKind
-from elasticd.member.output_metrics import OUTPUT
-from elasticd.wire.names import Cause, JobState, Role
+from elasticd.wire.names import OUTPUT, After, Cause, JobState, Role, TransitionKind
 from elasticd.wire.protocol import ErrorCode, ProtocolError
 
 

@@ -15,12 +15,24 @@ from typing import Any
 from elasticd.coordinator.membership import MembershipStore, NodeRecord, Round, build_rank_map, sticky_order
 from elasticd.coordinator.relay_plan import RelayPlan
 from elasticd.coordinator.resize import Resizer
-from elasticd.coordinator.step_agreement import WORKER_OPS, StepAgreement, StepQuery, StepRequest
+from elasticd.coordinator.step_agreement import WORKER_OPS, StepAgreement, StepQuery
 from elasticd.coordinator.tally import ACTIVE, NodeTally
-from elasticd.coordinator.transitions import DRAIN_TIMEOUT_S, SIGNAL_WINDOW_S, After, Transition, TransitionKind
+from elasticd.coordinator.transitions import DRAIN_TIMEOUT_S, SIGNAL_WINDOW_S, Transition
 from elasticd.job.config import JobConfig, stop_barrier_s
 from elasticd.job.events import EventLog, emit_log
-from elasticd.wire.names import ENDED, RESTART_CAUSES, Cause, EventKind, JobState, MeshOp, NodeStatus, Role
+from elasticd.wire.names import (
+    ENDED,
+    RESTART_CAUSES,
+    After,
+    Cause,
+    EventKind,
+    JobState,
+    MeshOp,
+    NodeStatus,
+    Role,
+    StepRequest,
+    TransitionKind,
+)
 from elasticd.wire.protocol import Envelope, new_id
 
 log = logging.getLogger("elasticd")

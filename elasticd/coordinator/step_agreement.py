@@ -14,20 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticd.member.output_metrics import OUTPUT
-from elasticd.wire.names import MeshOp, StrEnum
+from elasticd.wire.names import OUTPUT, MeshOp, StepRequest
 
 DELIVERY_BUDGET_S = 0.15  # the shim's 50 ms report coalescing plus request delivery, with room to spare
 QUERY_TIMEOUT_S = 1.0
 SendAll = Callable[[list[str], MeshOp, dict[str, Any]], None]  # (node ids, op, body): one message to many
-
-
-class StepRequest(StrEnum):
-    """What the workers do at the agreed step; each travels to the nodes as its own mesh op."""
-
-    drain = "drain"
-    checkpoint = "checkpoint"
-    resize = "resize"  # leave the process group at the step, keep the process (an in-place drain)
 
 
 WORKER_OPS: dict[StepRequest, MeshOp] = {StepRequest.drain: MeshOp.drain_workers,

@@ -4,28 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from elasticd.wire.names import Cause, EventKind, Role, StrEnum
+from elasticd.wire.names import After, Cause, EventKind, Role, TransitionKind
 
 DRAIN_TIMEOUT_S = 30.0  # past this, a transition completes without the ranks that never said `drained`
 # A scheduler signals every node of a job at once (SLURM's time limit or --signal, a Kubernetes job deleted): a
 # transition begun by a signal waits this long before it asks for the step, so that the other nodes' signals fold
 # into it and the whole job stops at one agreed step with a checkpoint (docs/architecture.md, "Job-wide signals").
 SIGNAL_WINDOW_S = 0.2
-
-
-class TransitionKind(StrEnum):
-    drain = "drain"
-    scale = "scale"
-    cordon = "cordon"
-    stop = "stop"
-    reform = "reform"  # healthy shim workers stop at one step before a round that restarts them (join, restart)
-
-
-class After(StrEnum):
-    """What follows once every rank has stopped: a new round, or the job's end."""
-
-    round = "round"
-    end = "end"
 
 
 @dataclass(frozen=True)

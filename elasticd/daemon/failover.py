@@ -25,7 +25,7 @@ from elasticd.coordinator.etcd.client import EtcdClient, EtcdClusterChanged, Etc
 from elasticd.coordinator.etcd.election import Elector, EtcdHealth, Leader
 from elasticd.coordinator.etcd.leader_probe import PROBE_AFTER_S, lease_of, refuses_connections
 from elasticd.coordinator.etcd.store import Deposed, EtcdStore, Snapshot, StoreUnavailable, job_prefix
-from elasticd.coordinator.transitions import SIGNAL_WINDOW_S, After, TransitionKind
+from elasticd.coordinator.transitions import SIGNAL_WINDOW_S
 from elasticd.job.config import JobConfig, StartError
 from elasticd.job.events import EventLog
 from elasticd.keys.auth import NodeKeys
@@ -34,7 +34,18 @@ from elasticd.member.beats import PortPool
 from elasticd.member.link import Member
 from elasticd.mesh.coordinator_mesh import CoordinatorMesh
 from elasticd.mesh.member_mesh import MemberMesh
-from elasticd.wire.names import ENDED, Cause, EventKind, JobState, MeshOp, NodeState, NodeStatus, Role
+from elasticd.wire.names import (
+    ENDED,
+    After,
+    Cause,
+    EventKind,
+    JobState,
+    MeshOp,
+    NodeState,
+    NodeStatus,
+    Role,
+    TransitionKind,
+)
 from elasticd.wire.protocol import Envelope
 
 log = logging.getLogger("elasticd")

@@ -8,12 +8,12 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
-from elasticd.coordinator.step_agreement import StepRequest, local_answer
+from elasticd.coordinator.step_agreement import local_answer
 from elasticd.job.config import JobConfig
 from elasticd.job.events import EventLog
 from elasticd.member.agent import NodeAgent, ToCoordinator
 from elasticd.member.worker_channel import WorkerChannel
-from elasticd.wire.names import CTL_PREFIX, MeshOp, NodeState
+from elasticd.wire.names import CTL_PREFIX, MeshOp, NodeState, StepRequest
 from elasticd.wire.protocol import Envelope
 
 log = logging.getLogger("elasticd")

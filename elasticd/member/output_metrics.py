@@ -7,7 +7,6 @@ from typing import Any
 
 from elasticd.job.config import ConfigError
 
-OUTPUT = "output"  # the `source` of rank metrics read from output: no shim behind them (no drains, no hang checks)
 GROUPS = ("step", "loss", "epoch")
 
 

@@ -14,8 +14,7 @@ import zmq.asyncio
 
 from elasticd.job.config import JobConfig, StartError
 from elasticd.job.runtime import worker_socket
-from elasticd.member.output_metrics import OUTPUT
-from elasticd.wire.names import EventKind, MeshOp, NodeState
+from elasticd.wire.names import OUTPUT, EventKind, MeshOp, NodeState
 from elasticd.wire.protocol import Envelope, decode, encode, new_id
 
 if TYPE_CHECKING:

@@ -191,3 +191,31 @@ class Cause(StrEnum):
 
 
 RESTART_CAUSES = (Cause.failure, Cause.membership, Cause.operator, Cause.hang)
+
+
+class TransitionKind(StrEnum):
+    """A graceful membership change: each has its own `<kind>_started` ... `<kind>_complete` events."""
+
+    drain = "drain"
+    scale = "scale"
+    cordon = "cordon"
+    stop = "stop"
+    reform = "reform"  # healthy shim workers stop at one step before a round that restarts them (join, restart)
+
+
+class After(StrEnum):
+    """What follows once every rank has stopped: a new round, or the job's end."""
+
+    round = "round"
+    end = "end"
+
+
+class StepRequest(StrEnum):
+    """What the workers do at the agreed step (`step_agreed`'s `op`); each travels to the nodes as its own mesh op."""
+
+    drain = "drain"
+    checkpoint = "checkpoint"
+    resize = "resize"  # leave the process group at the step, keep the process (an in-place drain)
+
+
+OUTPUT = "output"  # the `source` of rank metrics read from output: no shim behind them (no drains, no hang checks)

@@ -5,8 +5,7 @@ from typing import Any
 from elasticd.commands import steering
 from elasticd.commands.verb import Command, ConsoleAction
 from elasticd.coordinator.coordinator import Coordinator
-from elasticd.coordinator.step_agreement import StepRequest
-from elasticd.wire.names import EventKind
+from elasticd.wire.names import EventKind, StepRequest
 from elasticd.wire.protocol import ErrorCode, new_id
 
 

@@ -5,8 +5,7 @@ from typing import Any
 from elasticd.commands import steering
 from elasticd.commands.verb import Arg, Command, ConsoleAction, forced
 from elasticd.coordinator.coordinator import Coordinator
-from elasticd.coordinator.transitions import After, TransitionKind
-from elasticd.wire.names import Cause, EventKind, Role
+from elasticd.wire.names import After, Cause, EventKind, Role, TransitionKind
 from elasticd.wire.protocol import ErrorCode, arg
 
 

@@ -5,8 +5,7 @@ from typing import Any
 from elasticd.commands import steering
 from elasticd.commands.verb import Command, ConsoleAction
 from elasticd.coordinator.coordinator import Coordinator
-from elasticd.coordinator.transitions import After, TransitionKind
-from elasticd.wire.names import Role
+from elasticd.wire.names import After, Role, TransitionKind
 
 
 def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
