@@ -25,8 +25,8 @@ BOOKMARK = '''"""`bookmark`: a labelled marker in the job's event log (a verb on
 
 from typing import Any
 
+from elasticd.commands.port import JobPort
 from elasticd.commands.verb import Arg, Command, ConsoleAction
-from elasticd.coordinator.coordinator import Coordinator
 from elasticd.wire.protocol import arg
 
 
@@ -34,11 +34,11 @@ def label(args: dict[str, Any]) -> str:
     return arg(args, "label", str, "console")
 
 
-def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def plan(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
     return {"summary": f"bookmark '{label(args)}' goes into the event log"}
 
 
-def apply(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+def apply(c: JobPort, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
     c.emit("bookmark", label=label(args))
     return {"ok": True, "accepted": True}
 

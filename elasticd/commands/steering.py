@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from elasticd.coordinator.coordinator import Coordinator
-from elasticd.coordinator.membership import Round, build_rank_map
+from elasticd.commands.port import JobPort, RoundView
 from elasticd.wire.names import OUTPUT, After, Cause, JobState, Role, TransitionKind
 from elasticd.wire.protocol import ErrorCode, ProtocolError
 
@@ -14,14 +13,14 @@ def refuse(reason: str, errno: int = ErrorCode.REFUSED) -> ProtocolError:
     return ProtocolError(errno, reason)
 
 
-def require_running(c: Coordinator) -> Round:
+def require_running(c: JobPort) -> RoundView:
     """The current round of a running job, or a refusal."""
     if c.state != JobState.running or c.round is None:
         raise refuse(f"job '{c.cfg.job_id}' is not running (state {c.state})", ErrorCode.NOT_RUNNING)
     return c.round
 
 
-def require_idle(c: Coordinator) -> None:
+def require_idle(c: JobPort) -> None:
     """One membership transition at a time: a second would orphan the first's completion."""
     trans = c.transition
     if trans is not None:
@@ -29,7 +28,7 @@ def require_idle(c: Coordinator) -> None:
                      f"wait for its {trans.events.complete} event")
 
 
-def shim_step(c: Coordinator) -> int | None:
+def shim_step(c: JobPort) -> int | None:
     """The highest step any rank of this round reported, or None when no worker uses the shim."""
     round_id = c.round.round_id if c.round else None
     steps = [int(m["step"]) for n in c.alive() for m in n.metrics.values()
@@ -38,12 +37,11 @@ def shim_step(c: Coordinator) -> int | None:
     return max(steps) if steps else None
 
 
-def plan(c: Coordinator, members_after: list[str]) -> dict[str, Any]:
+def plan(c: JobPort, members_after: list[str]) -> dict[str, Any]:
     """What a change does to the world: sizes, and which global ranks leave or move."""
     assert c.round is not None
     before = {e.node_id: e.ranks for e in c.round.members}
-    entries, world = build_rank_map(members_after, c.nodes)
-    after = {e.node_id: e.ranks for e in entries}
+    after, world = c.rank_map(members_after)
     leaving = sorted(r for n, ranks in before.items() if n not in after for r in ranks)
     moved = {n: [before[n], after[n]] for n in after if n in before and before[n] != after[n]}
     return {"world_before": c.round.world_size, "world_after": world, "nodes_after": members_after,
@@ -56,7 +54,7 @@ def span(ranks: list[int]) -> str:
     return f"{ranks[0]}-{ranks[-1]}" if contiguous else ",".join(map(str, ranks))
 
 
-def check_leave(c: Coordinator, nodes: list[str], force: bool) -> None:
+def check_leave(c: JobPort, nodes: list[str], force: bool) -> None:
     assert c.round is not None
     members = c.round.node_ids()
     for node_id in nodes:
@@ -76,7 +74,7 @@ def check_leave(c: Coordinator, nodes: list[str], force: bool) -> None:
         raise refuse(f"node '{members[0]}' holds rank 0; draining it moves rank 0; use --force")
 
 
-def begin(c: Coordinator, kind: TransitionKind, leaving: list[str], final_role: Role, then: After,
+def begin(c: JobPort, kind: TransitionKind, leaving: list[str], final_role: Role, then: After,
           detail: str) -> dict[str, Any]:
     """Start a graceful transition, one at a time; shim workers stop at one agreed step, plain ones get SIGTERM."""
     require_idle(c)

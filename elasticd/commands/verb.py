@@ -6,14 +6,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from elasticd.commands.port import JobPort
 from elasticd.commands.render import plain
-from elasticd.coordinator.coordinator import Coordinator
 from elasticd.wire.protocol import arg
 
 Body = dict[str, Any]
-Reader = Callable[[Coordinator, Body], Body]
-Planner = Callable[[Coordinator, Body], Body]
-Applier = Callable[[Coordinator, Body, Body], Body]
+Reader = Callable[[JobPort, Body], Body]
+Planner = Callable[[JobPort, Body], Body]
+Applier = Callable[[JobPort, Body, Body], Body]
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class Command:
         """It changes the job: refused for viewers and under --readonly; takes dry_run and force."""
         return self.plan is not None
 
-    def run(self, c: Coordinator, body: Body) -> Body:
+    def run(self, c: JobPort, body: Body) -> Body:
         if self.read is not None:
             return self.read(c, body)
         assert self.plan is not None and self.apply is not None

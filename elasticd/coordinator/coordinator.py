@@ -843,3 +843,8 @@ class Coordinator:
             "seq": self.events.seq,
             **self.status_extra(),
         }
+
+    def rank_map(self, order: list[str]) -> tuple[dict[str, list[int]], int]:
+        """Each node's global ranks in a round of `order`, and its world size: a verb's plan (commands/port.py)."""
+        entries, world = build_rank_map(order, self.nodes)
+        return {e.node_id: e.ranks for e in entries}, world

@@ -3,13 +3,13 @@
 from typing import Any
 
 from elasticd.commands import steering
+from elasticd.commands.port import JobPort
 from elasticd.commands.verb import Command, ConsoleAction
-from elasticd.coordinator.coordinator import Coordinator
 from elasticd.wire.names import EventKind, StepRequest
 from elasticd.wire.protocol import ErrorCode, new_id
 
 
-def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def plan(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
     rnd = steering.require_running(c)
     # first_step arrives the moment a shim rank reports in a new round; heartbeat metrics can lag 1 s.
     if "first_step" not in rnd.timeline and steering.shim_step(c) is None:
@@ -18,7 +18,7 @@ def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     return {"summary": "every rank saves at the next step all of them can reach together (about 0.2 s)"}
 
 
-def apply(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+def apply(c: JobPort, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
     op_id = new_id()
     c.emit(EventKind.checkpoint_requested, op_id=op_id)
     c.ask_step(op_id, StepRequest.checkpoint)  # `step_agreed` carries the step; `checkpoint_saved` follows

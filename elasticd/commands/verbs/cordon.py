@@ -3,25 +3,25 @@
 from typing import Any
 
 from elasticd.commands import steering
+from elasticd.commands.port import JobPort
 from elasticd.commands.verb import Arg, Command, ConsoleAction, forced
-from elasticd.coordinator.coordinator import Coordinator
 from elasticd.wire.names import After, Cause, EventKind, JobState, NodeStatus, Role, TransitionKind
 from elasticd.wire.protocol import ErrorCode, arg
 
 
-def known_node(c: Coordinator, args: dict[str, Any]) -> str:
+def known_node(c: JobPort, args: dict[str, Any]) -> str:
     node = arg(args, "node", str)
     if node not in c.nodes:
         raise steering.refuse(f"no node '{node}' in job '{c.cfg.job_id}'", ErrorCode.NOT_FOUND)
     return node
 
 
-def in_round(c: Coordinator, node: str) -> bool:
+def in_round(c: JobPort, node: str) -> bool:
     """A node of the running round leaves it gracefully; any other is cordoned at once."""
     return c.round is not None and c.round.has(node) and c.state == JobState.running
 
 
-def plan_cordon(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def plan_cordon(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
     node = known_node(c, args)
     if not in_round(c, node):
         return {"summary": f"node {node} cordoned; the world is unchanged"}
@@ -29,7 +29,7 @@ def plan_cordon(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     return steering.plan(c, [n for n in steering.require_running(c).node_ids() if n != node])
 
 
-def cordon(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+def cordon(c: JobPort, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
     node = args["node"]
     if in_round(c, node):
         return steering.begin(c, TransitionKind.cordon, [node], Role.cordoned, After.round, f"cordon of {node}")
@@ -38,7 +38,7 @@ def cordon(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[s
     return {"ok": True, "dry_run": False}
 
 
-def plan_uncordon(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def plan_uncordon(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
     node = known_node(c, args)
     trans = c.transition
     if trans is not None and node in trans.leaving:
@@ -49,7 +49,7 @@ def plan_uncordon(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     return {"summary": f"node {node} may join the next rounds (as standby)"}
 
 
-def uncordon(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+def uncordon(c: JobPort, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
     node = args["node"]
     record = c.nodes[node]
     record.role = Role.standby

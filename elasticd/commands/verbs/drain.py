@@ -3,20 +3,20 @@
 from typing import Any
 
 from elasticd.commands import steering
+from elasticd.commands.port import JobPort
 from elasticd.commands.verb import Arg, Command, ConsoleAction, forced
-from elasticd.coordinator.coordinator import Coordinator
 from elasticd.wire.names import After, Role, TransitionKind
 from elasticd.wire.protocol import arg
 
 
-def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def plan(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
     node = arg(args, "node", str)
     rnd = steering.require_running(c)
     steering.check_leave(c, [node], forced(args))
     return steering.plan(c, [n for n in rnd.node_ids() if n != node])
 
 
-def apply(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+def apply(c: JobPort, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
     node = args["node"]
     c.target = max(1, len(steering.require_running(c).node_ids()) - 1)
     return steering.begin(c, TransitionKind.drain, [node], Role.standby, After.round, f"drain of {node}")

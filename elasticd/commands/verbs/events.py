@@ -4,13 +4,13 @@ import math
 import time
 from typing import Any
 
+from elasticd.commands.port import JobPort
 from elasticd.commands.render import event
 from elasticd.commands.verb import Arg, Command
-from elasticd.coordinator.coordinator import Coordinator
 from elasticd.wire.protocol import ErrorCode, ProtocolError, arg
 
 
-def read(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def read(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
     kinds = arg(args, "kinds", list, [])
     if not all(isinstance(k, str) for k in kinds):
         kinds = []

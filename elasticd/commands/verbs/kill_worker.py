@@ -3,13 +3,13 @@
 from typing import Any
 
 from elasticd.commands import steering
+from elasticd.commands.port import JobPort
 from elasticd.commands.verb import Arg, Command, ConsoleAction, forced
-from elasticd.coordinator.coordinator import Coordinator
 from elasticd.wire.names import Cause, MeshOp
 from elasticd.wire.protocol import ErrorCode, arg
 
 
-def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def plan(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
     node, rank = arg(args, "node", str), arg(args, "rank", int)
     rnd = steering.require_running(c)
     entry = rnd.entry(node)
@@ -23,7 +23,7 @@ def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     return {"summary": f"rank {rank} on {node} is killed; the job restarts (failure {used + 1} of {limit} allowed)"}
 
 
-def apply(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+def apply(c: JobPort, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
     c.send(args["node"], MeshOp.kill_worker, {"rank": args["rank"]})
     return {"ok": True, "accepted": True}
 

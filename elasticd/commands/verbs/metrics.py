@@ -2,11 +2,11 @@
 
 from typing import Any
 
+from elasticd.commands.port import JobPort
 from elasticd.commands.verb import Command
-from elasticd.coordinator.coordinator import Coordinator
 
 
-def read(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def read(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
     now, ranks = c.clock(), []
     for node in c.alive():
         for data in node.metrics.values():

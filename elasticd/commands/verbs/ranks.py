@@ -2,12 +2,12 @@
 
 from typing import Any
 
+from elasticd.commands.port import JobPort
 from elasticd.commands.verb import Command
-from elasticd.coordinator.coordinator import Coordinator
 from elasticd.wire.protocol import arg
 
 
-def read(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def read(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
     limit = arg(args, "history", int, 20)
     rounds = [r.public() for r in c.store.rounds()[-limit:]] if limit > 0 else []
     return {"ok": True, "round": c.round.public() if c.round else None, "history": rounds}

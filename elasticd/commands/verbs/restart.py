@@ -3,17 +3,17 @@
 from typing import Any
 
 from elasticd.commands import steering
+from elasticd.commands.port import JobPort
 from elasticd.commands.verb import Command, ConsoleAction
-from elasticd.coordinator.coordinator import Coordinator
 from elasticd.wire.names import Cause
 
 
-def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def plan(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
     rnd = steering.require_running(c)
     return {"summary": f"every worker restarts; world stays {rnd.world_size}"}
 
 
-def apply(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+def apply(c: JobPort, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
     now = c.clock()
     c.resizer.force_restart("operator restart")  # new processes, even for workers that could resize in place
     c.schedule(Cause.operator, "operator restart", now, due=now)

@@ -3,13 +3,13 @@
 from typing import Any
 
 from elasticd.commands import steering
+from elasticd.commands.port import JobPort
 from elasticd.commands.verb import Arg, Command, ConsoleAction, forced
-from elasticd.coordinator.coordinator import Coordinator
 from elasticd.wire.names import After, Cause, EventKind, Role, TransitionKind
 from elasticd.wire.protocol import ErrorCode, arg
 
 
-def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def plan(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
     target = arg(args, "nodes", int)
     force = forced(args)
     if not 1 <= target <= c.cfg.max_nodes:
@@ -29,11 +29,11 @@ def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def leaving(c: Coordinator, target: int) -> list[str]:
+def leaving(c: JobPort, target: int) -> list[str]:
     return steering.require_running(c).node_ids()[target:]  # the newest members leave; rank 0 and the coordinator stay
 
 
-def apply(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+def apply(c: JobPort, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
     target, members = args["nodes"], steering.require_running(c).node_ids()
     c.target = target
     if target < len(members):

@@ -2,12 +2,12 @@
 
 from typing import Any
 
+from elasticd.commands.port import JobPort
 from elasticd.commands.verb import Arg, Command
-from elasticd.coordinator.coordinator import Coordinator
 from elasticd.wire.protocol import ErrorCode, ProtocolError, arg
 
 
-def read(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def read(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
     offset, limit = arg(args, "nodes_offset", int, 0), arg(args, "nodes_limit", int, None)
     if offset < 0 or (limit is not None and limit < 0):
         raise ProtocolError(ErrorCode.BAD_ARGUMENT, "nodes_offset and nodes_limit must be 0 or more")

@@ -3,17 +3,17 @@
 from typing import Any
 
 from elasticd.commands import steering
+from elasticd.commands.port import JobPort
 from elasticd.commands.verb import Command, ConsoleAction
-from elasticd.coordinator.coordinator import Coordinator
 from elasticd.wire.names import After, Role, TransitionKind
 
 
-def plan(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def plan(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
     steering.require_running(c)
     return {"summary": f"job {c.cfg.job_id} stops; every daemon exits"}
 
 
-def apply(c: Coordinator, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+def apply(c: JobPort, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
     return steering.begin(c, TransitionKind.stop, [], Role.standby, After.end, "stopped by operator")
 
 

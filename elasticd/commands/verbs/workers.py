@@ -2,16 +2,16 @@
 
 from typing import Any
 
+from elasticd.commands.port import JobPort
 from elasticd.commands.render import GPU_COLUMNS, format_bytes, gpu_cells, has_gpu
 from elasticd.commands.verb import Arg, Command
-from elasticd.coordinator.coordinator import Coordinator
 from elasticd.wire.names import NodeStatus
 from elasticd.wire.protocol import arg
 
 COLUMNS = ("NODE", "RANK", "LOCAL", "PID", "STATE", "EXIT", "CPU%", "RSS", "UPTIME")
 
 
-def read(c: Coordinator, args: dict[str, Any]) -> dict[str, Any]:
+def read(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
     only = arg(args, "node", str, "")
     nodes = {n.node_id: n.workers for n in c.nodes.values() if n.status == NodeStatus.alive and only in ("", n.node_id)}
     return {"ok": True, "nodes": nodes}
