@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -178,7 +179,7 @@ def test_the_direction_check_finds_an_upward_import() -> None:
 
 
 def test_a_module_in_no_side_is_named() -> None:
-    with pytest.raises(AssertionError, match="elasticd.misc.thing is in no side"):
+    with pytest.raises(AssertionError, match=r"elasticd\.misc\.thing is in no side"):
         upward_imports({"elasticd.misc.thing": {"elasticd.wire.names"}})
 
 
@@ -189,6 +190,77 @@ def test_the_verb_registry_counts_as_importing_every_verb() -> None:
     assert {"elasticd.commands.verbs.drain", "elasticd.commands.verbs.scale"} <= verbs
     assert verbs <= graph["elasticd.commands.registry"]
     assert find_cycle({**graph, "elasticd.commands.verbs.drain": {"elasticd.commands.registry"}})
+
+
+PRODUCT = ("elasticd", "tui", "trainer_shim")
+
+
+def module_path(name: str) -> Path | None:
+    """The file of a product module or package; None for anything else (the standard library, Textual...)."""
+    if name.split(".")[0] not in PRODUCT:
+        return None
+    base = ROOT.joinpath(*name.split("."))
+    return next((path for path in (base / "__init__.py", base.with_suffix(".py")) if path.is_file()), None)
+
+
+def executed_imports(statements: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements that run as a module loads: not those in functions, nor under `if TYPE_CHECKING:`."""
+    for node in statements:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        elif isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+            yield from executed_imports(node.orelse)
+        elif not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):  # a class body, if, try, with: they run
+            for block in ("body", "orelse", "finalbody", "handlers"):
+                yield from executed_imports(getattr(node, block, []))
+
+
+def with_packages(names: list[str]) -> set[str]:
+    """Each module and every package above it: a package's __init__ runs before its modules."""
+    return {".".join(name.split(".")[:depth]) for name in names for depth in range(1, name.count(".") + 2)}
+
+
+def imported(node: ast.Import | ast.ImportFrom, importer: str, is_package: bool) -> set[str]:
+    if isinstance(node, ast.Import):
+        return with_packages([alias.name for alias in node.names])
+    base = node.module or ""
+    if node.level:  # relative: from the importer's package, one level up per extra dot
+        package = (importer if is_package else importer.rpartition(".")[0]).split(".")
+        base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+    return with_packages([base, *(f"{base}.{alias.name}" for alias in node.names)])  # `from pkg import module`
+
+
+def loaded_by(*roots: str) -> set[str]:
+    """The product modules that importing `roots` loads, following the imports that run at load time."""
+    loaded: set[str] = set()
+    pending = with_packages(list(roots))
+    while pending:
+        name = pending.pop()
+        path = module_path(name)
+        if name in loaded or path is None:
+            continue
+        loaded.add(name)
+        is_package = path.name == "__init__.py"
+        tree = ast.parse(path.read_text())
+        pending |= {found for node in executed_imports(tree.body) for found in imported(node, name, is_package)}
+        pending |= discovered(tree, path)  # the registry loads every verb as it loads
+    return loaded
+
+
+def test_the_console_loads_no_daemon_side_module() -> None:
+    """The console reads the verb registry, and the verbs run against commands/port.py's JobPort: loading the
+    console loads no coordinator, member, daemon or mesh module."""
+    loaded = loaded_by("tui.app", "tui.cli")
+    assert {"elasticd.client", "elasticd.commands.port", "elasticd.commands.verbs.drain"} <= loaded  # a real scan
+    sides = {"elasticd.coordinator", "elasticd.member", "elasticd.daemon", "elasticd.mesh"}
+    assert sorted(name for name in loaded if ".".join(name.split(".")[:2]) in sides) == []
+
+
+def test_the_load_scan_skips_functions_and_type_checking() -> None:
+    source = "import a\nif TYPE_CHECKING:\n    import b\nelse:\n    import c\ndef f():\n    import d\n" \
+             "class K:\n    import e\ntry:\n    import g\nexcept ImportError:\n    import h\n"
+    found = {alias.name for node in executed_imports(ast.parse(source).body) for alias in node.names}
+    assert found == {"a", "c", "e", "g", "h"}
 
 
 def test_tests_never_import_bench() -> None:
