@@ -525,7 +525,7 @@ class Sim:
         """The current round's members all spawned, and nothing is pending or in flight."""
         rnd, c = self.coordinator.round, self.coordinator
         return (rnd is not None and "spawned" in rnd.timeline and c.pending is None and c.transition is None
-                and c.suspect is None)
+                and c.probe.suspect is None)
 
     # ---- reading --------------------------------------------------------------------------------
     @property

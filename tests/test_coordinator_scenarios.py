@@ -8,7 +8,7 @@ import pytest
 from sim import COORD, Sim
 
 from elasticd.commands.registry import REGISTRY
-from elasticd.coordinator.coordinator import RECONNECT_GRACE_S
+from elasticd.coordinator.liveness import RECONNECT_GRACE_S
 from elasticd.coordinator.step_agreement import QUERY_TIMEOUT_S
 from elasticd.coordinator.transitions import DRAIN_TIMEOUT_S, SIGNAL_WINDOW_S
 from elasticd.job.config import STOP_SLACK_S
@@ -178,7 +178,7 @@ def test_a_closed_connection_back_within_the_grace_costs_nothing_else_the_node_i
     sim.run(10.0)
     assert [e["reason"] for e in sim.of(K.node_lost)] == (["node c's connection closed"] if lost else [])
     assert len(sim.rounds()) == (1 if not lost else 3)  # lost: a round without c, then one with it again
-    assert sim.coordinator.closed == {} and sim.coordinator.nodes["c"].status == "alive"
+    assert sim.coordinator.liveness.closed == {} and sim.coordinator.nodes["c"].status == "alive"
 
 
 @pytest.mark.parametrize("first", ["closed", "failure"])

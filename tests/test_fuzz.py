@@ -223,8 +223,9 @@ def coordinator(nodes: int = 3) -> tuple[Coordinator, list[tuple[str, str, dict[
     c = Coordinator(cfg, MemoryStore(), lambda n, op, b: sent.append((n, op, b)), EventLog(), lambda e: None)
     now = time.time()
     for node_id in "abc"[:nodes]:
-        assert c.register({"node_id": node_id, "instance": f"i-{node_id}", "host": "127.0.0.1", "nproc": 2,
-                           "ports": [30000 + ord(node_id)]}, now)["ok"]
+        body = {"node_id": node_id, "instance": f"i-{node_id}", "host": "127.0.0.1", "nproc": 2,
+                "ports": [30000 + ord(node_id)]}
+        assert c.registration.register(body, now)["ok"]
     c.start_round("start", "fuzz", now, now)
     return c, sent
 

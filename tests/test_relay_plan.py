@@ -136,8 +136,8 @@ def test_a_takeover_keeps_the_groups_and_moves_the_new_coordinators_own_group() 
     cfg = JobConfig(1, 8, 1, "127.0.0.1", 29400, "job", "a", ["train.py"], relay_group=2, relay_from=1)
     old = Coordinator(cfg, MemoryStore(), lambda *_: None, EventLog(), lambda _e: None)
     for seq, node_id in enumerate("abcdef", 1):
-        old.register({"node_id": node_id, "instance": f"i-{node_id}", "host": "h", "nproc": 1,
-                      "relay": f"tcp://{node_id}:1"}, float(seq))
+        old.registration.register({"node_id": node_id, "instance": f"i-{node_id}", "host": "h", "nproc": 1,
+                                   "relay": f"tcp://{node_id}:1"}, float(seq))
     assert old.relays.groups == {"b": {"c", "d"}, "e": {"f"}}
     sent: list[tuple[str, str, dict[str, Any]]] = []
     new = Coordinator(replace(cfg, node_id="b"), MemoryStore(), lambda *m: sent.append(m), EventLog(),

@@ -81,6 +81,6 @@ def test_an_in_place_rounds_stop_barrier_outwaits_the_nodes_wait_for_their_kept_
     c = Coordinator(cfg, MemoryStore(), lambda *_: None, EventLog(100), lambda _e: None)
     c.resizer.store = "127.0.0.1:1"
     prev, nxt = round_of(1, {"a": [0, 1]}), round_of(2, {"a": [0, 1]})
-    assert c.stop_limit(nxt) == 2.0 + STOP_SLACK_S
+    assert c.tracker.stop_limit(nxt) == 2.0 + STOP_SLACK_S
     assert c.resizer.begin(prev, [node("a", 1, True, [0, 1])], 2, 0.0, 0.0)
-    assert c.stop_limit(nxt) == 2.0 + STOP_SLACK_S + LEAVE_SLACK_S
+    assert c.tracker.stop_limit(nxt) == 2.0 + STOP_SLACK_S + LEAVE_SLACK_S

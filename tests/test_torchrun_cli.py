@@ -119,7 +119,7 @@ def test_node_rank_orders_the_rank_map_ahead_of_join_order() -> None:
     c = Coordinator(cfg, MemoryStore(), lambda n, op, b: None, EventLog(), lambda e: None)
     for node_id, node_rank in (("a", 1), ("c", -1), ("b", 0)):
         body = {"node_id": node_id, "instance": node_id, "host": "127.0.0.1", "nproc": 1, "node_rank": node_rank}
-        assert c.register(body, time.time())["ok"]
+        assert c.registration.register(body, time.time())["ok"]
     c.start_round("start", "test", time.time(), time.time())
     assert c.round is not None and c.round.node_ids() == ["b", "a", "c"]
 

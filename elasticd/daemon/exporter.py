@@ -18,6 +18,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from elasticd.coordinator.coordinator import Coordinator
+from elasticd.coordinator.round_progress import timeline
 from elasticd.job.config import JobConfig, StartError
 from elasticd.keys.auth import Gatekeeper
 from elasticd.member.agent import NodeAgent
@@ -194,7 +195,7 @@ class DaemonCollector(Collector):
             if rnd.cause not in RESTART_CAUSES or "spawned" not in rnd.timeline:
                 continue  # the first round recovers from nothing; an unfinished one has not recovered yet
             seen = self.observed.setdefault(rnd.round_id, set())
-            for phase, seconds in c.timeline(rnd).items():
+            for phase, seconds in timeline(rnd).items():
                 if phase != "detect" and phase not in seen:
                     seen.add(phase)
                     self.recovery.labels(c.cfg.job_id, rnd.cause, phase).observe(seconds)

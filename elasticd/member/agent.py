@@ -150,7 +150,7 @@ class NodeAgent:
 
     async def wait_for_go(self, round_id: int, in_place: bool = False) -> bool:
         """Start this round's workers only once every node's old ones are gone (the coordinator says go); longer
-        than the coordinator's stop barrier (Coordinator.stop_limit), which an in-place round lengthens."""
+        than the coordinator's stop barrier (RoundTracker.stop_limit), which an in-place round lengthens."""
         event = self._go.setdefault(round_id, asyncio.Event())
         with contextlib.suppress(asyncio.TimeoutError):
             limit = stop_barrier_s(self.cfg.grace_s, in_place) + STOP_SLACK_S

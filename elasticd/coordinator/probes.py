@@ -1,0 +1,79 @@
+"""Failure probes: a worker's failure is charged only once every other member of its round answers a probe.
+
+When a node dies, its peers' workers fail too; that is a membership change, not a charged failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from elasticd.coordinator.core import CoordinatorCore, PendingRound
+from elasticd.wire.names import Cause, JobState, MeshOp
+
+
+class ProbeCore(CoordinatorCore, Protocol):
+    """What a failure probe needs of the coordinator besides the core: the restart budget, and a round or an end."""
+
+    pending: PendingRound | None
+    restarts: dict[Cause, int]
+
+    def end(self, state: JobState, reason: str, now: float) -> None: ...
+
+    def schedule(self, cause: Cause, detail: str, detected_at: float, due: float | None = None) -> None: ...
+
+
+@dataclass
+class Suspect:
+    """A reported worker failure, and the members whose `pong` it still awaits."""
+
+    node_id: str
+    report: dict[str, Any]
+    awaiting: set[str] = field(default_factory=set)
+
+
+class FailureProbe:
+    """Holds at most one suspect failure: probes the round's other members, and charges the failure (a round, or
+    the job's end past --max-restarts) once all answered; a member that is lost meanwhile clears it."""
+
+    def __init__(self, core: ProbeCore, lose_closed: Callable[[Iterable[str], float], None]) -> None:
+        self.core = core
+        self.lose_closed = lose_closed  # members whose connection closed are lost at once: they never answer
+        self.suspect: Suspect | None = None
+
+    def worker_failed(self, node_id: str, body: dict[str, Any], now: float) -> None:
+        core = self.core
+        rnd = core.round
+        if rnd is None or body.get("round") != rnd.round_id or core.state != JobState.running:
+            return
+        if core.pending is not None or self.suspect is not None:
+            return  # this round is already being replaced; its later failures are echoes
+        others = {n for n in rnd.node_ids() if n not in (node_id, core.cfg.node_id)}
+        self.suspect = Suspect(node_id, body, set(others))
+        core.send_all(sorted(others), MeshOp.probe, {"round": rnd.round_id})  # a copy: answers shrink the set
+        self.lose_closed(others, now)
+        self.confirm_failure(now)
+
+    def pong(self, node_id: str, now: float) -> None:
+        if self.suspect is not None:
+            self.suspect.awaiting.discard(node_id)
+            self.confirm_failure(now)
+
+    def awaits(self, node_id: str) -> bool:
+        """Whether a suspect failure waits for this member's `pong`."""
+        return self.suspect is not None and node_id in self.suspect.awaiting
+
+    def confirm_failure(self, now: float) -> None:
+        """Every other member answered: the failure is the worker's own, and it is charged."""
+        core, suspect = self.core, self.suspect
+        if suspect is None or suspect.awaiting:
+            return
+        self.suspect = None
+        cause = Cause.hang if suspect.report.get("hang") else Cause.failure
+        detail = str(suspect.report.get("reason", f"worker failed on node {suspect.node_id}"))
+        if cause == Cause.failure and core.restarts[Cause.failure] >= core.cfg.max_restarts:
+            core.end(JobState.failed, f"{detail}; --max-restarts {core.cfg.max_restarts} exhausted "
+                     f"({core.restarts[Cause.failure]} failure restart(s) used)", now)
+            return
+        core.schedule(cause, detail, float(suspect.report.get("detected", now)), due=now)  # a failed round is dead

@@ -1,0 +1,152 @@
+"""Nodes joining the job: registration and its welcome, announcements of daemons warming up, and heartbeats."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from elasticd.coordinator.core import CoordinatorCore, PendingRound
+from elasticd.coordinator.membership import MembershipStore, NodeRecord
+from elasticd.coordinator.relay_routes import RelayRoutes
+from elasticd.coordinator.resize import Resizer
+from elasticd.coordinator.tally import ACTIVE, NodeTally
+from elasticd.job.events import EventLog
+from elasticd.wire.names import ENDED, Cause, EventKind, JobState, MeshOp, NodeStatus, Role
+
+FIRST_ROUND_WAIT_S = 15.0  # the first round waits at most this long for nodes that announced themselves
+ResendMissed = Callable[[str, dict[str, Any], float], None]  # RoundTracker.resend_missed: (sender, heartbeat, now)
+
+
+class RegistrationCore(CoordinatorCore, Protocol):
+    """What registration needs of the coordinator besides the core: the store, the job's size and join order,
+    and the round a newcomer may start."""
+
+    store: MembershipStore
+    events: EventLog
+    pending: PendingRound | None
+    target: int
+    join_seq: int  # join order of nodes; persisted with etcd so a new coordinator numbers on
+    told_waiting: set[str]
+    resizer: Resizer
+
+    def schedule(self, cause: Cause, detail: str, detected_at: float, due: float | None = None) -> None: ...
+
+    def assignment(self, node_id: str) -> dict[str, Any]: ...
+
+
+class Registration:
+    """Admits nodes: a registration gets its role (active up to the target, else standby) and a welcome, a repeated
+    one the same answer again; heartbeats keep a member's record current and its route and round in step."""
+
+    def __init__(self, core: RegistrationCore, routes: RelayRoutes, resend_missed: ResendMissed) -> None:
+        self.core = core
+        self.routes = routes
+        self.resend_missed = resend_missed
+        self.announced: dict[str, float] = {}  # node id -> when it said it is warming up to join
+        self._tally = NodeTally()
+
+    @property
+    def tally(self) -> NodeTally:
+        """Node counts by group, kept as records change (a registration storm would otherwise be O(N²))."""
+        return self._tally.rebuild(self.core.nodes)
+
+    def on_register(self, sender: str, body: dict[str, Any], now: float) -> None:
+        core = self.core
+        node = core.nodes.get(sender)
+        if node is not None and node.status == NodeStatus.alive and node.instance == body.get("instance"):
+            self.catch_up(node, now)  # a repeat (our welcome was lost): the same answer, no new join, no round
+            return
+        welcome = self.register({**body, "node_id": sender}, now)
+        core.send(sender, MeshOp.welcome, welcome)
+        node = core.nodes.get(sender)
+        if welcome["ok"] and node and core.round and core.pending is None and node.role != Role.active:
+            core.send(sender, MeshOp.round, {"round": None, "state": node.role,
+                                             "reason": f"node is {node.role}; the job is at its target size"})
+
+    def catch_up(self, node: NodeRecord, now: float) -> None:
+        """A welcomed daemon that asks again missed what followed: its welcome, and its part of the round."""
+        core = self.core
+        node.last_seen = now
+        core.send(node.node_id, MeshOp.welcome, self.welcome(node))
+        rnd = core.round
+        if rnd is not None and core.state == JobState.running and rnd.has(node.node_id):
+            core.send(node.node_id, MeshOp.round, core.assignment(node.node_id))
+            if rnd.timeline.get("go"):
+                core.send(node.node_id, MeshOp.go, {"round": rnd.round_id})
+
+    def welcome(self, node: NodeRecord) -> dict[str, Any]:
+        """What a member needs to start: its role, the round, and where the job's events are published."""
+        core = self.core
+        ours = core.nodes.get(core.cfg.node_id)
+        prewarm = node.role == Role.active and core.resizer.prewarm(node, core.round, core.clock())
+        via = self.routes.via_endpoint(node)
+        return {"ok": True, "role": node.role, "round": core.round.round_id if core.round else 0,
+                "events_pub": ours.pub if ours else "", **({"prewarm": True} if prewarm else {}),
+                **({"via": via} if via else {})}
+
+    def register(self, body: dict[str, Any], now: float) -> dict[str, Any]:
+        core = self.core
+        node_id, instance = body["node_id"], body["instance"]
+        old = core.nodes.get(node_id)
+        if old and old.status == NodeStatus.alive and old.instance != instance:
+            return {"ok": False, "reason": f"node id '{node_id}' is already in job '{core.cfg.job_id}' "
+                    f"(host {old.host}); give each node a unique --node-id"}
+        if core.state in ENDED:
+            return {"ok": False, "reason": f"job '{core.cfg.job_id}' has ended ({core.state})"}
+        core.join_seq += 1
+        self.announced.pop(node_id, None)
+        core.told_waiting.discard(node_id)  # a new instance of it has heard nothing yet
+        active = self.tally.count(ACTIVE) - (old is not None and old.group() == ACTIVE)
+        role = (Role.cordoned if old and old.role == Role.cordoned
+                else Role.active if active < core.target else Role.standby)
+        node = NodeRecord(node_id, body["host"], int(body["nproc"]), instance, core.join_seq,
+                          node_rank=int(body.get("node_rank", -1)), role=role,
+                          last_seen=now, ports=list(body.get("ports", [])), control=body.get("control", ""),
+                          pub=body.get("pub", ""), store_tunnel=body.get("store_tunnel", ""),
+                          relay_endpoint=str(body.get("relay", "")))
+        self.routes.place(node)
+        core.store.put_node(node)
+        self._tally.add(node, replaces=old)
+        relayed: dict[str, Any] = {"via": node.via} if node.via else {}
+        core.emit(EventKind.node_joined, node_id, host=node.host, nproc=node.nproc, role=role, **relayed)
+        if role == Role.active:
+            core.schedule(Cause.membership, f"node {node_id} joined", now)
+        return self.welcome(node)
+
+    def announce(self, node_id: str, now: float) -> None:
+        """A daemon started and is warming up (its zygote imports torch); it registers when ready."""
+        nodes = self.core.nodes
+        if node_id not in nodes or nodes[node_id].status != NodeStatus.alive:
+            self.announced[node_id] = now
+
+    def awaiting_announced(self, members: int, now: float) -> bool:
+        """Hold the first round for nodes that announced themselves: they are warming up, not absent."""
+        nodes = self.core.nodes
+        coming = [n for n, at in self.announced.items() if now - at < FIRST_ROUND_WAIT_S and n not in nodes]
+        return self.core.round is None and bool(coming) and members + len(coming) <= self.core.cfg.max_nodes
+
+    def on_heartbeat(self, sender: str, body: dict[str, Any], now: float) -> None:
+        core = self.core
+        if not self.heartbeat(sender, body, now):
+            core.send(sender, MeshOp.unknown, {})
+            return
+        rnd = core.round
+        core.send(sender, MeshOp.hb, {"seq": core.events.seq, "round": rnd.round_id if rnd else 0,
+                                      "beat": body.get("beat")})  # what that heartbeat carried is held now
+        if self.routes.plan.size and "via" in body:
+            self.routes.check_route(core.nodes[sender], body, now)
+        self.resend_missed(sender, body, now)
+
+    def heartbeat(self, node_id: str, body: dict[str, Any], now: float) -> bool:
+        node = self.core.nodes.get(node_id)
+        if node is None or node.status != NodeStatus.alive or node.instance != body.get("instance"):
+            return False  # unknown to us (lost, or a coordinator restart): the node must register again
+        node.last_seen = now
+        # Absent fields did not change since a heartbeat we answered (elasticd/member/beats.py): keep the last values.
+        if "ports" in body:
+            node.ports = list(body["ports"])
+        if "workers" in body:
+            node.workers = body["workers"]
+        if "metrics" in body:
+            node.metrics = body["metrics"]
+        return True
