@@ -32,6 +32,9 @@ class InPlaceRound:
 
 
 class Resizer:
+    """The coordinator's in-place rounds: whether a round keeps its workers, the one in flight until its `resize`
+    event, and why the next round falls back to a restart when one fails."""
+
     def __init__(self, job_id: str, emit: Emit) -> None:
         self.job_id = job_id
         self.emit = emit
