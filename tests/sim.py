@@ -11,11 +11,11 @@ from typing import Any
 
 from elasticd.coordinator.coordinator import Coordinator
 from elasticd.coordinator.membership import MembershipStore, MemoryStore, Round
-from elasticd.coordinator.step_agreement import local_answer
 from elasticd.job.config import STOP_SLACK_S, JobConfig
 from elasticd.job.events import EventLog
 from elasticd.member.beats import BeatDiff
 from elasticd.member.link import LEAVING_OPS
+from elasticd.member.rank_reports import step_answer
 from elasticd.wire.names import JobState, MeshOp, NodeState
 from elasticd.wire.protocol import Envelope
 
@@ -313,7 +313,7 @@ class SimNode:
         self.ended = (str(body.get("state", JobState.failed)), str(body.get("reason", "")))
 
     def on_step_query(self, body: dict[str, Any]) -> None:
-        self.send(MeshOp.step_report, {"op_id": body.get("op_id"), **local_answer(self.rank_metrics(), self.round_id)})
+        self.send(MeshOp.step_report, {"op_id": body.get("op_id"), **step_answer(self.rank_metrics(), self.round_id)})
 
     def on_drain(self, body: dict[str, Any]) -> None:
         """Shim ranks run on to `at_step`, save and say `drained`; plain workers get no request at all."""

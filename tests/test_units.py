@@ -104,14 +104,14 @@ def test_console_liveness_thresholds_follow_the_heartbeat_rule() -> None:
 
 def test_a_shim_rank_whose_first_step_report_is_on_its_way_answers_step_0_not_no_shim() -> None:
     """Else a join right after a start would restart it like a plain worker and repeat what it trained."""
-    from elasticd.coordinator.step_agreement import local_answer
+    from elasticd.member.rank_reports import step_answer
     from elasticd.wire.names import OUTPUT
 
-    assert local_answer({0: {"rank": 0, "round": 2, "hello": 1.0}}, 2) == {"step": 0, "step_time": None}
-    assert local_answer({0: {"rank": 0, "round": 2, "hello": 1.0, "step": 7, "step_time": 0.5},
+    assert step_answer({0: {"rank": 0, "round": 2, "hello": 1.0}}, 2) == {"step": 0, "step_time": None}
+    assert step_answer({0: {"rank": 0, "round": 2, "hello": 1.0, "step": 7, "step_time": 0.5},
                          1: {"rank": 1, "round": 2, "hello": 1.0}}, 2) == {"step": 7, "step_time": 0.5}
-    assert local_answer({0: {"rank": 0, "round": 1, "hello": 1.0, "step": 7}}, 2)["step"] is None  # old round
-    assert local_answer({0: {"rank": 0, "round": 2, "source": OUTPUT, "step": 9}}, 2)["step"] is None
+    assert step_answer({0: {"rank": 0, "round": 1, "hello": 1.0, "step": 7}}, 2)["step"] is None  # old round
+    assert step_answer({0: {"rank": 0, "round": 2, "source": OUTPUT, "step": 9}}, 2)["step"] is None
 
 
 class _CountingStream(io.StringIO):

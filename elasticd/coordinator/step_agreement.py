@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticd.wire.names import OUTPUT, MeshOp, StepRequest
+from elasticd.wire.names import MeshOp, StepRequest
 
 DELIVERY_BUDGET_S = 0.15  # the shim's 50 ms report coalescing plus request delivery, with room to spare
 QUERY_TIMEOUT_S = 1.0
@@ -81,14 +81,3 @@ def margin(step_times: list[float]) -> int:
     if not step_times:
         return 2
     return 1 + min(10_000, math.ceil(DELIVERY_BUDGET_S / max(statistics.median(step_times), 1e-4)))
-
-
-def local_answer(rank_metrics: dict[int, dict[str, Any]], round_id: int) -> dict[str, Any]:
-    """A node's reply: the highest step its shim workers reported in this round, and their step time."""
-    # A shim rank that said hello but whose first step report is still on its way counts as step 0: it is
-    # a shim rank, so it must stop at the agreed step rather than be restarted (and lose what it trained).
-    current = [m for m in rank_metrics.values() if m.get("round") == round_id and m.get("source") != OUTPUT
-               and (m.get("step") is not None or "hello" in m)]  # steps read from output have no shim behind
-    times = [float(m["step_time"]) for m in current if isinstance(m.get("step_time"), int | float)]
-    return {"step": max((int(m.get("step") or 0) for m in current), default=None),
-            "step_time": statistics.median(times) if times else None}

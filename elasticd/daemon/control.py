@@ -111,7 +111,7 @@ class ControlPlane:
             return
         node.steps_dirty, self.steps_sent = False, now
         keys = ("rank", "step", "loss", "throughput", "samples", "step_time", "last_step_at")
-        ranks = [{k: m.get(k) for k in keys} for m in node.rank_metrics.values() if m.get("round") == node.round_id]
+        ranks = [{k: m.get(k) for k in keys} for m in node.rank_reports.of_round(node.round_id)]
         body = {"round": node.round_id, "ranks": ranks}
         self._publish(f"st.{self.d.cfg.node_id}/", Envelope("st", "steps", body, node=self.d.cfg.node_id,
                                                           seq=self.d.events.seq, ts=now))

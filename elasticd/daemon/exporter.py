@@ -149,9 +149,7 @@ class DaemonCollector(Collector):
     def shim_metrics(self, out: Families) -> None:
         """What trainer_shim ranks of the current round reported (`elasticd metrics` shows the same)."""
         node, now = self.host.node, time.time()
-        for m in node.rank_metrics.values():
-            if m.get("round") != node.round_id:
-                continue
+        for m in node.rank_reports.of_round(node.round_id):
             rank = str(m.get("rank"))
             for name, key, doc in (("elasticd_train_step", "step", "The rank's last reported step"),
                                    ("elasticd_train_loss", "loss", "The rank's last reported loss"),

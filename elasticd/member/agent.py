@@ -18,6 +18,7 @@ from elasticd.member.in_place import InPlace
 from elasticd.member.output_metrics import compile_pattern, parse_line
 from elasticd.member.processes.spawner import Spawner
 from elasticd.member.processes.workers import Worker, WorkerGroup
+from elasticd.member.rank_reports import RankReports
 from elasticd.member.store.round_store import RoundStore, StoreError
 from elasticd.wire.names import EventKind, JobState, MeshOp, NodeState
 
@@ -46,7 +47,7 @@ class NodeAgent:
         self.exit_code: int | None = None  # set when the daemon should exit
         self._round_lock = asyncio.Lock()
         self.endpoints: dict[str, str] = {}
-        self.rank_metrics: dict[int, dict[str, Any]] = {}  # filled by the worker channel (shim reports)
+        self.rank_reports = RankReports()  # filled by the worker channel (shim reports)
         self.drained_ranks: set[int] = set()
         self.steps_dirty = False  # a shim step arrived since the last `st` telemetry message
         self.drained_reported = False
@@ -73,8 +74,7 @@ class NodeAgent:
         return self.beats.body({
             "instance": self.instance, "ports": self.ports.current(), "workers": self.workers_info(),
             "state": self.state, "round": self.round_id, "assigned": self.latest_round,
-            "metrics": {str(rank): m for rank, m in self.rank_metrics.items() if m.get("round") == self.round_id}},
-            now)
+            "metrics": self.rank_reports.by_rank(self.round_id)}, now)
 
     def workers_info(self) -> list[dict[str, Any]]:
         """Worker records; with NVML each has `gpu` (null when on no GPU), without it the field is absent."""
@@ -107,7 +107,8 @@ class NodeAgent:
                 log.warning("[%s] %s: %s", self.cfg.node_id, self.state, self.reason)
                 return
             self.round_id, self.assignment = round_id, body
-            self.rank_metrics, self.drained_ranks, self.drained_reported = {}, set(), False
+            self.rank_reports.clear()
+            self.drained_ranks, self.drained_reported = set(), False
             self.reports = {}
             if self._exit_watch is not None:
                 self._exit_watch.cancel()

@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
-from elasticd.coordinator.step_agreement import local_answer
 from elasticd.job.config import JobConfig
 from elasticd.job.events import EventLog
 from elasticd.member.agent import NodeAgent, ToCoordinator
@@ -83,7 +82,7 @@ class Member:
                                                                 str(body.get("reason", "")))),
             MeshOp.probe: lambda body: to_coord(MeshOp.pong, {"round": body.get("round")}),
             MeshOp.step_query: lambda body: to_coord(MeshOp.step_report, {
-                "op_id": body.get("op_id"), **local_answer(node.rank_metrics, node.round_id),
+                "op_id": body.get("op_id"), **node.rank_reports.step_answer(node.round_id),
                 "in_place": node.in_place.ready()}),
             MeshOp.drain_workers: lambda body: channel.request(StepRequest.drain, body),
             MeshOp.checkpoint_workers: lambda body: channel.request(StepRequest.checkpoint, body),

@@ -14,7 +14,7 @@ import zmq.asyncio
 
 from elasticd.job.config import JobConfig, StartError
 from elasticd.job.runtime import worker_socket
-from elasticd.wire.names import OUTPUT, EventKind, MeshOp, NodeState
+from elasticd.wire.names import EventKind, MeshOp, NodeState
 from elasticd.wire.protocol import Envelope, decode, encode, new_id
 
 if TYPE_CHECKING:
@@ -73,55 +73,40 @@ class WorkerChannel:
             self.node.in_place.on_hello(int(body.get("pid", 0)), body)
             if body.get("waiting") is True:
                 return  # started before its round: its rank is a placeholder, no metrics until it joins one
-            self.node.rank_metrics[rank] = {"rank": rank, "round": round_id, "hello": now, "last_step_at": now,
-                                            "in_place": in_place}
+            self.node.rank_reports.hello(rank, round_id, now, in_place)
             return
         in_place_ops = {"left": self.node.in_place.on_left, "joined": self.node.in_place.on_joined,
                         "resize_failed": self.node.in_place.on_failed}
         if env.op in in_place_ops:  # from a worker between rounds: its rank and round are changing
             in_place_ops[env.op](body)
             return
-        metrics = self.node.rank_metrics.get(rank)
-        if metrics is None or metrics.get("round") != self.node.round_id:
+        reports = self.node.rank_reports
+        if not reports.has(rank, self.node.round_id):
             return  # a worker of an old round still draining its queue
         if env.op == "step":
-            self.on_step(metrics, body, now)
+            self.on_step(rank, body, now)
         elif env.op == "checkpoint":
-            metrics["last_checkpoint"] = {k: body.get(k) for k in ("step", "path", "bytes", "duration_s")}
-            metrics["last_checkpoint"]["at"] = now
+            reports.checkpoint(rank, body, now)
             self.node.event(EventKind.checkpoint_saved, rank=rank, step=body.get("step"), path=body.get("path"),
                             bytes=body.get("bytes"), duration_s=body.get("duration_s"),
                             request_id=body.get("request_id"))
         elif env.op == "checkpoint_skipped":
             self.node.event(EventKind.checkpoint_skipped, rank=rank, path=body.get("path"), reason=body.get("reason"))
         elif env.op == "drained":
-            metrics["drained_step"] = body.get("step")
+            reports.drained(rank, body.get("step"))
             self.node.drained_ranks.add(rank)
             self.node.check_drained()
         elif env.op == "ack":
-            metrics["last_ack"] = body.get("request_id")
+            reports.ack(rank, body.get("request_id"))
 
     def on_output_step(self, rank: int, fields: dict[str, Any]) -> None:
         """A plain worker's output line stated its step or loss (--metrics-from-output); the shim's reports win."""
-        now = time.time()
-        metrics = self.node.rank_metrics.get(rank)
-        if metrics is None or metrics.get("round") != self.node.round_id:
-            metrics = {"rank": rank, "round": self.node.round_id, "source": OUTPUT, "last_step_at": now}
-            self.node.rank_metrics[rank] = metrics
-        if metrics.get("source") != OUTPUT:
-            return
-        self.on_step(metrics, {"step": fields.get("step", metrics.get("step", 0)), **fields}, now)
+        now, reports = time.time(), self.node.rank_reports
+        if reports.reads_output(rank, self.node.round_id, now):
+            self.on_step(rank, {"step": reports.last_step(rank), **fields}, now)
 
-    def on_step(self, metrics: dict[str, Any], body: dict[str, Any], now: float) -> None:
-        first = "step" not in metrics
-        elapsed = now - metrics["last_step_at"]
-        step = int(body["step"])
-        samples = int(body.get("samples") or 0)
-        metrics.update(step=step, loss=body.get("loss"), samples=samples, tokens=body.get("tokens"),
-                       step_time=body.get("step_time"), dropped=body.get("dropped", 0),
-                       extra=body.get("metrics", {}), last_step_at=now)
-        if elapsed > 0 and samples:
-            metrics["throughput"] = round(samples / elapsed, 2)
+    def on_step(self, rank: int, body: dict[str, Any], now: float) -> None:
+        first = self.node.rank_reports.step(rank, body, now)
         self.node.steps_dirty = True
         if first:
             self.node.to_coord(MeshOp.first_step, {"round": self.node.round_id, "at": now})
@@ -156,18 +141,15 @@ class WorkerChannel:
         return True
 
     def check_hangs(self, now: float) -> None:
-        for rank, metrics in list(self.node.rank_metrics.items()):
-            key = (rank, int(metrics.get("round", 0)))
-            silent = now - metrics.get("last_step_at", now)
-            if (metrics.get("round") == self.node.round_id and self.node.state == NodeState.running
-                    and metrics.get("source") != OUTPUT  # a plain script's prints are no heartbeat
-                    and silent > self.cfg.hang_timeout_s and key not in self.hung_reported
-                    and rank not in self.node.drained_ranks):
+        limit = self.cfg.hang_timeout_s
+        for rank, silent in self.node.rank_reports.silent(self.node.round_id, now, limit):
+            key = (rank, self.node.round_id)
+            if self.node.state == NodeState.running and key not in self.hung_reported \
+                    and rank not in self.node.drained_ranks:
                 self.hung_reported.add(key)
                 self.node.event(EventKind.worker_hung, rank=rank, silent_s=round(silent, 1))
                 self.node.report_failure(None, f"worker rank {rank} on node {self.cfg.node_id} made no step "
-                                         f"for {silent:.1f}s (hang timeout {self.cfg.hang_timeout_s:.0f}s)",
-                                         hang=True)
+                                         f"for {silent:.1f}s (hang timeout {limit:.0f}s)", hang=True)
                 self.node.in_place.end_hung(rank)
 
     def close(self) -> None:

@@ -1,0 +1,103 @@
+"""What this node's ranks last reported, by rank: the worker channel writes it, the node reads one round of it."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from elasticd.wire.names import OUTPUT
+
+Report = dict[str, Any]  # one rank's: `rank`, `round`, then what it said (docs/worker-channel.md); JSON as is
+SAVE_FIELDS = ("step", "path", "bytes", "duration_s")  # of a `checkpoint` report, kept as the rank's last save
+
+
+class RankReports:
+    """Each rank's latest report (its hello, steps, saves, drain), kept until the next round.
+
+    A worker of an old round may still be draining its queue: readers ask for one round's reports, and the
+    worker channel writes only to a rank whose report is of the node's round (`has`).
+    """
+
+    def __init__(self) -> None:
+        self._by_rank: dict[int, Report] = {}
+
+    # -- what the worker channel writes -----------------------------------------------------------------
+    def clear(self) -> None:
+        """A new round: nothing reported in it yet."""
+        self._by_rank = {}
+
+    def hello(self, rank: int, round_id: int, now: float, in_place: bool) -> None:
+        """A shim rank joined `round_id`: its hello counts as its last step until its first report."""
+        self._by_rank[rank] = {"rank": rank, "round": round_id, "hello": now, "last_step_at": now,
+                               "in_place": in_place}
+
+    def has(self, rank: int, round_id: int) -> bool:
+        report = self._by_rank.get(rank)
+        return report is not None and report.get("round") == round_id
+
+    def reads_output(self, rank: int, round_id: int, now: float) -> bool:
+        """--metrics-from-output: whether the rank's steps come from its output lines (a report is begun for a rank
+        with none in this round); False when it reports through the shim, whose reports win."""
+        if not self.has(rank, round_id):
+            self._by_rank[rank] = {"rank": rank, "round": round_id, "source": OUTPUT, "last_step_at": now}
+        return self._by_rank[rank].get("source") == OUTPUT
+
+    def last_step(self, rank: int) -> Any:
+        return self._by_rank[rank].get("step", 0)
+
+    def step(self, rank: int, body: dict[str, Any], now: float) -> bool:
+        """A step report (a `step` frame's body, or fields read from output); True for the rank's first."""
+        report = self._by_rank[rank]
+        first = "step" not in report
+        elapsed = now - report["last_step_at"]
+        step = int(body["step"])
+        samples = int(body.get("samples") or 0)
+        report.update(step=step, loss=body.get("loss"), samples=samples, tokens=body.get("tokens"),
+                      step_time=body.get("step_time"), dropped=body.get("dropped", 0),
+                      extra=body.get("metrics", {}), last_step_at=now)
+        if elapsed > 0 and samples:
+            report["throughput"] = round(samples / elapsed, 2)
+        return first
+
+    def checkpoint(self, rank: int, body: dict[str, Any], now: float) -> None:
+        self._by_rank[rank]["last_checkpoint"] = {**{k: body.get(k) for k in SAVE_FIELDS}, "at": now}
+
+    def drained(self, rank: int, step: Any) -> None:
+        self._by_rank[rank]["drained_step"] = step
+
+    def ack(self, rank: int, request_id: Any) -> None:
+        self._by_rank[rank]["last_ack"] = request_id
+
+    # -- what the node's readers read -------------------------------------------------------------------
+    def of_round(self, round_id: int) -> list[Report]:
+        """The round's reports, in the order their ranks first reported (`workers`, `st` telemetry, /metrics)."""
+        return [r for r in self._by_rank.values() if r.get("round") == round_id]
+
+    def by_rank(self, round_id: int) -> dict[str, Report]:
+        """The round's reports keyed by rank as text: a heartbeat's `metrics`."""
+        return {str(rank): r for rank, r in self._by_rank.items() if r.get("round") == round_id}
+
+    def silent(self, round_id: int, now: float, limit_s: float) -> list[tuple[int, float]]:
+        """(rank, seconds) of the round's shim ranks with no step for longer than `limit_s` (a hang, perhaps)."""
+        found = []
+        for rank, report in self._by_rank.items():
+            silent = now - report.get("last_step_at", now)
+            # a plain script's prints are no heartbeat: only the shim's steps say a rank is alive
+            if report.get("round") == round_id and report.get("source") != OUTPUT and silent > limit_s:
+                found.append((rank, silent))
+        return found
+
+    def step_answer(self, round_id: int) -> dict[str, Any]:
+        """This node's answer to a step query (the function below)."""
+        return step_answer(self._by_rank, round_id)
+
+
+def step_answer(reports: dict[int, Report], round_id: int) -> dict[str, Any]:
+    """A node's reply to a step query: the highest step its shim ranks reported in this round, and their step time."""
+    # A shim rank that said hello but whose first step report is still on its way counts as step 0: it is
+    # a shim rank, so it must stop at the agreed step rather than be restarted (and lose what it trained).
+    current = [r for r in reports.values() if r.get("round") == round_id and r.get("source") != OUTPUT
+               and (r.get("step") is not None or "hello" in r)]  # steps read from output have no shim behind
+    times = [float(r["step_time"]) for r in current if isinstance(r.get("step_time"), int | float)]
+    return {"step": max((int(r.get("step") or 0) for r in current), default=None),
+            "step_time": statistics.median(times) if times else None}
