@@ -1,4 +1,4 @@
-"""Import direction: trainer_shim (torch + zmq) -> protocol <- elasticd (no textual) <- tui (no torch).
+"""Import direction: trainer_shim (torch + zmq) -> protocol, names <- elasticd (no textual) <- tui (no torch).
 
 Read from the source with ast, so imports inside functions count too.
 """
@@ -40,12 +40,16 @@ def top(name: str) -> str:
 FRAMEWORKS = {"lightning", "pytorch_lightning", "transformers"}
 
 
-def test_trainer_shim_imports_only_torch_zmq_and_the_protocol() -> None:
+# The wire's stdlib-only modules: the envelope and codec, and the ops' names.
+SHIM_WIRE = {"elasticd.wire.protocol", "elasticd.wire.names"}
+
+
+def test_trainer_shim_imports_only_torch_zmq_and_the_wire() -> None:
     for path, names in imports("trainer_shim").items():
         frameworks = FRAMEWORKS if path.startswith("trainer_shim/integrations/") else set()
         for name in names:
             allowed = top(name) in STDLIB | {"torch", "zmq", "numpy", "trainer_shim", "__future__"} | frameworks \
-                or name == "elasticd.wire.protocol"
+                or name in SHIM_WIRE
             assert allowed, f"{path} imports {name}"
 
 
@@ -71,7 +75,13 @@ def test_the_scan_sees_real_imports() -> None:
     """Guards the checks above against passing on an empty scan."""
     assert any(top(n) == "textual" for names in imports("tui").values() for n in names)
     assert any(top(n) == "zmq" for names in imports("trainer_shim").values() for n in names)
-    assert any(n == "elasticd.wire.protocol" for names in imports("trainer_shim").values() for n in names)
+    assert {n for names in imports("trainer_shim").values() for n in names} >= SHIM_WIRE
+
+
+def test_the_wire_modules_the_shim_imports_import_only_the_stdlib() -> None:
+    for name in SHIM_WIRE:
+        path = f"{name.replace('.', '/')}.py"
+        assert {top(n) for n in imports("elasticd")[path]} <= STDLIB | {"__future__"}, path
 
 
 def module_name(path: Path) -> str:

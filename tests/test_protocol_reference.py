@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from elasticd.wire.names import EventKind, MeshOp
+from elasticd.wire.names import EventKind, MeshOp, WorkerOp
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 
-DOC = (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text()
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOC = (DOCS / "protocol.md").read_text()
 
 
 def test_every_mesh_op_is_documented() -> None:
@@ -19,3 +20,8 @@ def test_every_mesh_op_is_documented() -> None:
 
 def test_every_event_kind_is_documented() -> None:
     assert [kind for kind in EventKind if f"`{kind}`" not in DOC] == []
+
+
+def test_every_worker_op_is_documented() -> None:
+    doc = (DOCS / "worker-channel.md").read_text()
+    assert [op for op in WorkerOp if f"| `{op}` |" not in doc] == []

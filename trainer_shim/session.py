@@ -14,17 +14,18 @@ from typing import Any, cast
 
 import zmq
 
+from elasticd.wire.names import WorkerOp
 from elasticd.wire.protocol import Envelope, ProtocolError, decode, encode, new_id
 
 # What the daemon may ask (docs/worker-channel.md): act at a step boundary, or (`generation`) join a new world.
-REQUEST_OPS = ("checkpoint", "drain", "resize", "generation")
+REQUEST_OPS = frozenset({WorkerOp.checkpoint, WorkerOp.drain, WorkerOp.resize, WorkerOp.generation})
 
 
 @dataclass
 class Request:
     """One daemon request (`checkpoint`, `drain`, `resize`) waiting for its step boundary."""
 
-    op: str
+    op: str  # a WorkerOp's value, as the daemon sent it
     request_id: str
     at_step: int | None
     round: int | None = None  # a `resize`'s generation: stale once this rank is in it (or a later one)
@@ -91,7 +92,7 @@ class Session:
         self._sock.connect(addr)
         self._generation: dict[str, Any] | None = None  # the newest `generation` the daemon published to us
         # The step frame's constant parts, precomputed so report() formats only the numbers.
-        self._head = '{"v":1,"type":"ev","op":"step","id":"' + self._idp
+        self._head = '{"v":1,"type":"ev","op":"' + WorkerOp.step + '","id":"' + self._idp
         self._mid = '","node":' + json.dumps(node) + ',"seq":'
         self.rejoin(rank, round_id, in_place=False)
 
@@ -102,11 +103,11 @@ class Session:
         self._held, self._held_samples, self._held_tokens, self._held_steps = None, 0, 0, 0
         self._sent_any = False  # the first step of a generation goes out at once: it closes its timeline
         self._last = time.perf_counter()
-        self._send(self._frame("hello", {"rank": rank, "local_rank": self.local_rank, "pid": os.getpid(),
-                                         "round": round_id, "in_place": in_place, "waiting": waiting}))
+        self._send(self._frame(WorkerOp.hello, {"rank": rank, "local_rank": self.local_rank, "pid": os.getpid(),
+                                                "round": round_id, "in_place": in_place, "waiting": waiting}))
 
     # -- sending --------------------------------------------------------------------------------------
-    def _frame(self, op: str, body: dict[str, Any]) -> bytes:
+    def _frame(self, op: WorkerOp, body: dict[str, Any]) -> bytes:
         self._seq += 1
         env = Envelope(type="ev", op=op, body=body, id=f"{self._idp}{self._seq}", node=self.node,
                        seq=self._seq, ts=time.time())
@@ -165,33 +166,33 @@ class Session:
     def report_checkpoint(self, step: int, path: str, nbytes: int, duration_s: float,
                           request_id: str | None = None) -> None:
         self._send_held()  # the daemon sees the step a save belongs to before the save itself
-        self._send(self._frame("checkpoint", {"rank": self.rank, "step": int(step), "path": str(path),
-                                              "bytes": int(nbytes), "duration_s": float(duration_s),
-                                              "request_id": request_id}))
+        self._send(self._frame(WorkerOp.checkpoint, {"rank": self.rank, "step": int(step), "path": str(path),
+                                                     "bytes": int(nbytes), "duration_s": float(duration_s),
+                                                     "request_id": request_id}))
 
     def report_skipped(self, path: str, reason: str) -> None:
         body = {"rank": self.rank, "path": str(path), "reason": reason}
-        self._send(self._frame("checkpoint_skipped", body))
+        self._send(self._frame(WorkerOp.checkpoint_skipped, body))
 
     def drained(self, step: int, request_id: str | None = None) -> None:
         rid = request_id if request_id is not None else self.last_request_id
         self._send_held()
-        self._send(self._frame("drained", {"rank": self.rank, "step": int(step), "request_id": rid}))
+        self._send(self._frame(WorkerOp.drained, {"rank": self.rank, "step": int(step), "request_id": rid}))
 
     def left(self, step: int, request_id: str | None, error: str | None = None) -> None:
         """This rank left its process group after `step` (at the agreed step, or on a collective error)."""
         self._send_held()
-        self._send(self._frame("left", {"rank": self.rank, "pid": os.getpid(), "round": self.round,
-                                        "step": int(step), "request_id": request_id, "error": error}))
+        self._send(self._frame(WorkerOp.left, {"rank": self.rank, "pid": os.getpid(), "round": self.round,
+                                               "step": int(step), "request_id": request_id, "error": error}))
 
     def joined(self, round_id: int, step: int, in_place: bool, timeline: dict[str, float]) -> None:
         """This rank is in generation `round_id` and holds the freshest state (timeline: wall-clock seconds)."""
-        self._send(self._frame("joined", {"rank": self.rank, "pid": os.getpid(), "round": round_id,
-                                          "step": int(step), "in_place": in_place, **timeline}))
+        self._send(self._frame(WorkerOp.joined, {"rank": self.rank, "pid": os.getpid(), "round": round_id,
+                                                 "step": int(step), "in_place": in_place, **timeline}))
 
     def resize_failed(self, round_id: int, reason: str) -> None:
-        self._send(self._frame("resize_failed", {"rank": self.rank, "pid": os.getpid(), "round": round_id,
-                                                 "reason": reason}))
+        self._send(self._frame(WorkerOp.resize_failed, {"rank": self.rank, "pid": os.getpid(), "round": round_id,
+                                                        "reason": reason}))
 
     def wait_generation(self, after_round: int, timeout_s: float) -> dict[str, Any] | None:
         """Block until the daemon publishes a generation newer than `after_round`; None on timeout."""
@@ -226,7 +227,7 @@ class Session:
             return  # a malformed frame must not stop training
         if env.type != "req" or env.op not in REQUEST_OPS:
             return
-        if env.op == "generation":
+        if env.op == WorkerOp.generation:
             if isinstance(env.body.get("round"), int):
                 self._generation = dict(env.body)
             return
@@ -238,13 +239,13 @@ class Session:
         at_step = at if isinstance(at, int) and not isinstance(at, bool) else None
         gen = env.body.get("round")
         self._pending.append(Request(env.op, rid, at_step, gen if isinstance(gen, int) else None))
-        self._send(self._frame("ack", {"rank": self.rank, "request_id": rid, "op": env.op}))
+        self._send(self._frame(WorkerOp.ack, {"rank": self.rank, "request_id": rid, "op": env.op}))
 
-    def _take(self, op: str, step: int) -> bool:
+    def _take(self, op: WorkerOp, step: int) -> bool:
         self.poll()
         # A `resize` toward a generation this rank already joined crossed its own `left` (it left on an error
         # first): acting on it would leave the new group too (docs/worker-channel.md).
-        self._pending = [r for r in self._pending if r.op != "resize" or r.round is None or r.round > self.round]
+        self._pending = [r for r in self._pending if r.op != WorkerOp.resize or r.round is None or r.round > self.round]
         for req in self._pending:
             if req.op == op and req.due(step):
                 self._pending.remove(req)
@@ -254,20 +255,20 @@ class Session:
 
     def should_checkpoint(self, step: int) -> bool:
         """True once, at the first boundary whose completed step reaches a checkpoint request's at_step."""
-        return self._take("checkpoint", step)
+        return self._take(WorkerOp.checkpoint, step)
 
     def should_stop(self, step: int) -> bool:
         """True once a drain is due: save, report_checkpoint, drained(step), then exit 0."""
-        return self._take("drain", step)
+        return self._take(WorkerOp.drain, step)
 
     def should_resize(self, step: int) -> bool:
         """True once an in-place resize is due (trainer_shim.Elastic acts on it; scripts need not)."""
-        return self._take("resize", step)
+        return self._take(WorkerOp.resize, step)
 
     def left_group(self) -> None:
         """This rank just left its group: every `resize` received so far asked for that, and is done."""
         self.poll()
-        self._pending = [r for r in self._pending if r.op != "resize"]
+        self._pending = [r for r in self._pending if r.op != WorkerOp.resize]
 
     @property
     def pending(self) -> list[Request]:

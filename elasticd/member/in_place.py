@@ -16,13 +16,13 @@ from typing import Any, Protocol
 from elasticd.job.config import LEAVE_SLACK_S, JobConfig
 from elasticd.member.processes.spawner import Spawner
 from elasticd.member.processes.workers import Worker, WorkerGroup, signal_worker
-from elasticd.wire.names import EventKind, MeshOp, NodeState
+from elasticd.wire.names import EventKind, MeshOp, NodeState, WorkerOp
 from elasticd.wire.protocol import new_id
 
 PRESTART_ENV = "ELASTICD_AWAIT_GENERATION"  # a pre-started worker: RANK and WORLD_SIZE come with its generation
 
 log = logging.getLogger("elasticd")
-SendToWorker = Callable[[int, str, dict[str, Any]], bool]  # (pid, op, body) -> sent
+SendToWorker = Callable[[int, WorkerOp, dict[str, Any]], bool]  # (pid, op, body) -> sent
 
 
 class Agent(Protocol):
@@ -144,8 +144,8 @@ class InPlace:
         survivors = [w for w in group.running if w.proc.pid in self.capable]
         for worker in survivors:
             if worker.proc.pid not in self.left:  # a crash or a loss: nobody agreed a step; leave at once
-                self.send(worker.proc.pid, "resize", {"request_id": new_id(), "at_step": None,
-                                                      "round": body["round"]})
+                self.send(worker.proc.pid, WorkerOp.resize, {"request_id": new_id(), "at_step": None,
+                                                             "round": body["round"]})
         deadline = time.monotonic() + self.node.cfg.grace_s + LEAVE_SLACK_S
         while time.monotonic() < deadline and any(w.exit_code is None and w.proc.pid not in self.left
                                                   for w in survivors):
@@ -162,7 +162,7 @@ class InPlace:
         self.joined = {}
         for worker in kept:
             self.left.pop(worker.proc.pid, None)
-            self.send(worker.proc.pid, "generation", {
+            self.send(worker.proc.pid, WorkerOp.generation, {
                 "round": group.round_id, "rank": worker.rank, "world_size": body["world_size"],
                 "local_rank": worker.local_rank, "group_rank": body["group_rank"],
                 "group_world_size": body["group_world_size"], "store": body["store"], "prefix": body["prefix"]})

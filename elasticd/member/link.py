@@ -12,7 +12,7 @@ from elasticd.job.config import JobConfig
 from elasticd.job.events import EventLog
 from elasticd.member.agent import NodeAgent, ToCoordinator
 from elasticd.member.worker_channel import WorkerChannel
-from elasticd.wire.names import CTL_PREFIX, MeshOp, NodeState, StepRequest
+from elasticd.wire.names import CTL_PREFIX, MeshOp, NodeState, WorkerOp
 from elasticd.wire.protocol import Envelope
 
 log = logging.getLogger("elasticd")
@@ -84,9 +84,9 @@ class Member:
             MeshOp.step_query: lambda body: to_coord(MeshOp.step_report, {
                 "op_id": body.get("op_id"), **node.rank_reports.step_answer(node.round_id),
                 "in_place": node.in_place.ready()}),
-            MeshOp.drain_workers: lambda body: channel.request(StepRequest.drain, body),
-            MeshOp.checkpoint_workers: lambda body: channel.request(StepRequest.checkpoint, body),
-            MeshOp.resize_workers: lambda body: channel.request(StepRequest.resize, body),
+            MeshOp.drain_workers: lambda body: channel.request(WorkerOp.drain, body),
+            MeshOp.checkpoint_workers: lambda body: channel.request(WorkerOp.checkpoint, body),
+            MeshOp.resize_workers: lambda body: channel.request(WorkerOp.resize, body),
             MeshOp.kill_worker: lambda body: life.spawn(node.kill_worker(int(body["rank"]))),
             MeshOp.relay: lambda body: link.route(str(body.get("via") or "")),
         }

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -14,7 +15,7 @@ import zmq.asyncio
 
 from elasticd.job.config import JobConfig, StartError
 from elasticd.job.runtime import worker_socket
-from elasticd.wire.names import EventKind, MeshOp, NodeState
+from elasticd.wire.names import EventKind, MeshOp, NodeState, WorkerOp
 from elasticd.wire.protocol import Envelope, decode, encode, new_id
 
 if TYPE_CHECKING:
@@ -23,7 +24,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("elasticd")
 
 
+ReportHandler = Callable[[int, dict[str, Any], float], None]  # (rank, body, now)
+
+
 class WorkerChannel:
+    """The daemon's ROUTER for its workers: their reports in (by op), its requests out (by rank's round or pid)."""
+
     def __init__(self, ctx: zmq.asyncio.Context, cfg: JobConfig, node: NodeAgent) -> None:
         self.ctx = ctx
         self.cfg = cfg
@@ -35,6 +41,15 @@ class WorkerChannel:
         self.dropped_frames = 0
         self.pids: dict[int, bytes] = {}  # pid -> identity: a worker kept in place keeps its socket, not its rank
         node.in_place.send = self.send_to_pid
+        # From a worker between rounds: its rank and round are changing.
+        self.between_rounds: dict[str, Callable[[dict[str, Any]], None]] = {
+            WorkerOp.left: node.in_place.on_left, WorkerOp.joined: node.in_place.on_joined,
+            WorkerOp.resize_failed: node.in_place.on_failed}
+        # From a rank of the node's round.
+        self.in_round: dict[str, ReportHandler] = {
+            WorkerOp.step: self.on_step, WorkerOp.checkpoint: self.on_checkpoint,
+            WorkerOp.checkpoint_skipped: self.on_checkpoint_skipped, WorkerOp.drained: self.on_drained,
+            WorkerOp.ack: self.on_ack}
 
     def bind(self) -> dict[str, str]:
         self.path = worker_socket(self.cfg.job_id, self.cfg.node_id, os.getpid())
@@ -65,39 +80,38 @@ class WorkerChannel:
     def on_message(self, ident: bytes, env: Envelope) -> None:
         body, now = env.body, time.time()
         rank = int(body["rank"])
-        if env.op == "hello":
-            round_id = int(body.get("round", self.node.round_id))
-            in_place = body.get("in_place") is True
-            self.idents[rank] = (ident, round_id)
-            self.pids[int(body.get("pid", 0))] = ident
-            self.node.in_place.on_hello(int(body.get("pid", 0)), body)
-            if body.get("waiting") is True:
-                return  # started before its round: its rank is a placeholder, no metrics until it joins one
-            self.node.rank_reports.hello(rank, round_id, now, in_place)
-            return
-        in_place_ops = {"left": self.node.in_place.on_left, "joined": self.node.in_place.on_joined,
-                        "resize_failed": self.node.in_place.on_failed}
-        if env.op in in_place_ops:  # from a worker between rounds: its rank and round are changing
-            in_place_ops[env.op](body)
-            return
-        reports = self.node.rank_reports
-        if not reports.has(rank, self.node.round_id):
-            return  # a worker of an old round still draining its queue
-        if env.op == "step":
-            self.on_step(rank, body, now)
-        elif env.op == "checkpoint":
-            reports.checkpoint(rank, body, now)
-            self.node.event(EventKind.checkpoint_saved, rank=rank, step=body.get("step"), path=body.get("path"),
-                            bytes=body.get("bytes"), duration_s=body.get("duration_s"),
-                            request_id=body.get("request_id"))
-        elif env.op == "checkpoint_skipped":
-            self.node.event(EventKind.checkpoint_skipped, rank=rank, path=body.get("path"), reason=body.get("reason"))
-        elif env.op == "drained":
-            reports.drained(rank, body.get("step"))
-            self.node.drained_ranks.add(rank)
-            self.node.check_drained()
-        elif env.op == "ack":
-            reports.ack(rank, body.get("request_id"))
+        if env.op == WorkerOp.hello:
+            self.on_hello(ident, rank, body, now)
+        elif env.op in self.between_rounds:
+            self.between_rounds[env.op](body)
+        elif env.op in self.in_round and self.node.rank_reports.has(rank, self.node.round_id):
+            self.in_round[env.op](rank, body, now)  # else a worker of an old round still draining its queue
+
+    def on_hello(self, ident: bytes, rank: int, body: dict[str, Any], now: float) -> None:
+        round_id = int(body.get("round", self.node.round_id))
+        in_place = body.get("in_place") is True
+        self.idents[rank] = (ident, round_id)
+        self.pids[int(body.get("pid", 0))] = ident
+        self.node.in_place.on_hello(int(body.get("pid", 0)), body)
+        if body.get("waiting") is True:
+            return  # started before its round: its rank is a placeholder, no metrics until it joins one
+        self.node.rank_reports.hello(rank, round_id, now, in_place)
+
+    def on_checkpoint(self, rank: int, body: dict[str, Any], now: float) -> None:
+        self.node.rank_reports.checkpoint(rank, body, now)
+        self.node.event(EventKind.checkpoint_saved, rank=rank, step=body.get("step"), path=body.get("path"),
+                        bytes=body.get("bytes"), duration_s=body.get("duration_s"), request_id=body.get("request_id"))
+
+    def on_checkpoint_skipped(self, rank: int, body: dict[str, Any], _now: float) -> None:
+        self.node.event(EventKind.checkpoint_skipped, rank=rank, path=body.get("path"), reason=body.get("reason"))
+
+    def on_drained(self, rank: int, body: dict[str, Any], _now: float) -> None:
+        self.node.rank_reports.drained(rank, body.get("step"))
+        self.node.drained_ranks.add(rank)
+        self.node.check_drained()
+
+    def on_ack(self, rank: int, body: dict[str, Any], _now: float) -> None:
+        self.node.rank_reports.ack(rank, body.get("request_id"))
 
     def on_output_step(self, rank: int, fields: dict[str, Any]) -> None:
         """A plain worker's output line stated its step or loss (--metrics-from-output); the shim's reports win."""
@@ -111,7 +125,7 @@ class WorkerChannel:
         if first:
             self.node.to_coord(MeshOp.first_step, {"round": self.node.round_id, "at": now})
 
-    def request(self, op: str, body: dict[str, Any]) -> int:
+    def request(self, op: WorkerOp, body: dict[str, Any]) -> int:
         """Send checkpoint/drain to this round's shim workers; returns how many were asked."""
         if self.sock is None:
             return 0
@@ -127,7 +141,7 @@ class WorkerChannel:
                     self.dropped_frames += 1
         return sent
 
-    def send_to_pid(self, pid: int, op: str, body: dict[str, Any]) -> bool:
+    def send_to_pid(self, pid: int, op: WorkerOp, body: dict[str, Any]) -> bool:
         """One request to one worker (in-place resizes address a process, whatever its rank)."""
         ident = self.pids.get(pid)
         if self.sock is None or ident is None:

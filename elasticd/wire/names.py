@@ -1,8 +1,9 @@
-"""The job's vocabulary: mesh ops, event kinds, and the states of nodes, rounds and the job, as named constants.
+"""The job's vocabulary: mesh and worker ops, event kinds, and the states of nodes, rounds and the job, as constants.
 
 Every name here crosses a process boundary (a mesh frame, an event, a JSON reply), so each is a `StrEnum`: it
 compares equal to, and encodes as, its plain string. Members are spelled exactly as on the wire, so
-`grep drain_workers` finds the definition, the sender and the receiver alike. docs/protocol.md lists them all.
+`grep drain_workers` finds the definition, the sender and the receiver alike. docs/protocol.md lists them all,
+docs/worker-channel.md the worker channel's. Stdlib only: trainer_shim imports it.
 
 Vocabulary: a *node* is one host's elasticd; a *member* is a node seen from the coordinator; the
 *coordinator* is the one node that decides; a *round* is one membership epoch with its rank map; a
@@ -65,6 +66,25 @@ class TunnelOp(StrEnum):
     open = "open"
     data = "data"
     close = "close"
+
+
+class WorkerOp(StrEnum):
+    """The worker channel's frames (`docs/worker-channel.md`): a worker's reports, and the daemon's requests."""
+
+    # worker -> daemon
+    hello = "hello"
+    step = "step"
+    checkpoint = "checkpoint"  # a save completed (and, daemon -> worker, a request to save)
+    checkpoint_skipped = "checkpoint_skipped"
+    ack = "ack"
+    drained = "drained"
+    left = "left"  # it left its process group and waits for a generation
+    joined = "joined"
+    resize_failed = "resize_failed"
+    # daemon -> worker
+    drain = "drain"
+    resize = "resize"  # leave the process group at the agreed step, keep the process
+    generation = "generation"
 
 
 CTL_PREFIX = "ctl."  # a member forwards an operator request as `ctl.<verb>`; the answer comes back as a `rep`

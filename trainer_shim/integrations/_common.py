@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 import trainer_shim
+from elasticd.wire.names import WorkerOp
 from trainer_shim.noop import NullSession
 from trainer_shim.session import Session
 
@@ -24,7 +25,7 @@ def missing(framework: str, extra: str, exc: ImportError) -> ImportError:
 class Due:
     """A daemon request that fell due at a step boundary: this step's save answers it."""
 
-    op: str  # "checkpoint" or "drain"
+    op: WorkerOp  # checkpoint or drain
     step: int
     request_id: str | None
 
@@ -79,9 +80,9 @@ class ElasticCore:
         session.report(step, loss=loss(), samples=self._samples)
         self._samples = 0
         if session.should_stop(step):
-            self.due = self.drain = Due("drain", step, session.last_request_id)
+            self.due = self.drain = Due(WorkerOp.drain, step, session.last_request_id)
         elif session.should_checkpoint(step):
-            self.due = Due("checkpoint", step, session.last_request_id)
+            self.due = Due(WorkerOp.checkpoint, step, session.last_request_id)
         return self.due
 
     def saved(self, step: int, path: str, writer: bool) -> None:

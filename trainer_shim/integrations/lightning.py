@@ -8,6 +8,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from elasticd.wire.names import WorkerOp
 from trainer_shim.integrations._common import ElasticCore, missing
 
 try:
@@ -103,7 +104,7 @@ class ElasticCallback(pl.Callback):
         path = self.path(trainer)
         trainer.save_checkpoint(path)  # every rank: the strategy gathers what it needs, then a barrier
         self.core.saved(due.step, path, writer=trainer.is_global_zero)
-        if due.op == "drain":
+        if due.op == WorkerOp.drain:
             trainer.should_stop = True  # Lightning ends the fit; `drained` goes out in on_train_end
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

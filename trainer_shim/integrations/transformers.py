@@ -6,6 +6,7 @@ import os
 import warnings
 from typing import Any
 
+from elasticd.wire.names import WorkerOp
 from trainer_shim.integrations._common import ElasticCore, missing
 
 try:
@@ -63,7 +64,7 @@ class ElasticCallback(TrainerCallback):
         due = self.core.on_batch(state.global_step, samples, lambda: self.loss)
         if due is not None:
             control.should_save = True  # the Trainer saves checkpoint-<step> right after this hook, on every rank
-            control.should_training_stop = control.should_training_stop or due.op == "drain"
+            control.should_training_stop = control.should_training_stop or due.op == WorkerOp.drain
         return control
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
