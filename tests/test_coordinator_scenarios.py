@@ -13,7 +13,7 @@ from elasticd.coordinator.step_agreement import QUERY_TIMEOUT_S
 from elasticd.coordinator.transitions import DRAIN_TIMEOUT_S, SIGNAL_WINDOW_S
 from elasticd.job.config import STOP_SLACK_S
 from elasticd.wire.names import Cause, EventKind, JobState, MeshOp, NodeState, Role
-from elasticd.wire.protocol import ProtocolError
+from elasticd.wire.protocol import ErrorCode, ProtocolError
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 
@@ -504,6 +504,18 @@ def test_a_repeated_register_from_a_welcomed_daemon_is_answered_again_and_change
     assert [m.op for m in sim.msgs(MeshOp.round, dst="b", since=mark)] == [MeshOp.round]  # its part, resent
     assert sim.kinds(since=mark) == [] and sim.round.round_id == 1  # no join, no round
 
+
+
+def test_a_second_daemon_with_a_live_nodes_id_is_refused_with_a_code() -> None:
+    sim = Sim("ab", min_nodes=1)
+    sim.start()
+    sim.formed()
+    b = sim.nodes["b"]
+    refusal = sim.coordinator.register({"node_id": "b", "instance": "another", "host": "twin.sim", "nproc": b.nproc,
+                                        "ports": b.ports}, sim.clock.now)
+    assert (refusal["ok"], refusal["errno"], refusal["code"]) == (False, ErrorCode.DUPLICATE_NODE, "duplicate_node")
+    assert refusal["reason"].startswith("node id 'b' is already in job")  # the text a person reads stays
+    assert sim.coordinator.nodes["b"].instance == b.instance  # the live one keeps its place
 
 @pytest.mark.parametrize("nodes", [64, 512])
 def test_a_round_costs_the_coordinator_a_constant_number_of_frames_per_node(nodes: int) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from elasticd.wire.names import EventKind, MeshOp, WorkerOp
+from elasticd.wire.protocol import ErrorCode
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 
@@ -20,6 +21,10 @@ def test_every_mesh_op_is_documented() -> None:
 
 def test_every_event_kind_is_documented() -> None:
     assert [kind for kind in EventKind if f"`{kind}`" not in DOC] == []
+
+
+def test_every_error_code_is_documented() -> None:
+    assert [(n, c) for n, c in ErrorCode.NAMES.items() if f"| {n} | `{c}` |" not in DOC] == []
 
 
 def test_every_worker_op_is_documented() -> None:

@@ -12,6 +12,7 @@ from elasticd.coordinator.resize import Resizer
 from elasticd.coordinator.tally import ACTIVE, NodeTally
 from elasticd.job.events import EventLog
 from elasticd.wire.names import ENDED, Cause, EventKind, JobState, MeshOp, NodeStatus, Role
+from elasticd.wire.protocol import ErrorCode, ProtocolError
 
 FIRST_ROUND_WAIT_S = 15.0  # the first round waits at most this long for nodes that announced themselves
 ResendMissed = Callable[[str, dict[str, Any], float], None]  # RoundTracker.resend_missed: (sender, heartbeat, now)
@@ -89,8 +90,8 @@ class Registration:
         node_id, instance = body["node_id"], body["instance"]
         old = core.nodes.get(node_id)
         if old and old.status == NodeStatus.alive and old.instance != instance:
-            return {"ok": False, "reason": f"node id '{node_id}' is already in job '{core.cfg.job_id}' "
-                    f"(host {old.host}); give each node a unique --node-id"}
+            return ProtocolError(ErrorCode.DUPLICATE_NODE, f"node id '{node_id}' is already in job "
+                                 f"'{core.cfg.job_id}' (host {old.host}); give each node a unique --node-id").as_body()
         if core.state in ENDED:
             return {"ok": False, "reason": f"job '{core.cfg.job_id}' has ended ({core.state})"}
         core.join_seq += 1

@@ -13,7 +13,7 @@ from elasticd.job.events import EventLog
 from elasticd.member.agent import NodeAgent, ToCoordinator
 from elasticd.member.worker_channel import WorkerChannel
 from elasticd.wire.names import CTL_PREFIX, MeshOp, NodeState, WorkerOp
-from elasticd.wire.protocol import Envelope
+from elasticd.wire.protocol import Envelope, ErrorCode
 
 log = logging.getLogger("elasticd")
 EXIT_COORDINATOR_LOST = 3
@@ -118,7 +118,8 @@ class Member:
         now = time.time()
         # A daemon restarted right after a SIGKILL finds its old self still listed until it is declared
         # lost; keep trying that long before calling the node id a duplicate.
-        if "already in job" in reason and now - (self.duplicate_since or now) < self.cfg.lost_after_s + 2:
+        duplicate = body.get("errno") == ErrorCode.DUPLICATE_NODE
+        if duplicate and now - (self.duplicate_since or now) < self.cfg.lost_after_s + 2:
             self.duplicate_since = self.duplicate_since or now
             return
         self.life.fail_start(reason)

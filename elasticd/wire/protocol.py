@@ -35,6 +35,7 @@ class ErrorCode:
     INTERNAL = 9
     NOT_FOUND = 10
     VERSION = 11
+    DUPLICATE_NODE = 12  # a mesh `register` refused: a live daemon of another instance holds that node id
 
     NAMES = {
         1: "invalid_json",
@@ -48,6 +49,7 @@ class ErrorCode:
         9: "internal",
         10: "not_found",
         11: "version",
+        12: "duplicate_node",
     }
 
 
