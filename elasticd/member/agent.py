@@ -20,6 +20,7 @@ from elasticd.member.processes.spawner import Spawner
 from elasticd.member.processes.workers import Worker, WorkerGroup
 from elasticd.member.rank_reports import RankReports
 from elasticd.member.store.round_store import RoundStore, StoreError
+from elasticd.wire.assignment import RoundAssignment
 from elasticd.wire.names import EventKind, JobState, MeshOp, NodeState
 
 log = logging.getLogger("elasticd")
@@ -84,60 +85,74 @@ class NodeAgent:
 
     # ---- rounds -------------------------------------------------------------------------------
     async def apply_round(self, body: dict[str, Any]) -> None:
-        round_id = body.get("round")
-        self.ports.take(body.get("master_port"))  # offered no more: a round's store listens there (here or not)
+        assignment = RoundAssignment.from_body(body)
+        round_id = assignment.round_id
+        self.ports.take(assignment.master_port)  # offered no more: a round's store listens there (here or not)
         if round_id is not None:
-            self.latest_round = max(self.latest_round, round_id)
-            for waiting, event in self._go.items():
-                if waiting < round_id:
-                    event.set()  # wake an older round's wait: it is superseded
+            self.supersede(round_id)
         async with self._round_lock:
             if round_id is not None and (round_id <= self.round_id or round_id < self.latest_round):
                 if round_id == self.round_id:  # the coordinator asks again: our `stopped` did not reach it
                     self.report_again("stopped")
                 return  # a stale or repeated assignment, or one a newer round already replaced
-            if body.get("job_store_tunnel") and self.round_store is not None:  # with --keys: through our relay
-                body = {**body, "store": await self.round_store.job_store(str(body["job_store_tunnel"]))}
-            kept = await self.in_place.keep(body) if self.in_place.applies(body) else []
+            if assignment.job_store_tunnel and self.round_store is not None:  # with --keys: through our relay
+                assignment = assignment.with_store(await self.round_store.job_store(assignment.job_store_tunnel))
+            kept = await self.in_place.keep(assignment.body) if self.in_place.applies(assignment) else []
             # The old workers' `workers_stopped` rides on the progress report: one frame per node, not two.
             held: list[dict[str, Any]] | None = [] if round_id is not None else None
             stopped = await self.stop_workers(kept, held)  # what was not kept in place
             if round_id is None:
-                self.state, self.reason = str(body.get("state", NodeState.waiting)), str(body.get("reason", ""))
+                self.state, self.reason = assignment.state, assignment.reason
                 log.warning("[%s] %s: %s", self.cfg.node_id, self.state, self.reason)
                 return
-            self.round_id, self.assignment = round_id, body
-            self.rank_reports.clear()
-            self.drained_ranks, self.drained_reported = set(), False
-            self.reports = {}
-            if self._exit_watch is not None:
-                self._exit_watch.cancel()
-                self._exit_watch = None
+            self.begin_round(round_id, assignment)
             self.report("stopped", {"round": round_id, "stopped": stopped, "events": held})
-            if body["state"] != NodeState.running:
-                self.state = body["state"]
-                if body.get("prewarm"):  # a standby of an in-place job: its workers wait, ready to join
+            if assignment.state != NodeState.running:
+                self.state = assignment.state
+                if assignment.prewarm:  # a standby of an in-place job: its workers wait, ready to join
                     await self.in_place.prestart()
                 return
-            self.state = NodeState.running
-            store_env = await self.open_store(round_id, body)  # while other nodes still stop their old workers
-            if store_env is None:
-                return
-            # Kept workers belong to the new group at once: a newer round that supersedes this one stops them.
-            self.group = WorkerGroup(self.cfg, round_id, body, {**self.worker_env, **store_env}, self.on_worker_exit,
-                                     self.spawner, self.on_worker_line if self.output_pattern else None, kept)
-            if not await self.wait_for_go(round_id, in_place=bool(body.get("in_place"))):
-                return  # a newer round replaced this one while its old workers were being stopped
-            self.in_place.publish(self.group, kept, body)  # the survivors join first: they wait on nothing
-            try:
-                await self.group.spawn()
-            except OSError as exc:
-                self.report_failure(None, f"could not start workers on node {self.cfg.node_id}: {exc}")
-                return
-            started = event_body(EventKind.workers_started, round=round_id, ranks=body["ranks"],
-                                 world_size=body["world_size"], pids=[w.proc.pid for w in self.group.workers],
-                                 kept=[w.proc.pid for w in kept])
-            self.report("spawned", {"round": round_id, "spawned": time.time(), "events": [started]})
+            await self.start_workers(round_id, assignment, kept)
+
+    def supersede(self, round_id: int) -> None:
+        """A round was assigned: the newest one so far, perhaps; an older round still waiting for `go` gives up."""
+        self.latest_round = max(self.latest_round, round_id)
+        for waiting, event in self._go.items():
+            if waiting < round_id:
+                event.set()  # wake an older round's wait: it is superseded
+
+    def begin_round(self, round_id: int, assignment: RoundAssignment) -> None:
+        """This node is in `round_id` now: nothing reported in it yet, and no straggler watch left from the last."""
+        self.round_id, self.assignment = round_id, assignment.body
+        self.rank_reports.clear()
+        self.drained_ranks, self.drained_reported = set(), False
+        self.reports = {}
+        if self._exit_watch is not None:
+            self._exit_watch.cancel()
+            self._exit_watch = None
+
+    async def start_workers(self, round_id: int, assignment: RoundAssignment, kept: list[Worker]) -> None:
+        """The round's workers, once the coordinator says `go`: those kept in place join first, the rest spawn."""
+        self.state = NodeState.running
+        store_env = await self.open_store(round_id, assignment.body)  # while other nodes still stop their old ones
+        if store_env is None:
+            return
+        # Kept workers belong to the new group at once: a newer round that supersedes this one stops them.
+        on_line = self.on_worker_line if self.output_pattern else None
+        self.group = WorkerGroup(self.cfg, round_id, assignment.body, {**self.worker_env, **store_env},
+                                 self.on_worker_exit, self.spawner, on_line, kept)
+        if not await self.wait_for_go(round_id, in_place=assignment.in_place):
+            return  # a newer round replaced this one while its old workers were being stopped
+        self.in_place.publish(self.group, kept, assignment.body)  # the survivors join first: they wait on nothing
+        try:
+            await self.group.spawn()
+        except OSError as exc:
+            self.report_failure(None, f"could not start workers on node {self.cfg.node_id}: {exc}")
+            return
+        started = event_body(EventKind.workers_started, round=round_id, ranks=assignment.ranks,
+                             world_size=assignment.world_size, pids=[w.proc.pid for w in self.group.workers],
+                             kept=[w.proc.pid for w in kept])
+        self.report("spawned", {"round": round_id, "spawned": time.time(), "events": [started]})
 
     async def open_store(self, round_id: int, body: dict[str, Any]) -> dict[str, str] | None:
         """The env that points workers at the round's store; {} without keys (rank 0 hosts it); None: failed."""

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from elasticd.job.config import LEAVE_SLACK_S, JobConfig
 from elasticd.member.processes.spawner import Spawner
 from elasticd.member.processes.workers import Worker, WorkerGroup, signal_worker
+from elasticd.wire.assignment import RoundAssignment
 from elasticd.wire.names import EventKind, MeshOp, NodeState, WorkerOp
 from elasticd.wire.protocol import new_id
 
@@ -133,8 +134,8 @@ class InPlace:
         self.node.to_coord(MeshOp.resize_failed, {"round": round_id, "reason": reason})
 
     # -- the round ---------------------------------------------------------------------------------------
-    def applies(self, body: dict[str, Any]) -> bool:
-        return bool(body.get("in_place")) and body.get("state") == NodeState.running and self.node.group is not None
+    def applies(self, assignment: RoundAssignment) -> bool:
+        return assignment.in_place and assignment.state == NodeState.running and self.node.group is not None
 
     async def keep(self, body: dict[str, Any]) -> list[Worker]:
         """Survivors out of their old group (asked now if the agreed step did not do it); released from it."""
