@@ -176,6 +176,23 @@ def encode(env: Envelope) -> bytes:
                          env.ts or time.time(), body)).encode()
 
 
+def _parse(frame: bytes, from_daemon: bool) -> Any:
+    """The frame's JSON: a request's strictly (no NaN, numbers in range), a daemon's reply (`from_daemon`) as is."""
+    try:
+        # JSON that starts with `{` and no NUL after it is UTF-8 (what json.detect_encoding, in Python, would find)
+        utf8_object = isinstance(frame, bytes) and frame[:1] == b"{" and frame[1:2] != b"\0"
+        encoding = "utf-8" if utf8_object else json.detect_encoding(frame) if isinstance(frame, bytes) else ""
+        text = frame.decode(encoding, "surrogatepass") if isinstance(frame, bytes) else frame
+        if from_daemon:
+            return json.loads(text)
+        utf8 = frame if encoding == "utf-8" else text.encode("utf-8", "surrogatepass")
+        return (_STRICT if _may_overflow(utf8) else _FAST).decode(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(ErrorCode.INVALID_JSON, f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"JSON nested deeper than {MAX_DEPTH} levels") from None
+
+
 def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES, from_daemon: bool = False) -> Envelope:
     """Parse and validate one frame; raises ProtocolError with the reason a client can act on.
 
@@ -185,20 +202,7 @@ def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES, from_daemon: bool = F
     """
     if len(frame) > max_bytes:
         raise ProtocolError(ErrorCode.BAD_MESSAGE, f"frame of {len(frame)} bytes exceeds {max_bytes}")
-    try:
-        # JSON that starts with `{` and no NUL after it is UTF-8 (what json.detect_encoding, in Python, would find)
-        utf8_object = isinstance(frame, bytes) and frame[:1] == b"{" and frame[1:2] != b"\0"
-        encoding = "utf-8" if utf8_object else json.detect_encoding(frame) if isinstance(frame, bytes) else ""
-        text = frame.decode(encoding, "surrogatepass") if isinstance(frame, bytes) else frame
-        if from_daemon:
-            raw = json.loads(text)
-        else:
-            utf8 = frame if encoding == "utf-8" else text.encode("utf-8", "surrogatepass")
-            raw = (_STRICT if _may_overflow(utf8) else _FAST).decode(text)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(ErrorCode.INVALID_JSON, f"not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ProtocolError(ErrorCode.BAD_MESSAGE, f"JSON nested deeper than {MAX_DEPTH} levels") from None
+    raw = _parse(frame, from_daemon)
     # Fewer brackets than the limit cannot nest deeper than it: most frames skip the walk (a counted scan in C).
     if not from_daemon and frame.count(b"{") + frame.count(b"[") > MAX_DEPTH and _depth(raw) > MAX_DEPTH:
         raise ProtocolError(ErrorCode.BAD_MESSAGE, f"JSON nested deeper than {MAX_DEPTH} levels")
