@@ -511,7 +511,7 @@ def test_a_second_daemon_with_a_live_nodes_id_is_refused_with_a_code() -> None:
     sim.start()
     sim.formed()
     b = sim.nodes["b"]
-    refusal = sim.coordinator.register({"node_id": "b", "instance": "another", "host": "twin.sim", "nproc": b.nproc,
+    refusal = sim.coordinator.registration.register({"node_id": "b", "instance": "another", "host": "twin.sim", "nproc": b.nproc,
                                         "ports": b.ports}, sim.clock.now)
     assert (refusal["ok"], refusal["errno"], refusal["code"]) == (False, ErrorCode.DUPLICATE_NODE, "duplicate_node")
     assert refusal["reason"].startswith("node id 'b' is already in job")  # the text a person reads stays
