@@ -38,7 +38,8 @@ from sim import Msg, Sim
 from elasticd.commands.registry import REGISTRY
 from elasticd.coordinator.etcd.client import EtcdClient, created_at, put
 from elasticd.coordinator.etcd.store import Batch, EtcdStore
-from elasticd.daemon.failover import SYNC_EVERY_S, job_record
+from elasticd.daemon.failover import SYNC_EVERY_S
+from elasticd.daemon.takeover import job_record
 from elasticd.wire.names import EventKind, MeshOp
 
 WORKERS = 8

@@ -12,7 +12,7 @@ from elasticd.coordinator.coordinator import Coordinator
 from elasticd.coordinator.etcd.store import Snapshot
 from elasticd.coordinator.membership import MemoryStore
 from elasticd.coordinator.relay_plan import RelayPlan
-from elasticd.daemon.failover import restore
+from elasticd.daemon.takeover import restore
 from elasticd.job.config import JobConfig
 from elasticd.job.events import EventLog
 from elasticd.wire.names import EventKind, MeshOp

@@ -21,8 +21,9 @@ from elasticd import __version__
 from elasticd.coordinator.coordinator import Coordinator
 from elasticd.coordinator.membership import MemoryStore
 from elasticd.daemon.control import ControlPlane
+from elasticd.daemon.etcd_session import etcd_client
 from elasticd.daemon.exporter import MetricsExporter, bind_host_of
-from elasticd.daemon.failover import Failover
+from elasticd.daemon.failover import Failover, candidate_mesh
 from elasticd.job.config import JobConfig, StartError
 from elasticd.job.events import EventLog
 from elasticd.job.runtime import advertised_addr, is_local_host, remove_endpoints, socket_ifname_env, write_endpoints
@@ -82,7 +83,9 @@ class Daemon:
     # ---- set-up ------------------------------------------------------------------------------
     def bind_mesh(self) -> None:
         if self.cfg.etcd_endpoints:  # every daemon is equal: none binds the rendezvous endpoint
-            self.failover = Failover(self)
+            client = etcd_client(self.cfg)  # without python-etcd, a start error before any socket is bound
+            mesh = candidate_mesh(self.cfg, self.ctx, self.host, self.keys)
+            self.failover = Failover(self.cfg, client, mesh, self.node, self.events, self)
             self.member.await_election = True
             self.failover.start()  # etcd unreachable or another cluster: a start error (exit 2)
             return
@@ -173,15 +176,20 @@ class Daemon:
         if self.coord_mesh is not None and self.failover is None:  # with etcd, the election's role serves the mesh
             self.tasks.append(asyncio.create_task(self.coord_mesh.serve(self.on_peer, self.on_connection_closed)))
         elif self.member_mesh is not None and self.failover is None:
-            self.tasks.append(asyncio.create_task(self.member_mesh.serve(lambda _s, env: self.member.receive(env))))
+            self.tasks.append(asyncio.create_task(self.member_mesh.serve(lambda _s, env: self.to_member(env))))
         if self.tunnel is not None:
             self.tasks.append(asyncio.create_task(self.tunnel.serve()))
         if self.relay is not None:
             self.tasks.append(asyncio.create_task(self.relay.serve()))
-        if self.coordinator is not None and not self.cfg.no_python:
-            self.coordinator.resizer.store_pending = True  # the first round waits for it: its workers use it
-            self.spawn(self.start_job_store(self.coordinator))
+        if self.coordinator is not None:
+            self.host_job_store(self.coordinator)
         self.spawn(self.register_when_warm())
+
+    def host_job_store(self, coordinator: Coordinator) -> None:
+        """In-place resizes need the job's store on the coordinator's node: ours, while we coordinate."""
+        if not self.cfg.no_python:
+            coordinator.resizer.store_pending = True  # the first round waits for it: its workers use it
+            self.spawn(self.start_job_store(coordinator))
 
     async def start_job_store(self, coordinator: Coordinator) -> None:
         """With --keys it binds loopback and every node reaches it through our store tunnel (JOB_STORE); without,
@@ -253,7 +261,7 @@ class Daemon:
 
     def send_to_node(self, node_id: str, op: MeshOp, body: dict[str, Any]) -> None:
         if node_id == self.cfg.node_id:
-            self.member.receive(Envelope("req", op, body, node=node_id, ts=time.time()))
+            self.to_member(Envelope("req", op, body, node=node_id, ts=time.time()))
         elif self.coord_mesh is not None:
             self.coord_mesh.send(node_id, op, body)
 
@@ -273,6 +281,10 @@ class Daemon:
             self.failover.receive(sender, env)  # fenced: held while our lease is unconfirmed
         elif self.coordinator is not None:
             self.coordinator.receive(sender, env, time.time())
+
+    def to_member(self, env: Envelope) -> None:
+        """The coordinator's word (or the answer to a forwarded request) for our own member."""
+        self.member.receive(env)
 
     def on_connection_closed(self, node_id: str) -> None:
         if self.coordinator is not None:
@@ -299,7 +311,7 @@ class Daemon:
 
     def steering_held(self) -> str:
         """Why this coordinator may not take a steer verb now ("" when it may): its etcd lease is unconfirmed."""
-        if self.failover is not None and not self.failover.elector.may_act():
+        if self.failover is not None and not self.failover.etcd.may_act():
             return "this coordinator's etcd lease is not confirmed (etcd unreachable, or a takeover under way)"
         return ""
 
@@ -343,6 +355,11 @@ class Daemon:
         self.channel.check_hangs(now)
         self.member.beat(now)
 
+    def fail(self, reason: str, message: str) -> None:
+        """A fatal error past start (etcd's): the job fails here with `reason`; we exit 2 saying `message`."""
+        self.exit_message = message
+        self.spawn(self.finish(JobState.failed, reason, 2))
+
     def fail_start(self, message: str) -> None:
         self.exit_message = message
         self.node.exit_code = 2
@@ -358,8 +375,9 @@ class Daemon:
         Both are graceful the first time: shim ranks stop at one agreed step with a checkpoint (a member's
         drain, the coordinator's `stop`), bounded by --grace-period; a second signal ends it at once.
         """
-        if self.failover is not None and self.failover.leave(reason):
-            return  # the coordinator's node drains, then the role goes to the next daemon
+        if self.failover is not None and self.coordinator is not None:
+            self.hand_over(self.failover, reason)
+            return
         if self.coordinator is None:
             self.member.leave(reason)
             return
@@ -371,6 +389,16 @@ class Daemon:
         self.signalled = True
         c.stop_gracefully(why, time.time())  # a member's leave in flight (a job-wide signal) folds into it
         self.spawn(self.end_after_grace(why))
+
+    def hand_over(self, failover: Failover, reason: str) -> None:
+        """The elected coordinator's node drains like any member's, then exits: the role goes to the next daemon."""
+        m = self.member
+        if m.leaving or not failover.may_drain_own_node():
+            m.depart(f"{reason}; handing the coordinator role over")  # `leave` to ourselves: left now, then exit
+            return
+        m.leaving = True
+        failover.drain_own_node(reason)
+        self.spawn(m.depart_after_grace(reason))
 
     async def end_after_grace(self, why: str) -> None:
         await asyncio.sleep(self.cfg.grace_s)
@@ -394,6 +422,46 @@ class Daemon:
         task = asyncio.create_task(coro)
         self.tasks.append(task)
         task.add_done_callback(log_failure)
+
+    # ---- the roles' seam: failover (--rdzv-backend etcd) changes them only through these -----------------
+    def seat_coordinator(self, coordinator: Coordinator, mesh: CoordinatorMesh, now: float) -> None:
+        """Elected: `coordinator` serves on `mesh`, our member follows nobody else and, once joined, stays."""
+        self.coordinator, self.coord_mesh, self.member.is_coordinator = coordinator, mesh, True
+        if self.member_mesh is not None:
+            self.member_mesh.close()
+            self.member_mesh = None
+        self.host_job_store(coordinator)  # in-place resizes need it on our node now
+        if self.member.registered:
+            self.member.last_coord = now
+        elif self.member.first_register:
+            self.member.register()
+
+    def unseat_coordinator(self) -> None:
+        """Deposed: our member registers again, with whoever leads now."""
+        self.coordinator, self.coord_mesh, self.member.is_coordinator = None, None, False
+        self.member.registered = False
+
+    def drop_stale_coordinator(self) -> None:
+        """Still elected, but our coordinator's state is not etcd's: nothing reaches it until it is rebuilt."""
+        self.coordinator = None
+
+    def repoint_member(self, endpoint: str) -> MemberMesh:
+        """Our member's link goes to the coordinator at `endpoint` from now on (the old link closed)."""
+        if self.member_mesh is not None:
+            self.member_mesh.close()
+        self.member_mesh = self.new_member_mesh(endpoint)
+        return self.member_mesh
+
+    def rejoin(self, now: float) -> None:
+        """Our member registers again, with whoever it follows now (the same instance: a takeover costs no round)."""
+        m = self.member
+        m.registered, m.last_coord = False, now
+        if m.first_register:
+            m.first_register = now  # --connect-timeout counts from here
+            m.register()
+        else:
+            self.to_coord(MeshOp.announce, {})  # still warming up: the first round waits for us
+
 
 
 class CurrentLink:
