@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -24,18 +23,13 @@ from elasticd.daemon.control import ControlPlane
 from elasticd.daemon.etcd_session import etcd_client
 from elasticd.daemon.exporter import MetricsExporter, bind_host_of
 from elasticd.daemon.failover import Failover, candidate_mesh
+from elasticd.daemon.worker_services import WorkerServices
 from elasticd.job.config import JobConfig, StartError
 from elasticd.job.events import EventLog
 from elasticd.job.runtime import advertised_addr, is_local_host, remove_endpoints, socket_ifname_env, write_endpoints
 from elasticd.keys.auth import Gatekeeper, KeyStore, KeyStoreError, NodeKeys
 from elasticd.member.agent import NodeAgent
 from elasticd.member.link import Member
-from elasticd.member.processes.spawner import Spawner, Zygote
-from elasticd.member.processes.workers import base_env
-from elasticd.member.store.job_store import JobStore
-from elasticd.member.store.round_store import RoundStore
-from elasticd.member.store.store_host import LOOPBACK
-from elasticd.member.store.store_tunnel import JOB_STORE, TunnelServer
 from elasticd.member.worker_channel import WorkerChannel
 from elasticd.mesh.coordinator_mesh import CoordinatorMesh
 from elasticd.mesh.member_mesh import MemberMesh
@@ -44,7 +38,6 @@ from elasticd.wire.names import CTL_PREFIX, EventKind, JobState, MeshOp, NodeSta
 from elasticd.wire.protocol import Envelope
 
 log = logging.getLogger("elasticd")
-ZYGOTE_WARMUP_S = 60.0  # past this, register anyway: workers are then exec'd cold
 
 
 class Daemon:
@@ -71,13 +64,11 @@ class Daemon:
         self.node.output_step = self.channel.on_output_step  # --metrics-from-output feeds the shim's metrics path
         self.member = Member(cfg, self.node, self.channel, self.to_coord, self, self.events, self.publish_event,
                              self.on_forwarded_reply, connect_timeout_s, is_coordinator=False, link=CurrentLink(self))
-        self.zygote: Zygote | None = None
         self.keys: NodeKeys | None = None
         self.gate: Gatekeeper | None = None
-        self.tunnel: TunnelServer | None = None  # with --keys: how other nodes reach our round's store
+        self.services = WorkerServices(cfg, self.ctx, self.host, self.node)
         self.exporter: MetricsExporter | None = None  # --metrics-port
         self.failover: Failover | None = None  # --rdzv-backend etcd: the coordinator is elected (failover.py)
-        self.job_store = JobStore()  # the coordinator's: in-place resizes of shim workers
         self.relay: Relay | None = None  # in a job with relays: where this node relays for others when told to
 
     # ---- set-up ------------------------------------------------------------------------------
@@ -143,21 +134,14 @@ class Daemon:
         self.node.endpoints = {"control": self.endpoints["control"], "pub": self.endpoints["pub"],
                                **({"relay": self.relay.endpoint} if self.relay else {})}
         if self.keys is not None:
-            self.tunnel = TunnelServer(self.ctx, self.keys, self.host, self.cfg.port_range)
-            self.node.endpoints["store_tunnel"] = self.tunnel.endpoint
+            self.node.endpoints["store_tunnel"] = self.services.bind_tunnel(self.keys)
         if self.cfg.metrics_port is not None:  # the scrape endpoint is exactly as reachable as the control socket
             self.exporter = MetricsExporter(self, bind_host_of(self.endpoints["control"]), self.cfg.metrics_port)
         # Multi-host gloo/NCCL out of the box: workers bind the interface we advertise, unless the user named one.
         socket_env, socket_note = socket_ifname_env(self.host, {**os.environ, **self.cfg.env})
         log.info("%s", socket_note)  # `elasticd start` logs INFO to stderr: one line by the startup line
         self.node.worker_env = {**socket_env, **self.channel.bind()}
-        if self.cfg.zygote:
-            self.zygote = Zygote(self.cfg.python or sys.executable, self.cfg.preload, base_env(self.cfg))
-            await self.zygote.start()
-            self.node.spawner = Spawner(self.cfg.python, self.zygote)
-        if self.keys is not None and self.tunnel is not None:  # a Python spawner even with --no-python
-            self.node.round_store = RoundStore(self.cfg, self.ctx, self.keys, self.tunnel,
-                                               Spawner(self.cfg.python, self.zygote))
+        await self.services.start(self.keys)
         write_endpoints(self.cfg.job_id, self.cfg.node_id, {
             "job_id": self.cfg.job_id, "node_id": self.cfg.node_id, "pid": os.getpid(), "host": self.host,
             "coordinator": self.coordinator is not None, "version": __version__, **self.endpoints,
@@ -177,39 +161,18 @@ class Daemon:
             self.tasks.append(asyncio.create_task(self.coord_mesh.serve(self.on_peer, self.on_connection_closed)))
         elif self.member_mesh is not None and self.failover is None:
             self.tasks.append(asyncio.create_task(self.member_mesh.serve(lambda _s, env: self.to_member(env))))
-        if self.tunnel is not None:
-            self.tasks.append(asyncio.create_task(self.tunnel.serve()))
+        self.tasks += self.services.tasks()
         if self.relay is not None:
             self.tasks.append(asyncio.create_task(self.relay.serve()))
         if self.coordinator is not None:
-            self.host_job_store(self.coordinator)
+            self.services.host_job_store(self.coordinator, self.spawn)
         self.spawn(self.register_when_warm())
-
-    def host_job_store(self, coordinator: Coordinator) -> None:
-        """In-place resizes need the job's store on the coordinator's node: ours, while we coordinate."""
-        if not self.cfg.no_python:
-            coordinator.resizer.store_pending = True  # the first round waits for it: its workers use it
-            self.spawn(self.start_job_store(coordinator))
-
-    async def start_job_store(self, coordinator: Coordinator) -> None:
-        """With --keys it binds loopback and every node reaches it through our store tunnel (JOB_STORE); without,
-        our advertised address, which every node's workers (ours too) reach directly. Never every interface: a
-        keyed job's store would then answer anyone who reaches this host."""
-        try:
-            bind = LOOPBACK if self.tunnel is not None else self.host
-            coordinator.resizer.store = addr = await self.job_store.start(self.cfg, self.node.spawner, bind)
-            if addr and self.tunnel is not None:
-                self.tunnel.host_round(JOB_STORE, int(addr.rpartition(":")[2]))
-                coordinator.resizer.tunnel = self.tunnel.endpoint
-        finally:
-            coordinator.resizer.store_pending = False
 
     async def register_when_warm(self) -> None:
         """Join only once workers can start at once: the job keeps training while our zygote imports torch."""
-        if self.zygote is not None:
+        if self.services.zygote is not None:
             self.to_coord(MeshOp.announce, {})  # the first round waits for us rather than forming without us
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.zygote.ready.wait(), ZYGOTE_WARMUP_S)
+            await self.services.warm()
         self.member.start_registering()
 
     async def run(self) -> int:
@@ -224,11 +187,7 @@ class Daemon:
 
     async def shutdown(self) -> None:
         await self.node.stop_workers()
-        await self.job_store.stop()
-        if self.node.round_store is not None:
-            self.node.round_store.close_job_store()
-        if self.zygote is not None:
-            await self.zygote.close()
+        await self.services.stop()
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -237,8 +196,7 @@ class Daemon:
         if self.exporter is not None:
             self.exporter.close()
         self.channel.close()
-        if self.tunnel is not None:
-            self.tunnel.close()
+        self.services.close()
         if self.relay is not None:
             self.relay.close()
         if self.failover is not None:  # after our workers stopped: resigning lets the next daemon take over now
@@ -430,7 +388,7 @@ class Daemon:
         if self.member_mesh is not None:
             self.member_mesh.close()
             self.member_mesh = None
-        self.host_job_store(coordinator)  # in-place resizes need it on our node now
+        self.services.host_job_store(coordinator, self.spawn)  # in-place resizes need it on our node now
         if self.member.registered:
             self.member.last_coord = now
         elif self.member.first_register:
