@@ -20,9 +20,11 @@ from elasticd import __version__
 from elasticd.coordinator.coordinator import Coordinator
 from elasticd.coordinator.membership import MemoryStore
 from elasticd.daemon.control import ControlPlane
+from elasticd.daemon.current_link import CurrentLink
 from elasticd.daemon.etcd_session import etcd_client
 from elasticd.daemon.exporter import MetricsExporter, bind_host_of
 from elasticd.daemon.failover import Failover, candidate_mesh
+from elasticd.daemon.leaving import Leave
 from elasticd.daemon.worker_services import WorkerServices
 from elasticd.job.config import JobConfig, StartError
 from elasticd.job.events import EventLog
@@ -56,7 +58,7 @@ class Daemon:
         self.started = time.time()
         self.done = asyncio.Event()
         self.exit_message = ""
-        self.signalled = False  # the coordinator's node got its first leave signal: the job is stopping gracefully
+        self.leave = Leave(self)  # what a leave signal does, by the role we hold
         self.tasks: list[asyncio.Task[Any]] = []
         self.endpoints: dict[str, str] = {}
         self.plane: ControlPlane | None = None  # the operator sockets, bound in start()
@@ -119,14 +121,7 @@ class Daemon:
         return mesh is not None and self.member.registered and mesh.send_parts(parts)
 
     async def start(self) -> None:
-        if self.cfg.keys_dir:
-            store = KeyStore(Path(self.cfg.keys_dir))
-            try:
-                self.keys = store.node_keys()
-            except KeyStoreError as err:
-                raise StartError(str(err)) from None
-            self.gate = Gatekeeper(self.ctx, store, self.node_event)  # refused connections become events
-            self.gate.start()
+        self.load_keys()
         self.bind_mesh()
         self.bind_relay()
         self.plane = ControlPlane(self)
@@ -142,19 +137,10 @@ class Daemon:
         log.info("%s", socket_note)  # `elasticd start` logs INFO to stderr: one line by the startup line
         self.node.worker_env = {**socket_env, **self.channel.bind()}
         await self.services.start(self.keys)
-        write_endpoints(self.cfg.job_id, self.cfg.node_id, {
-            "job_id": self.cfg.job_id, "node_id": self.cfg.node_id, "pid": os.getpid(), "host": self.host,
-            "coordinator": self.coordinator is not None, "version": __version__, **self.endpoints,
-            "server_key": self.keys.public.decode() if self.keys else ""})
-        role = "coordinator" if self.coordinator else "candidate" if self.failover else "member"
-        metrics = f"metrics {self.exporter.url}; " if self.exporter else ""
-        print(f"elasticd {__version__}: node {self.cfg.node_id} ({role}) of job {self.cfg.job_id}; "
-              f"control {self.endpoints['control']} pub {self.endpoints['pub']}; {metrics}"
-              f"logs {os.path.join(self.cfg.log_dir, self.cfg.job_id, self.cfg.node_id)}", file=sys.stderr,
-              flush=True)
+        self.announce()
         loop = asyncio.get_running_loop()
         for name in self.cfg.leave_signals:  # --signals-to-handle
-            loop.add_signal_handler(signal.Signals[name], self.on_signal, signal.Signals[name])
+            loop.add_signal_handler(signal.Signals[name], self.leave.on_signal, signal.Signals[name])
         self.tasks += [asyncio.create_task(self.tick_loop()), asyncio.create_task(self.channel.serve()),
                        *self.plane.tasks()]
         if self.coord_mesh is not None and self.failover is None:  # with etcd, the election's role serves the mesh
@@ -167,6 +153,30 @@ class Daemon:
         if self.coordinator is not None:
             self.services.host_job_store(self.coordinator, self.spawn)
         self.spawn(self.register_when_warm())
+
+    def load_keys(self) -> None:
+        """--keys: our CURVE keys, and the gate that admits the keys listed (refused connections become events)."""
+        if self.cfg.keys_dir:
+            store = KeyStore(Path(self.cfg.keys_dir))
+            try:
+                self.keys = store.node_keys()
+            except KeyStoreError as err:
+                raise StartError(str(err)) from None
+            self.gate = Gatekeeper(self.ctx, store, self.node_event)
+            self.gate.start()
+
+    def announce(self) -> None:
+        """Our endpoints file (the CLI finds us by it), then the startup line."""
+        write_endpoints(self.cfg.job_id, self.cfg.node_id, {
+            "job_id": self.cfg.job_id, "node_id": self.cfg.node_id, "pid": os.getpid(), "host": self.host,
+            "coordinator": self.coordinator is not None, "version": __version__, **self.endpoints,
+            "server_key": self.keys.public.decode() if self.keys else ""})
+        role = "coordinator" if self.coordinator else "candidate" if self.failover else "member"
+        metrics = f"metrics {self.exporter.url}; " if self.exporter else ""
+        print(f"elasticd {__version__}: node {self.cfg.node_id} ({role}) of job {self.cfg.job_id}; "
+              f"control {self.endpoints['control']} pub {self.endpoints['pub']}; {metrics}"
+              f"logs {os.path.join(self.cfg.log_dir, self.cfg.job_id, self.cfg.node_id)}", file=sys.stderr,
+              flush=True)
 
     async def register_when_warm(self) -> None:
         """Join only once workers can start at once: the job keeps training while our zygote imports torch."""
@@ -323,46 +333,6 @@ class Daemon:
         self.node.exit_code = 2
         self.done.set()
 
-    def on_signal(self, sig: int) -> None:
-        log.info("[%s] received %s", self.cfg.node_id, signal.Signals(sig).name)
-        self.leave(f"node {self.cfg.node_id}'s elasticd received {signal.Signals(sig).name}")
-
-    def leave(self, reason: str) -> None:
-        """SIGTERM/SIGINT/HUP: a member leaves; the embedded coordinator's node ends the job (with etcd it hands over).
-
-        Both are graceful the first time: shim ranks stop at one agreed step with a checkpoint (a member's
-        drain, the coordinator's `stop`), bounded by --grace-period; a second signal ends it at once.
-        """
-        if self.failover is not None and self.coordinator is not None:
-            self.hand_over(self.failover, reason)
-            return
-        if self.coordinator is None:
-            self.member.leave(reason)
-            return
-        why = f"{reason}; it is the coordinator, so the job ends (no coordinator HA without --rdzv-backend etcd)"
-        c = self.coordinator
-        if self.signalled or c.state != JobState.running:
-            c.end(JobState.stopped, why, time.time())
-            return
-        self.signalled = True
-        c.stop_gracefully(why, time.time())  # a member's leave in flight (a job-wide signal) folds into it
-        self.spawn(self.end_after_grace(why))
-
-    def hand_over(self, failover: Failover, reason: str) -> None:
-        """The elected coordinator's node drains like any member's, then exits: the role goes to the next daemon."""
-        m = self.member
-        if m.leaving or not failover.may_drain_own_node():
-            m.depart(f"{reason}; handing the coordinator role over")  # `leave` to ourselves: left now, then exit
-            return
-        m.leaving = True
-        failover.drain_own_node(reason)
-        self.spawn(m.depart_after_grace(reason))
-
-    async def end_after_grace(self, why: str) -> None:
-        await asyncio.sleep(self.cfg.grace_s)
-        if self.coordinator is not None:
-            self.coordinator.end(JobState.stopped, f"{why}; --grace-period {self.cfg.grace_s:g}s ran out", time.time())
-
     async def finish(self, state: str, reason: str, code: int | None = None, message: str = "") -> None:
         if self.node.state == NodeState.ending:
             return
@@ -419,27 +389,6 @@ class Daemon:
             m.register()
         else:
             self.to_coord(MeshOp.announce, {})  # still warming up: the first round waits for us
-
-
-
-class CurrentLink:
-    """The member mesh the daemon holds now, as its Member sees it (failover replaces the mesh; none: we coordinate)."""
-
-    def __init__(self, daemon: Daemon) -> None:
-        self.d = daemon
-
-    def backlog(self) -> bool:
-        return self.d.member_mesh is not None and self.d.member_mesh.backlog()
-
-    def link_up(self) -> bool:
-        return self.d.member_mesh is not None and self.d.member_mesh.link_up
-
-    def route(self, via: str) -> None:
-        if self.d.member_mesh is not None:
-            self.d.member_mesh.route(via)
-
-    def state(self) -> dict[str, str]:
-        return self.d.member_mesh.state() if self.d.member_mesh is not None else {}
 
 
 def log_failure(task: asyncio.Task[Any]) -> None:
