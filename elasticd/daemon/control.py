@@ -61,6 +61,8 @@ class ControlHost(Protocol):
 
 
 class ControlPlane:
+    """One daemon's operator sockets: requests answered here (or forwarded to the coordinator), events published."""
+
     def __init__(self, d: ControlHost) -> None:
         self.d = d
         self.router = d.ctx.socket(zmq.ROUTER)

@@ -1,5 +1,8 @@
-"""A leave signal (--signals-to-handle): a member leaves, the embedded coordinator's node ends the job, and an
-elected coordinator's node (--rdzv-backend etcd) hands the role over."""
+"""A leave signal (--signals-to-handle), by the role this daemon holds when it comes.
+
+A member leaves; the embedded coordinator's node ends the job; an elected coordinator's node (--rdzv-backend etcd)
+hands the role over.
+"""
 
 from __future__ import annotations
 
