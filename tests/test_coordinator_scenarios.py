@@ -511,8 +511,8 @@ def test_a_second_daemon_with_a_live_nodes_id_is_refused_with_a_code() -> None:
     sim.start()
     sim.formed()
     b = sim.nodes["b"]
-    refusal = sim.coordinator.registration.register({"node_id": "b", "instance": "another", "host": "twin.sim", "nproc": b.nproc,
-                                        "ports": b.ports}, sim.clock.now)
+    twin = {"node_id": "b", "instance": "another", "host": "twin.sim", "nproc": b.nproc, "ports": b.ports}
+    refusal = sim.coordinator.registration.register(twin, sim.clock.now)
     assert (refusal["ok"], refusal["errno"], refusal["code"]) == (False, ErrorCode.DUPLICATE_NODE, "duplicate_node")
     assert refusal["reason"].startswith("node id 'b' is already in job")  # the text a person reads stays
     assert sim.coordinator.nodes["b"].instance == b.instance  # the live one keeps its place
