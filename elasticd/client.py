@@ -30,6 +30,8 @@ class ClientError(Exception):
 
 @dataclass
 class Endpoints:
+    """Where one daemon answers: its control socket, its PUB, and which node and job it serves."""
+
     control: str
     pub: str = ""
     node: str = ""

@@ -15,6 +15,8 @@ Convert = Callable[[str], Any]
 
 @dataclass(frozen=True)
 class TorchrunFlag:
+    """One torchrun flag: its spellings, its PET_* default, and what `elasticd start` does with it."""
+
     name: str  # torchrun's dash spelling; the underscore spelling is added when it differs
     default: Any = None  # None on a flag with `ignored`: tells "given" from "not given"
     short: str = ""  # -m, -r, -t

@@ -18,6 +18,8 @@ _KEPT = frozenset(KEPT)
 
 @dataclass
 class NodeRecord:
+    """One member as the coordinator sees it: who it is, where it is wanted, and what it last reported."""
+
     node_id: str
     host: str
     nproc: int
@@ -63,6 +65,8 @@ class NodeRecord:
 
 @dataclass
 class RankEntry:
+    """One node's place in a round: its group rank and its global ranks."""
+
     node_id: str
     group_rank: int
     host: str
@@ -71,6 +75,8 @@ class RankEntry:
 
 @dataclass
 class Round:
+    """One membership epoch: its members and rank map, its master, and its timeline."""
+
     round_id: int
     members: list[RankEntry]
     world_size: int

@@ -28,6 +28,8 @@ WORKER_OPS: dict[StepRequest, MeshOp] = {StepRequest.drain: MeshOp.drain_workers
 
 @dataclass
 class StepQuery:
+    """One step question in flight: what it is for, who has yet to answer, and until when."""
+
     op_id: str
     request: StepRequest
     awaiting: set[str]

@@ -27,6 +27,8 @@ SIGNAL_WINDOW_S = 0.2
 
 @dataclass(frozen=True)
 class TransitionEvents:
+    """The event kinds that mark one kind of transition's life."""
+
     started: EventKind
     progress: EventKind
     complete: EventKind

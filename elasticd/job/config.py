@@ -29,6 +29,8 @@ class StartError(Exception):
 
 @dataclass(frozen=True)
 class JobConfig:
+    """Everything `elasticd start` was told, checked once; every part reads it, none changes it."""
+
     min_nodes: int
     max_nodes: int
     nproc_per_node: int

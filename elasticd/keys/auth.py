@@ -44,18 +44,24 @@ def default_dir() -> Path:
 
 @dataclass(frozen=True)
 class NodeKeys:
+    """A daemon's CURVE key pair."""
+
     public: bytes
     secret: bytes
 
 
 @dataclass(frozen=True)
 class Authorized:
+    """A client key allowed in, by name and role."""
+
     name: str
     role: str
     public: bytes
 
 
 class KeyStore:
+    """A job's keys on disk: the node pair, the authorized client keys, and the clients' own pairs."""
+
     def __init__(self, root: Path) -> None:
         self.root = root
         self.node_dir, self.authorized_dir, self.clients_dir = root / "node", root / "authorized", root / "clients"

@@ -55,6 +55,8 @@ class Refused(NamedTuple):
 
 
 class _Unresolved(NamedTuple):
+    """A refused connection whose peer address is not known yet."""
+
     at: float  # when it was refused
     port: int
     refused: Refused

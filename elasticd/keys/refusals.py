@@ -16,6 +16,8 @@ FINGERPRINT_CHARS = 8  # of the z85 public key: enough to grep `elasticd keys li
 
 @dataclass
 class _Peer:
+    """What was last reported of one refused peer, and how much was held back since."""
+
     reported_at: float = -math.inf  # never reported yet: a refusal held back by the global cap
     suppressed: int = 0
 

@@ -16,6 +16,8 @@ BUFFER_BYTES = 1 << 20  # the kernel caps it (net.core.rmem_max); a full feed dr
 
 
 class Closed(NamedTuple):
+    """A TCP socket the kernel freed: our port, and the peer's address."""
+
     port: int  # local
     ip: str  # the peer's
     peer_port: int

@@ -29,6 +29,8 @@ NodeEvent = Callable[..., None]  # (EventKind, **fields): a node-side event for 
 
 
 class NodeAgent:
+    """This node's workers: applies each round the coordinator sends, and reports what they do."""
+
     def __init__(self, cfg: JobConfig, host: str, to_coord: ToCoordinator, event: NodeEvent,
                  worker_env: dict[str, str]) -> None:
         self.cfg = cfg

@@ -44,6 +44,8 @@ class Agent(Protocol):
 
 
 class InPlace:
+    """A node's in-place rounds: which live workers stay, their new ranks, and the generation they join."""
+
     def __init__(self, node: Agent) -> None:
         self.node = node
         self.send: SendToWorker = lambda _pid, _op, _body: False  # the worker channel wires itself in

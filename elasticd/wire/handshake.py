@@ -14,6 +14,8 @@ CODES = (KEY_REFUSED, KEY_REQUIRED, KEY_MISMATCH)
 
 
 class Failure(NamedTuple):
+    """A handshake failure: a short code and a line that says why."""
+
     code: str
     reason: str
 

@@ -190,6 +190,8 @@ class NodeState(StrEnum):
 
 
 class JobState(StrEnum):
+    """Where the job is: waiting for nodes, running, or ended (succeeded, failed, stopped)."""
+
     waiting = "waiting"
     running = "running"
     succeeded = "succeeded"

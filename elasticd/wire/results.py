@@ -16,6 +16,8 @@ def _build(cls: type[T], data: dict[str, Any]) -> T:
 
 @dataclass(frozen=True)
 class NodeInfo:
+    """One node of a `status` reply."""
+
     node_id: str
     host: str
     role: str
@@ -29,6 +31,8 @@ class NodeInfo:
 
 @dataclass(frozen=True)
 class JobStatus:
+    """A `status` reply: the job, its round, restarts and nodes."""
+
     job_id: str
     state: str
     round: int
@@ -56,6 +60,8 @@ class JobStatus:
 
 @dataclass(frozen=True)
 class RankMetrics:
+    """One rank of a `metrics` reply: its step, loss, throughput and checkpoint age."""
+
     node: str
     rank: int
     round: int | None = None

@@ -27,6 +27,8 @@ class EtcdClusterChanged(Exception):
 
 @dataclass(frozen=True)
 class KeyValue:
+    """One key as etcd returns it, with the revisions that order and fence it."""
+
     key: str
     value: bytes
     create_revision: int

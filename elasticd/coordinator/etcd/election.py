@@ -24,6 +24,8 @@ OUTAGE_RETRY_S = 0.25
 
 @dataclass(frozen=True)
 class Leader:
+    """The daemon that leads: who it is, where its mesh ROUTER is, and its epoch."""
+
     node_id: str
     instance: str
     endpoint: str  # the leader daemon's mesh ROUTER
@@ -33,6 +35,8 @@ class Leader:
 
 @dataclass(frozen=True)
 class EtcdHealth:
+    """Whether etcd answers, since when, and why not."""
+
     ok: bool
     since: float  # wall-clock time of the change
     detail: str

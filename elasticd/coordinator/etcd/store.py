@@ -93,6 +93,8 @@ class Snapshot:
 
 @dataclass
 class Batch:
+    """Writes that go to etcd in one fenced transaction, and who waits for them."""
+
     ops: list[dict[str, Any]]
     done: Future[None] | None = None  # a caller waiting for this batch (a round)
 

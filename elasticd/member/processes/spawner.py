@@ -22,6 +22,8 @@ DEFAULT_PRELOAD = "torch,torch.distributed,torch.nn.parallel,torch._dynamo"
 
 
 class WorkerProcess(Protocol):
+    """A worker process, exec'd or forked: its pid and output, and how to wait for it."""
+
     pid: int
 
     @property
@@ -62,6 +64,8 @@ class ForkedWorker:
 
 
 class Zygote:
+    """The fork server's process and channel: spawns workers and reports their exits."""
+
     def __init__(self, python: str, preload: str, env: dict[str, str]) -> None:
         self.python, self.preload, self.env = python, preload, env
         self.ready = asyncio.Event()

@@ -21,6 +21,8 @@ from elasticd.member.processes.spawner import Spawner, WorkerProcess
 
 @dataclass
 class Worker:
+    """One local worker of a round: its ranks, its process and its log."""
+
     local_rank: int
     rank: int
     proc: WorkerProcess
