@@ -23,7 +23,7 @@ lint: $(STAMP)
 # Three test files at a time on two cores: most of a test's time is spent waiting on daemons and workers (16 min
 # one at a time, 9 min so). Whole files go to one worker (loadfile): a module's netns lab or etcd cluster is set up once.
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -q -n 3 --dist loadfile
+	$(BIN)/python -m pytest -q -n 4 --dist loadfile
 
 # The quick lane: the tests that start no daemon, no subprocess and no system package (under a minute).
 quick: $(STAMP)
