@@ -9,6 +9,7 @@ from sim import COORD, Sim
 
 from elasticd.commands.registry import REGISTRY
 from elasticd.coordinator.liveness import RECONNECT_GRACE_S
+from elasticd.coordinator.resize import RESIZE_TIMEOUT_S, InPlaceRound
 from elasticd.coordinator.step_agreement import QUERY_TIMEOUT_S
 from elasticd.coordinator.transitions import DRAIN_TIMEOUT_S, SIGNAL_WINDOW_S
 from elasticd.job.config import STOP_SLACK_S
@@ -584,3 +585,27 @@ def test_status_pages_the_node_list_and_counts_every_node() -> None:
     assert "nodes 3-5 of 6 (5 alive/active, 1 lost)" in REGISTRY["status"].render(page)
     with pytest.raises(ProtocolError):
         REGISTRY["status"].run(sim.coordinator, {"nodes_limit": -1})
+
+
+def test_a_join_waits_for_the_in_place_generation_in_flight_and_is_bounded() -> None:
+    """Two nodes started a moment apart: the second's round waits for the first's in-place generation to sync
+    (its `resize`), instead of abandoning it and restarting every worker from the last checkpoint."""
+    sim = Sim("abc", min_nodes=1, max_nodes=3)
+    sim.start("a")
+    rnd = sim.formed()
+    resizer = sim.coordinator.resizer
+    resizer.store = "127.0.0.1:1"
+    marks = {"detect": sim.clock.now, "agreed": sim.clock.now}
+    resizer.current = InPlaceRound(rnd.round_id, {"a"}, sim.clock.now, dict(marks))
+    sim.start("b")
+    sim.run(2.0)
+    assert sim.round.round_id == rnd.round_id and sim.coordinator.pending is not None  # b's round waits
+    resizer.progress("a", {"group_ready": sim.clock.now, "synced": sim.clock.now}, rnd)
+    resizer.first_step(rnd, sim.clock.now)
+    assert sim.kinds(EventKind.resize)[-1:] == [EventKind.resize]
+    assert sim.formed(2).node_ids() == ["a", "b"]
+    resizer.current = InPlaceRound(2, {"a", "b"}, sim.clock.now, dict(marks))  # never syncs
+    sim.start("c")
+    sim.run(RESIZE_TIMEOUT_S - 1.0)
+    assert sim.round.round_id == 2
+    assert sim.formed(3, timeout=5.0).node_ids() == ["a", "b", "c"]  # waited no longer than the resize's own limit

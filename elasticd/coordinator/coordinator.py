@@ -276,7 +276,8 @@ class Coordinator:
         if self.registration.awaiting_announced(self.tally.count(ACTIVE), now) \
                 or (self.round is None and self.resizer.store_pending) \
                 or (pending.cause in (Cause.membership, Cause.operator)  # a failure's round cannot wait
-                    and self.resizer.warming_up({n.node_id for n in self.alive()}, now)):
+                    and (self.resizer.warming_up({n.node_id for n in self.alive()}, now)
+                         or self.resizer.settling(now))):
             return
         self.pending = None
         if not self.transitions.reform_first(pending):

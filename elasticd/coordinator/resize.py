@@ -154,6 +154,13 @@ class Resizer:
             return False
         return self.abandon(reason)
 
+    def settling(self, now: float) -> bool:
+        """A generation formed in place has not had its `resize` yet: a member's join or leave waits for it (at
+        most RESIZE_TIMEOUT_S), since a round begun now would abandon it and restart every worker from the last
+        checkpoint, losing the steps since (two nodes started a moment apart)."""
+        cur = self.current
+        return cur is not None and now - cur.started < RESIZE_TIMEOUT_S
+
     def expired(self, now: float) -> bool:
         cur = self.current
         if cur is None or now - cur.started < RESIZE_TIMEOUT_S or cur.synced.keys() >= cur.members:
