@@ -444,7 +444,7 @@ def test_a_job_wide_signal_folds_the_leaves_and_the_coordinators_stop_into_one_a
     sim.run(SIGNAL_WINDOW_S / 2)
     assert sim.kinds(K.step_agreed, since=mark) == []  # the window is still open: no step asked yet
     sim.nodes["d"].leave("SIGTERM", graceful=True)
-    sim.coordinator.stop_gracefully("node a's elasticd received SIGTERM", sim.clock.now)
+    sim.coordinator.stop_gracefully("node a's elasticd received SIGTERM")
     sim.run_until(lambda: sim.coordinator.state == JobState.stopped, timeout=DRAIN_TIMEOUT_S)
     assert sim.kinds(K.drain_started, K.step_agreed, K.drain_complete, K.round_started, K.job_end, since=mark) == \
         [K.drain_started, K.step_agreed, K.drain_complete, K.job_end]

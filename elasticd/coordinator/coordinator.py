@@ -184,7 +184,7 @@ class Coordinator:
     def fold_departing(self, node_id: str, reason: str) -> None:
         self.transitions.fold_departing(node_id, reason)
 
-    def stop_gracefully(self, why: str, now: float) -> None:
+    def stop_gracefully(self, why: str) -> None:
         self.transitions.stop_gracefully(why)
 
     def ask_step(self, op_id: str, request: StepRequest) -> None:

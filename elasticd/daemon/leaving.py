@@ -64,7 +64,7 @@ class Leave:
             c.end(JobState.stopped, why, time.time())
             return
         self.signalled = True
-        c.stop_gracefully(why, time.time())  # a member's leave in flight (a job-wide signal) folds into it
+        c.stop_gracefully(why)  # a member's leave in flight (a job-wide signal) folds into it
         d.spawn(self.end_after_grace(why))
 
     def hand_over(self, failover: Failover, reason: str) -> None:
