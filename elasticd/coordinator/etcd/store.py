@@ -176,9 +176,6 @@ class EtcdStore:
             raise StoreUnavailable(f"etcd did not take round {rnd.round_id} within {ROUND_WRITE_TIMEOUT_S:g}s") \
                 from None
 
-    def writable(self) -> bool:
-        return not self.deposed and not self.unavailable_since
-
     # ---- writing ------------------------------------------------------------------------------------
     def sync(self) -> None:
         """Queue what changed since the last write (roles, statuses, the round's timeline, new events)."""
