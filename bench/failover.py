@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from procs import PY, ROOT, TOY, kill_all, on_signal, tree, write_report
+from procs import PY, ROOT, TOY, kill_all, on_signal, require_base_tree, tree, write_report
 from recovery import Job, Node, Rec, Timeout, charged
 
 sys.path.insert(0, str(ROOT / "tests"))
@@ -52,9 +52,7 @@ class FailoverJob(Job):
 
     def __init__(self, system: str, rep: int, args: argparse.Namespace, logdir: Path, etcd: EtcdCluster | None):
         super().__init__(system, rep, args, logdir)
-        self.etcd = etcd
-        if system == "elasticd-etcd-base":  # its daemons, workers and CLI import the other checkout's elasticd
-            self.env.update(PYTHONPATH=str(Path(args.base_tree).resolve()), PYTHONSAFEPATH="1")
+        self.etcd = etcd  # elasticd-etcd-base runs from --base-tree as every `-base` system of recovery.py's Job
 
     def cmd(self, node: str) -> list[str]:
         script = [str(TOY), "--ckpt", str(self.ckpt), "--step-time", str(self.args.step_time)]
@@ -196,8 +194,7 @@ def main() -> int:
     systems = [s for s in args.systems.split(",") if s]
     if unknown := set(systems) - set(SYSTEMS):
         parser.error(f"unknown system(s) {sorted(unknown)}; choose from {SYSTEMS}")
-    if "elasticd-etcd-base" in systems and not Path(args.base_tree, "elasticd").is_dir():
-        parser.error("elasticd-etcd-base needs --base-tree: a checkout with elasticd/ in it")
+    require_base_tree(parser, systems, args.base_tree)
     out = Path(args.out)
     logdir = out.parent / "logs"
     logdir.mkdir(parents=True, exist_ok=True)

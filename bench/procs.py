@@ -5,6 +5,7 @@ started when they exit, however they exit. No benchmark here.
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import json
@@ -26,6 +27,18 @@ TOY = ROOT / "bench" / "toy_job.py"
 
 ALL_PROCS: list[subprocess.Popen] = []
 SEEN_PIDS: set[int] = set()  # worker pids the output announced: cleanup kills those that are still workers
+BASE = "-base"  # a system's twin that runs another checkout (--base-tree DIR): a change beside the tree before it
+
+
+def base_tree_env(base_tree: str) -> dict[str, str]:
+    """What a `-base` system runs under: its daemons, workers and CLI import the other checkout's code."""
+    return {"PYTHONPATH": str(Path(base_tree).resolve()), "PYTHONSAFEPATH": "1"}
+
+
+def require_base_tree(parser: argparse.ArgumentParser, systems: list[str], base_tree: str) -> None:
+    """A `-base` system needs --base-tree, a checkout with elasticd/ in it."""
+    if (base := [s for s in systems if s.endswith(BASE)]) and not Path(base_tree, "elasticd").is_dir():
+        parser.error(f"{', '.join(base)}: --base-tree must name a checkout with elasticd/ in it")
 
 
 def free_port() -> int:

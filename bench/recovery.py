@@ -47,10 +47,24 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from procs import PY, ROOT, SEEN_PIDS, TOY, Launched, free_port, is_worker, kill_all, on_signal, tree, write_report
+from procs import (
+    BASE,
+    PY,
+    ROOT,
+    SEEN_PIDS,
+    TOY,
+    Launched,
+    base_tree_env,
+    free_port,
+    is_worker,
+    kill_all,
+    on_signal,
+    require_base_tree,
+    tree,
+    write_report,
+)
 
 SYSTEMS = ["elasticd", "elasticd-nozygote", "elasticd-shim", "torchrun", "torchrun-tuned"]
-BASE = "-base"
 SCENARIOS = ["cold_start", "worker_crash", "graceful_leave", "node_join", "node_kill"]
 TARGETS = {"cold_start": 3.0, "worker_crash": 1.0, "graceful_leave": 1.0, "node_join": 1.5, "node_kill": 1.0}
 STEADY_STEPS = 6  # steps at the new world before the next event
@@ -144,7 +158,7 @@ class Job:
         if system.startswith("torchrun"):
             self.env["LOGLEVEL"] = "INFO"
         if system.endswith(BASE):  # its daemons, workers and CLI import the other checkout's elasticd
-            self.env.update(PYTHONPATH=str(Path(args.base_tree).resolve()), PYTHONSAFEPATH="1")
+            self.env.update(base_tree_env(args.base_tree))
 
     @property
     def elasticd(self) -> bool:
@@ -551,8 +565,7 @@ def main() -> int:
     for s in systems:
         if s.removesuffix(BASE) not in SYSTEMS or (s.endswith(BASE) and not s.startswith("elasticd")):
             parser.error(f"unknown system {s}; choose from {SYSTEMS} (an elasticd one may end in {BASE})")
-        if s.endswith(BASE) and not Path(args.base_tree, "elasticd").is_dir():
-            parser.error(f"{s} needs --base-tree: a checkout with elasticd/ in it")
+    require_base_tree(parser, systems, args.base_tree)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     logdir = out.parent / "logs"

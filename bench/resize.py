@@ -38,11 +38,22 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from procs import PY, ROOT, Launched, free_port, kill_all, on_signal, tree, write_report
+from procs import (
+    BASE,
+    PY,
+    ROOT,
+    Launched,
+    base_tree_env,
+    free_port,
+    kill_all,
+    on_signal,
+    require_base_tree,
+    tree,
+    write_report,
+)
 
 SCRIPT = ROOT / "examples" / "train_shim.py"
 SYSTEMS = ["in-place", "restart", "torchrun"]
-BASE = "-base"  # in-place-base, restart-base: the same, run from another checkout (--base-tree DIR)
 EVENTS = ["join", "drain", "scale", "sigterm_leave", "rejoin", "worker_crash", "node_sigkill"]
 TARGETS = {"join": 0.15, "drain": 0.15, "scale": 0.15, "sigterm_leave": 0.15, "rejoin": 0.15, "worker_crash": 0.5,
            "node_sigkill": 1.5}  # seconds of stall for in-place (issue 13)
@@ -73,7 +84,7 @@ class Job:
         self.env = dict(os.environ, ELASTICD_RUNTIME_DIR=str(self.tmp / "rt"), PYTHONUNBUFFERED="1",
                         TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
         if system.endswith(BASE):  # its daemons, workers and CLI import the other checkout's elasticd and shim
-            self.env.update(PYTHONPATH=str(Path(args.base_tree).resolve()), PYTHONSAFEPATH="1")
+            self.env.update(base_tree_env(args.base_tree))
         self.records: list[tuple[str, float, int, int, int]] = []  # (kind, t, step, world, pid)
         self.cond = threading.Condition()
         self.nodes: dict[str, Node] = {}
@@ -263,8 +274,7 @@ def main() -> int:
     systems = [s for s in args.systems.split(",") if s]
     if bad := [s for s in systems if s.removesuffix(BASE) not in SYSTEMS or s == "torchrun" + BASE]:
         parser.error(f"unknown system(s) {bad}; choose from {SYSTEMS} (in-place and restart may end in {BASE})")
-    if any(s.endswith(BASE) for s in systems) and not Path(args.base_tree, "elasticd").is_dir():
-        parser.error("a -base system needs --base-tree: a checkout with elasticd/ in it")
+    require_base_tree(parser, systems, args.base_tree)
     out = Path(args.out)
     logdir = out.parent / "logs"
     logdir.mkdir(parents=True, exist_ok=True)
