@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from datetime import timedelta
 
 import pytest
@@ -16,7 +17,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer_shim.elastic import lost_peer
-from trainer_shim.generation import Generation, join, leave, open_store, state_digest, sync
+from trainer_shim.generation import Generation, NotArrived, arrive, join, leave, open_store, state_digest, sync
 
 
 def free_port() -> int:
@@ -133,3 +134,36 @@ def test_a_dead_peer_is_told_from_the_scripts_own_error() -> None:
         seen = dict(out)
     del server
     assert seen == {0: {"peer": True, "bug": False}}
+
+
+def late_member(proc: int, store_addr: str, out: dict) -> None:
+    """Rank 1 arrives long after the group's 1 s timeout: a newcomer's peers first finish their step."""
+    store = open_store(store_addr, 1)
+    if proc == 1:
+        time.sleep(3)
+    join(Generation(1, proc, 2, store_addr, "test/late"), "gloo", store, 1)
+    total = torch.tensor([proc + 1])
+    dist.all_reduce(total)
+    out[proc] = int(total.item())
+
+
+def test_a_rank_that_arrives_after_the_groups_timeout_still_joins() -> None:
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, None, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=30))
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.start_processes(late_member, args=(f"127.0.0.1:{port}", out), nprocs=2, start_method="spawn")
+        seen = dict(out)
+    del server
+    assert seen == {0: 3, 1: 3}
+
+
+def test_a_generation_whose_ranks_do_not_all_arrive_says_how_many_came() -> None:
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, None, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=30))
+    store = open_store(f"127.0.0.1:{port}", 5)
+    with pytest.raises(NotArrived, match="generation 4: 1 of 3 ranks arrived within 0s"):
+        arrive(Generation(4, 0, 3, f"127.0.0.1:{port}", "test/absent"), store, wait_s=0.2)
+    del store, server

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from trainer_shim.data import ElasticSampler
-from trainer_shim.generation import DEFAULT_TIMEOUT_S, Generation, join, leave, open_store, sync
+from trainer_shim.generation import DEFAULT_TIMEOUT_S, Generation, NotArrived, join, leave, open_store, sync
 from trainer_shim.noop import NullSession
 from trainer_shim.session import Session
 
@@ -93,7 +93,10 @@ class Elastic:
             self.in_place = True
         if gen is not None:
             self._store = open_store(gen.store, self.timeout_s)
-            self._opened = join(gen, self.backend, self._store, self.timeout_s)
+            try:
+                self._opened = join(gen, self.backend, self._store, self.timeout_s)
+            except NotArrived as exc:  # its daemon restarts it: a clear line, not a traceback
+                raise SystemExit(f"elastic: rank {gen.rank}: {exc}") from None
             self.round = gen.round
         elif "WORLD_SIZE" in env and "MASTER_ADDR" in env:
             dist.init_process_group(self.backend)

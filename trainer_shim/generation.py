@@ -22,6 +22,10 @@ import torch.distributed as dist
 STORE_ENV = "ELASTICD_STORE"  # host:port of the job's long-lived c10d store (hosted by the coordinator's daemon)
 PREFIX_ENV = "ELASTICD_STORE_PREFIX"  # this generation's key prefix in it
 DEFAULT_TIMEOUT_S = 10.0  # short: a peer that is alive but absent is only noticed at this timeout (gloo)
+# How long a rank waits for the rest of its generation to arrive. Longer than the collectives' timeout: a
+# newcomer's peers first finish their step, or are forked under load. A wait that is moot ends sooner: the
+# daemon stops this process for a restart, or replaces it when it does not leave for a newer generation.
+ARRIVAL_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -71,11 +75,34 @@ def _sockets() -> dict[str, int]:
     return found
 
 
-def join(gen: Generation, backend: str, store: dist.Store, timeout_s: float) -> set[str]:
-    """Init the default group of this generation on a fresh prefix (a reused one hangs, #55967).
+class NotArrived(RuntimeError):
+    """The generation's other ranks did not all arrive in time: the daemon restarts this process instead."""
+
+
+def arrive(gen: Generation, store: dist.Store, wait_s: float = ARRIVAL_WAIT_S) -> None:
+    """Wait until every rank of the generation is here, so that the group's init needs only its short timeout.
+
+    One counter per generation: the last rank to count sets `all`, which the others wait for (one blocking
+    wait: c10d logs a warning for every wait that times out, so there is no polling).
+    """
+    view = dist.PrefixStore(f"{gen.prefix}/arrival", store)
+    if view.add("count", 1) >= gen.world_size:
+        view.set("all", "1")
+    try:
+        view.wait(["all"], timedelta(seconds=wait_s))
+    except dist.DistStoreError:
+        raise NotArrived(f"generation {gen.round}: {view.add('count', 0)} of {gen.world_size} ranks arrived "
+                         f"within {wait_s:.0f}s") from None
+
+
+def join(gen: Generation, backend: str, store: dist.Store, timeout_s: float,
+         wait_s: float = ARRIVAL_WAIT_S) -> set[str]:
+    """Init the default group of this generation on a fresh prefix (a reused one hangs, #55967), once every
+    rank has arrived (`arrive`).
 
     Returns the sockets the group opened (its gloo pairs), for `leave` to sever.
     """
+    arrive(gen, store, wait_s)
     before = _sockets().keys()
     dist.init_process_group(backend, store=dist.PrefixStore(gen.prefix, store), rank=gen.rank,
                             world_size=gen.world_size, timeout=timedelta(seconds=timeout_s))
