@@ -196,6 +196,7 @@ def _alive(pid: int) -> bool:
         return False
 
 TICKER = Path(__file__).resolve().parent / "workers" / "ticker.py"
+SHIM_TICKER = Path(__file__).resolve().parent / "workers" / "shim_ticker.py"
 
 
 def job_processes(job_id: str) -> list[int]:

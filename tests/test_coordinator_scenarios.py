@@ -250,17 +250,20 @@ def test_drain_stops_every_rank_at_one_agreed_step_then_reforms_without_the_node
     assert restarts(sim)["failure"] == 0
 
 
-def test_nodes_without_shim_ranks_are_asked_nothing_and_not_waited_for() -> None:
-    """A node that answers the step query with no shim rank gets no `drain_workers` (it has nobody to tell, and
-    would never say `drained`): a plain job's join asks nobody; a plain node leaving a shim job is not waited for."""
+def test_nodes_without_shim_ranks_are_told_but_not_waited_for() -> None:
+    """A node that answers the step query with no shim rank would never say `drained`: nobody waits for it. It is
+    told all the same, for the shim workers it may still be starting (their `welcome` carries the request): a
+    plain job's join tells every node that no step was agreed; a plain node leaving a shim job is not waited for."""
     sim = Sim("abc", min_nodes=2, max_nodes=4)  # plain workers everywhere
     sim.start()
     sim.formed()
     mark = sim.mark()
     sim.add("d").start()
     sim.formed(2)
-    assert len(sim.msgs(MeshOp.step_report, since=mark)) == 3 and sim.msgs(MeshOp.drain_workers, since=mark) == []
+    assert len(sim.msgs(MeshOp.step_report, since=mark)) == 3
     agreed, = sim.of(K.step_agreed, since=mark)
+    drains = sim.msgs(MeshOp.drain_workers, since=mark)
+    assert sorted(m.dst for m in drains) == ["a", "b", "c"] and {m.body["at_step"] for m in drains} == {None}
     assert agreed["at_step"] is None and sim.round.world_size == 8
 
     sim = shim_job()
@@ -268,7 +271,8 @@ def test_nodes_without_shim_ranks_are_asked_nothing_and_not_waited_for() -> None
     mark = sim.mark()
     assert REGISTRY["drain"].run(sim.coordinator, {"node": "c"})["accepted"] is True
     sim.formed(2)
-    assert sorted(m.dst for m in sim.msgs(MeshOp.drain_workers, since=mark)) == ["a", "b"]
+    assert sorted(m.dst for m in sim.msgs(MeshOp.drain_workers, since=mark)) == ["a", "b", "c"]
+    assert sim.msgs(MeshOp.node_drained, src="c", since=mark) == []
     complete, = sim.of(K.drain_complete, since=mark)
     assert complete["timed_out"] is False and sim.rank_map() == [("a", [0, 1]), ("b", [2, 3])]
 

@@ -7,11 +7,10 @@ import re
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from harness import ROOT, Job
+from harness import ROOT, SHIM_TICKER, Job
 from prometheus_client.parser import text_string_to_metric_families
 
 from elasticd.client import Credentials
@@ -20,7 +19,6 @@ from elasticd.job.config import JobConfig
 from elasticd.keys.auth import KeyStore
 from elasticd.member.agent import NodeAgent
 
-SHIM_TICKER = Path(__file__).resolve().parent / "workers" / "shim_ticker.py"
 NVML_ONLY = "elasticd_gpu_"  # served only where NVML is present (not on this machine): see test_gpu_families
 DOC_ROW = re.compile(r"^\| `(elasticd_\w+)` \| (\w+) \| ([^|]+) \|", re.MULTILINE)
 

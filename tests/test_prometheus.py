@@ -13,10 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import Job, free_port
+from harness import SHIM_TICKER, Job, free_port
 from system_deps import require_binary
 
-SHIM_TICKER = Path(__file__).resolve().parent / "workers" / "shim_ticker.py"
 DEADLINE_S = 60.0
 
 

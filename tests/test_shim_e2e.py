@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from harness import SHIM, Job
+from harness import SHIM, SHIM_TICKER, Job
 
 from elasticd.client import Client
 
@@ -209,5 +209,26 @@ def test_sigterm_of_the_coordinators_node_stops_the_job_at_one_step_with_a_check
         # every rank said `drained` at that step (no timeout): the checkpoint is the job's last step
         assert re.search(r"stop_complete .*timed_out=False", a.output()), a.output()[-2000:]
         assert "job_end state=stopped reason=node a's elasticd received SIGTERM" in a.output()
+    finally:
+        job.close()
+
+
+def test_a_worker_that_says_hello_after_its_node_answered_a_join_trains_nothing_in_the_round_that_ends(
+        tmp_path: Path) -> None:
+    """Its node answered the join's step query with no shim rank (no hello yet), so nobody waits for its save: a
+    step it trained now would be lost with the restart and trained again. The daemon's `welcome` holds it."""
+    hello, steps = tmp_path / "hello", tmp_path / "steps"
+    job = Job(tmp_path, nnodes="1:2", nproc=1)
+    args = ("--wait-for", str(hello), "--keep-on-sigterm", "--step-log", str(steps))
+    try:
+        job.start("a", SHIM_TICKER, *args)
+        job.wait_event("workers_started")
+        job.start("b", SHIM_TICKER, *args)
+        job.wait_event("step_agreed")  # the join's: node a's worker had not said hello
+        hello.touch()
+        grown = job.wait_event("round_started", lambda e: e["world_size"] == 2)
+        wait_for(lambda: steps.exists() and f"{grown['round']} 3" in steps.read_text())
+        trained = [line.split() for line in steps.read_text().splitlines()]
+        assert [step for round_id, step in trained if round_id == "1"] == []
     finally:
         job.close()

@@ -13,6 +13,7 @@ import pytest
 import zmq
 
 import trainer_shim
+import trainer_shim.session as session_module
 from elasticd.wire.protocol import Envelope, decode, encode
 from trainer_shim import NullSession, Session
 
@@ -209,3 +210,41 @@ def test_malformed_requests_ignored(addr: str, router: zmq.Socket) -> None:
         request(router, ident, "drain", "d", 1)
         wait_for(lambda: (s.poll(), bool(s.pending))[1])
         assert [p.op for p in s.pending] == ["drain"]
+
+
+def answer_hello(router: zmq.Socket, *replies: tuple[str, dict]) -> threading.Thread:
+    """A daemon's worker channel: answers the first hello with these requests (a welcome last)."""
+    def serve() -> None:
+        ident, hello = recv(router)
+        assert hello.op == "hello" and hello.body["welcome"] is True
+        for op, body in replies:
+            router.send_multipart([ident, encode(Envelope(type="req", op=op, body=body))])
+    thread = threading.Thread(target=serve)
+    thread.start()
+    return thread
+
+
+def test_a_first_hello_is_welcomed_with_the_drain_its_round_already_agreed(addr: str, router: zmq.Socket) -> None:
+    server = answer_hello(router, ("drain", {"request_id": "d1", "at_step": 7}), ("welcome", {"hold": False}))
+    with Session(addr, welcome=True) as s:
+        server.join()
+        assert [(r.op, r.at_step) for r in s.pending] == [("drain", 7)] and not s.should_stop(6) and s.should_stop(7)
+
+
+def test_a_rank_whose_round_ends_without_it_is_held_before_its_first_step(addr: str, router: zmq.Socket,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(session_module, "HOLD_S", 0.5)
+    server = answer_hello(router, ("drain", {"request_id": "d1", "at_step": None}), ("welcome", {"hold": True}))
+    began = time.monotonic()
+    with Session(addr, welcome=True) as s:
+        assert time.monotonic() - began >= 0.5  # held: a SIGTERM would have ended it (its daemon stops it)
+        server.join()
+        assert s.should_stop(1)  # never stopped: its drain applies at the first step
+
+
+def test_a_daemon_that_does_not_answer_delays_the_start_by_at_most_the_welcome_wait(
+        addr: str, router: zmq.Socket, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(session_module, "WELCOME_WAIT_S", 0.3)
+    began = time.monotonic()
+    with Session(addr, welcome=True) as s:
+        assert 0.3 <= time.monotonic() - began < 2 and s.pending == []

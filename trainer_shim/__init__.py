@@ -27,4 +27,4 @@ def init(env: Mapping[str, str] | None = None) -> Session | NullSession:
     if not addr:
         return NullSession(rank, local_rank)
     return Session(addr, rank=rank, local_rank=local_rank, node=env.get("ELASTICD_NODE_ID", ""),
-                   round_id=_int(env, "ELASTICD_ROUND"))
+                   round_id=_int(env, "ELASTICD_ROUND"), welcome=env.get("ELASTICD_WELCOMES") == "1")

@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from elasticd.wire.protocol import Envelope, ProtocolError, decode, encode, new_
 
 # What the daemon may ask (docs/worker-channel.md): act at a step boundary, or (`generation`) join a new world.
 REQUEST_OPS = frozenset({WorkerOp.checkpoint, WorkerOp.drain, WorkerOp.resize, WorkerOp.generation})
+WELCOME_WAIT_S = 2.0  # a daemon that welcomes answers a first hello in milliseconds; a busy one may take longer
+HOLD_S = 120.0  # a rank held at its start (its round ends without it) waits this long to be stopped
 
 
 @dataclass
@@ -67,7 +70,7 @@ class Session:
     enabled = True
 
     def __init__(self, addr: str, rank: int = 0, local_rank: int = 0, node: str = "",
-                 round_id: int = 0) -> None:
+                 round_id: int = 0, welcome: bool = False) -> None:
         self.rank, self.local_rank, self.node, self.round = rank, local_rank, node, round_id
         self.dropped = 0
         self.sent = 0
@@ -94,17 +97,42 @@ class Session:
         # The step frame's constant parts, precomputed so report() formats only the numbers.
         self._head = '{"v":1,"type":"ev","op":"' + WorkerOp.step + '","id":"' + self._idp
         self._mid = '","node":' + json.dumps(node) + ',"seq":'
-        self.rejoin(rank, round_id, in_place=False)
+        self.rejoin(rank, round_id, in_place=False, welcome=welcome)
+        if welcome:
+            self._await_welcome()
 
-    def rejoin(self, rank: int, round_id: int, in_place: bool, waiting: bool = False) -> None:
-        """Say hello as `rank` of `round_id`: at start, and again on each generation joined in place."""
+    def rejoin(self, rank: int, round_id: int, in_place: bool, waiting: bool = False, welcome: bool = False) -> None:
+        """Say hello as `rank` of `round_id`: at start, and again on each generation joined in place.
+
+        `welcome`: ask the daemon to answer (the first hello of a process, under a daemon that says it does)."""
         self.rank, self.round = rank, round_id
         self._rank_s = '{"rank":' + str(int(rank)) + ',"step":'
         self._held, self._held_samples, self._held_tokens, self._held_steps = None, 0, 0, 0
         self._sent_any = False  # the first step of a generation goes out at once: it closes its timeline
         self._last = time.perf_counter()
         self._send(self._frame(WorkerOp.hello, {"rank": rank, "local_rank": self.local_rank, "pid": os.getpid(),
-                                                "round": round_id, "in_place": in_place, "waiting": waiting}))
+                                                "round": round_id, "in_place": in_place, "waiting": waiting,
+                                                **({"welcome": True} if welcome else {})}))
+
+    def _await_welcome(self) -> None:
+        """Before the first step: a drain agreed in this round while this rank was starting is its own too (it
+        arrives first, as a request), and with no agreed step the round ends without this rank, which is held
+        rather than train a step that would be lost and trained again (docs/worker-channel.md, `welcome`)."""
+        deadline = time.monotonic() + WELCOME_WAIT_S
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                if not self._sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+                    return
+                frame = self._sock.recv_multipart(zmq.NOBLOCK)[-1]
+                env = decode(frame)
+            except (zmq.ZMQError, ProtocolError):
+                continue
+            if env.op != WorkerOp.welcome:
+                self._accept(frame)
+            else:
+                if env.body.get("hold") is True:
+                    _hold()
+                return
 
     # -- sending --------------------------------------------------------------------------------------
     def _frame(self, op: WorkerOp, body: dict[str, Any]) -> bytes:
@@ -288,3 +316,15 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _hold() -> None:
+    """Wait to be stopped with the round: a SIGTERM ends it at once (a framework's handler, already installed,
+    would only take note). If nothing stops it within HOLD_S, its pending drain applies at its first step."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL) if main else None
+    try:
+        time.sleep(HOLD_S)
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)

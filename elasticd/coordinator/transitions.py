@@ -233,10 +233,9 @@ class Transitions:
         core.emit(EventKind.step_agreed, op_id=query.op_id, op=request, at_step=at_step)
         if ours and trans is not None:  # no shim worker reports steps (there): nobody will say `drained`
             trans.awaiting = set() if at_step is None else trans.awaiting - query.plain
-        # Nodes that said they run no shim rank have nobody to tell (a plain job's drain asks nothing of anyone);
-        # one that did not answer in time is told anyway.
-        core.send_all([n for n in core.round.node_ids() if n not in query.plain], WORKER_OPS[request],
-                      {"request_id": query.op_id, "at_step": at_step})
+        # Every member is told, and only those with shim ranks are waited for. A node that answered with none may
+        # be starting shim workers that say hello later: the request is theirs too (worker_channel.welcome).
+        core.send_all(core.round.node_ids(), WORKER_OPS[request], {"request_id": query.op_id, "at_step": at_step})
 
     def keeps_state_in_place(self, trans: Transition) -> bool:
         """Whether a round follows that holds the ranks' state without a checkpoint: not when the job ends, our

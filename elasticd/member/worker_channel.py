@@ -25,6 +25,7 @@ log = logging.getLogger("elasticd")
 
 
 ReportHandler = Callable[[int, dict[str, Any], float], None]  # (rank, body, now)
+WELCOMES_ENV = "ELASTICD_WELCOMES"  # tells the shim that a hello asking for a `welcome` gets one
 
 
 class WorkerChannel:
@@ -40,6 +41,7 @@ class WorkerChannel:
         self.hung_reported: set[tuple[int, int]] = set()
         self.dropped_frames = 0
         self.pids: dict[int, bytes] = {}  # pid -> identity: a worker kept in place keeps its socket, not its rank
+        self.round_drain: tuple[int, dict[str, Any]] | None = None  # (round, the drain asked of its workers)
         node.in_place.send = self.send_to_pid
         # From a worker between rounds: its rank and round are changing.
         self.between_rounds: dict[str, Callable[[dict[str, Any]], None]] = {
@@ -60,7 +62,7 @@ class WorkerChannel:
             self.sock.bind(f"ipc://{self.path}")
         except zmq.ZMQError as exc:
             raise StartError(f"cannot bind the worker channel ipc://{self.path}: {exc}") from None
-        return {"ELASTICD_WORKER_ADDR": f"ipc://{self.path}"}
+        return {"ELASTICD_WORKER_ADDR": f"ipc://{self.path}", WELCOMES_ENV: "1"}
 
     async def serve(self) -> None:
         assert self.sock is not None
@@ -93,9 +95,20 @@ class WorkerChannel:
         self.idents[rank] = (ident, round_id)
         self.pids[int(body.get("pid", 0))] = ident
         self.node.in_place.on_hello(int(body.get("pid", 0)), body)
+        if body.get("welcome") is True:
+            self.welcome(ident, round_id)
         if body.get("waiting") is True:
             return  # started before its round: its rank is a placeholder, no metrics until it joins one
         self.node.rank_reports.hello(rank, round_id, now, in_place)
+
+    def welcome(self, ident: bytes, round_id: int) -> None:
+        """Answer a worker's first hello before it trains. A drain agreed in its round while it was still
+        starting (its node answered the step query with no shim rank) is its drain too; with no agreed step the
+        round ends without it, and it is held: a step it trained now would be lost and trained again."""
+        drain = self.round_drain[1] if self.round_drain and self.round_drain[0] == round_id else None
+        if drain is not None:
+            self.send_to(ident, WorkerOp.drain, drain)
+        self.send_to(ident, WorkerOp.welcome, {"hold": drain is not None and drain.get("at_step") is None})
 
     def on_checkpoint(self, rank: int, body: dict[str, Any], now: float) -> None:
         self.node.rank_reports.checkpoint(rank, body, now)
@@ -130,6 +143,8 @@ class WorkerChannel:
         if self.sock is None:
             return 0
         payload = {"request_id": body.get("request_id") or new_id(), "at_step": body.get("at_step")}
+        if op == WorkerOp.drain:
+            self.round_drain = (self.node.round_id, payload)  # also for the ranks that say hello later
         frame = encode(Envelope("req", op, payload, node=self.cfg.node_id, ts=time.time()))
         sent = 0
         for ident, round_id in list(self.idents.values()):
@@ -144,7 +159,10 @@ class WorkerChannel:
     def send_to_pid(self, pid: int, op: WorkerOp, body: dict[str, Any]) -> bool:
         """One request to one worker (in-place resizes address a process, whatever its rank)."""
         ident = self.pids.get(pid)
-        if self.sock is None or ident is None:
+        return ident is not None and self.send_to(ident, op, body)
+
+    def send_to(self, ident: bytes, op: WorkerOp, body: dict[str, Any]) -> bool:
+        if self.sock is None:
             return False
         frame = encode(Envelope("req", op, body, node=self.cfg.node_id, ts=time.time()))
         try:

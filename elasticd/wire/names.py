@@ -85,6 +85,7 @@ class WorkerOp(StrEnum):
     drain = "drain"
     resize = "resize"  # leave the process group at the agreed step, keep the process
     generation = "generation"
+    welcome = "welcome"  # the answer to a first hello that asks for one: `hold` while its round ends without it
 
 
 CTL_PREFIX = "ctl."  # a member forwards an operator request as `ctl.<verb>`; the answer comes back as a `rep`
