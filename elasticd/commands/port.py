@@ -90,6 +90,12 @@ class ResizeControl(Protocol):
     def force_restart(self, reason: str) -> None: ...
 
 
+class GoodputView(Protocol):
+    """Where the job's time went (coordinator/goodput.py)."""
+
+    def report(self, now: float) -> dict[str, Any]: ...
+
+
 class JobPort(Protocol):
     """The job as a verb sees it: the coordinator's state to read, and the few calls that steer it."""
 
@@ -113,6 +119,8 @@ class JobPort(Protocol):
     def store(self) -> RoundHistory: ...
     @property
     def resizer(self) -> ResizeControl: ...
+    @property
+    def goodput(self) -> GoodputView: ...
     @property
     def clock(self) -> Callable[[], float]: ...
     @property

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from elasticd.coordinator.core import PendingRound, Send, SendAll
+from elasticd.coordinator.goodput import GoodputLedger
 from elasticd.coordinator.liveness import Liveness
 from elasticd.coordinator.membership import MembershipStore, NodeRecord, Round, build_rank_map, sticky_order
 from elasticd.coordinator.probes import FailureProbe
@@ -83,6 +84,7 @@ class Coordinator:
         self.join_seq = 0  # join order of nodes; persisted with etcd so a new coordinator numbers on
         self.ended_at = 0.0
         self.status_extra: Callable[[], dict[str, Any]] = dict  # --rdzv-backend etcd: epoch, etcd health
+        self.goodput = GoodputLedger(clock())  # fed every event (_record)
         self.resizer = Resizer(cfg.job_id, self.emit)  # in-place rounds (elasticd/coordinator/resize.py)
         self.routes = RelayRoutes(self)
         self.tracker = RoundTracker(self)
@@ -105,8 +107,8 @@ class Coordinator:
             MeshOp.node_done: self.node_done,
             MeshOp.node_drained: lambda sender, _body, now: trans.node_drained(sender, now),
             MeshOp.round_progress: lambda sender, body, _now: tracker.round_progress(sender, body),
-            MeshOp.first_step: lambda sender, body, _now: self.first_step(sender, int(body["round"]),
-                                                                          float(body["at"])),
+            MeshOp.first_step: lambda sender, body, _now: self.first_step(
+                sender, int(body["round"]), float(body["at"]), body["step"] if type(body.get("step")) is int else None),
             MeshOp.step_report: lambda sender, body, _now: trans.on_step_report(sender, body),
             MeshOp.pong: lambda sender, _body, now: probe.pong(sender, now),
             MeshOp.event: lambda sender, body, _now: self.adopt(body, sender),
@@ -148,6 +150,7 @@ class Coordinator:
     def _record(self, kind: str, node: str, ts: float, **fields: Any) -> dict[str, Any]:
         event = self.events.append(kind, node, ts or self.clock(), **fields)
         emit_log(event)
+        self.goodput.observe(event)
         self.on_event(event)
         return event
 
@@ -237,6 +240,7 @@ class Coordinator:
         self.state, self.reason, self.ended_at = state, reason, now
         self.pending = self.transitions.current = None
         self.emit(EventKind.job_end, state=state, reason=reason)
+        self.emit(EventKind.goodput, **self.goodput.state(), report=self.goodput.report(now))
         self.send_all([n.node_id for n in self.alive()], MeshOp.job_end, {"state": state, "reason": reason})
 
     # ---- time ---------------------------------------------------------------------------------
@@ -369,8 +373,9 @@ class Coordinator:
             **self.resizer.fields(rnd, entry is None and node.role == Role.standby),
         }
 
-    def first_step(self, node_id: str, round_id: int, at: float) -> None:
-        if self.tracker.first_step(node_id, round_id, at):
+    def first_step(self, node_id: str, round_id: int, at: float, step: int | None) -> None:
+        if self.tracker.first_step(node_id, round_id, at, step):
+            self.emit(EventKind.goodput, **self.goodput.state())  # what a coordinator taking over resumes from
             self.transitions.stop_after_first_step()
 
     # ---- in-place rounds ----------------------------------------------------------------------

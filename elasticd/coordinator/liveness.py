@@ -63,12 +63,13 @@ class Liveness:
         for node_id, since in list(self.closed.items()):
             if now - since >= RECONNECT_GRACE_S and not self.lose_if_closed(node_id, now):
                 del self.closed[node_id]  # it reconnected within the grace: a blip, not a death
+                self.liveness_due = 0.0  # its silence counts again, from its last frame
         if now < self.liveness_due:
             return  # no member can be silent past the limit before then: a scan of all, every 50 ms tick, cost CPU
         oldest = now
         for node in self.core.alive():
-            if node.node_id == cfg.node_id:
-                continue
+            if node.node_id == cfg.node_id or node.node_id in self.closed:
+                continue  # a closed connection is judged above, within the grace, and for what it is
             if now - node.last_seen <= cfg.lost_after_s:
                 oldest = min(oldest, node.last_seen)
             elif self.relay_silent(node, now):  # its frames wait at a relay that is late itself: not its silence

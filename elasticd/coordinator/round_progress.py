@@ -114,13 +114,14 @@ class RoundTracker:
             core.emit(EventKind.round_complete, round=rnd.round_id, cause=rnd.cause, timeline=timeline(rnd))
         core.resizer.progress(node_id, body, rnd)
 
-    def first_step(self, node_id: str, round_id: int, at: float) -> bool:
-        """Returns whether this is the round's first step (the first report of it)."""
+    def first_step(self, node_id: str, round_id: int, at: float, step: int | None = None) -> bool:
+        """Returns whether this is the round's first step (the first report of it; `step`: its number)."""
         rnd = self.core.round
         if not (rnd and round_id == rnd.round_id and "first_step" not in rnd.timeline):
             return False
         rnd.timeline["first_step"] = at
-        self.core.emit(EventKind.first_step, node_id, round=round_id, cause=rnd.cause, timeline=timeline(rnd))
+        self.core.emit(EventKind.first_step, node_id, round=round_id, cause=rnd.cause, timeline=timeline(rnd),
+                       step=step)
         self.core.resizer.first_step(rnd, at)
         return True
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from elasticd.coordinator.core import CoordinatorCore
+from elasticd.coordinator.goodput import GoodputLedger
 from elasticd.coordinator.relay_plan import RelayPlan
 from elasticd.coordinator.round_progress import timeline
 from elasticd.coordinator.tally import NodeTally
@@ -21,6 +22,7 @@ class StatusSource(CoordinatorCore, Protocol):
     restarts: dict[Cause, int]
     events: EventLog
     status_extra: Callable[[], dict[str, Any]]  # --rdzv-backend etcd: epoch, etcd health
+    goodput: GoodputLedger
 
     @property
     def tally(self) -> NodeTally: ...
@@ -44,6 +46,6 @@ def job_status(c: StatusSource, now: float, offset: int = 0, limit: int | None =
         "rank_map": rnd.public()["members"] if rnd else [],
         "nodes": [n.public(now) for n in page], "nodes_total": len(ordered), "nodes_offset": offset,
         "node_counts": c.tally.groups(), "relays": len(c.relays.groups),
-        "seq": c.events.seq,
+        "seq": c.events.seq, "goodput": c.goodput.report(now)["goodput"],
         **c.status_extra(),
     }

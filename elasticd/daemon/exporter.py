@@ -181,8 +181,23 @@ class DaemonCollector(Collector):
                           nodes.count((role, node_status)), role=role, status=node_status)
         for cause, count in status["restarts"].items():
             out.counter("elasticd_restarts_total", "Rounds started to restart the job, by cause", count, cause=cause)
+        self.goodput_metrics(out, c)
         self.observe_recoveries(c)
         return [*out.built.values(), *self.recovery.collect()]
+
+    def goodput_metrics(self, out: Families, c: Coordinator) -> None:
+        """Time by bucket as counters of closed stretches (they only grow: rate() gives any window's share)."""
+        for bucket, seconds in c.goodput.totals.items():
+            name, _, reason = bucket.partition(".")
+            out.counter("elasticd_job_time_seconds", "The job's wall time by bucket (recovery by reason), "
+                        "accounted at each round's first step", seconds, bucket=name, reason=reason)
+        for bucket, seconds in c.goodput.rank_totals.items():
+            name, _, reason = bucket.partition(".")
+            out.counter("elasticd_job_rank_time_seconds", "Rank-seconds by bucket: wall time times the round's "
+                        "ranks; training over all of it is goodput", seconds, bucket=name, reason=reason)
+        share = c.goodput.report(c.clock())["goodput"]
+        if share is not None:
+            out.gauge("elasticd_goodput_ratio", "Share of the job's rank time that trained, over its life", share)
 
     def observe_recoveries(self, c: Coordinator) -> None:
         """Each phase of each completed restart round enters the histogram once (rounds are kept in the store)."""

@@ -35,6 +35,7 @@ def restore(c: Coordinator, snap: Snapshot, now: float) -> None:
         c.join_seq = int(job["join_seq"])
         c.state, c.reason = JobState(job["state"]), str(job["reason"])
     c.round = snap.rounds[-1] if snap.rounds else None
+    c.goodput.replay(c.events.query(limit=0))
     me = c.cfg.node_id
     c.relays.rebuild(c.alive())
     c.replace_relay(me, now)  # we coordinate now: a group we relayed for moves behind the next of its members

@@ -200,6 +200,7 @@ class NodeAgent:
         if group and (group.running or kept):
             await group.stop(self.cfg.grace_s)
             fields = {"round": group.round_id, "exit_codes": {w.rank: w.exit_code for w in group.workers},
+                      "last_step": self.rank_reports.step_answer(group.round_id)["step"],  # goodput's redone work
                       **({"kept": [w.proc.pid for w in kept]} if kept else {})}
             if held is None:
                 self.event(EventKind.workers_stopped, **fields)

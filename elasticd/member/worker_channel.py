@@ -136,7 +136,7 @@ class WorkerChannel:
         first = self.node.rank_reports.step(rank, body, now)
         self.node.steps_dirty = True
         if first:
-            self.node.to_coord(MeshOp.first_step, {"round": self.node.round_id, "at": now})
+            self.node.to_coord(MeshOp.first_step, {"round": self.node.round_id, "at": now, "step": body.get("step")})
 
     def request(self, op: WorkerOp, body: dict[str, Any]) -> int:
         """Send checkpoint/drain to this round's shim workers; returns how many were asked."""

@@ -109,6 +109,7 @@ class EventKind(StrEnum):
     round_started = "round_started"
     round_complete = "round_complete"
     first_step = "first_step"
+    goodput = "goodput"  # a round's first step, the job's end: where its time went (coordinator/goodput.py)
     stop_barrier_timeout = "stop_barrier_timeout"
     job_end = "job_end"
     relay_replaced = "relay_replaced"  # a relay went: its group now sends through another of its members

@@ -19,7 +19,8 @@ def render(s: dict[str, Any]) -> str:
     lines = [
         f"job {s['job_id']}  state {s['state']}  round {s['round']}  world {s['world_size']}  "
         f"nodes {s['min_nodes']}:{s['max_nodes']} target {s['target']}  coordinator {s['coordinator']}",
-        f"restarts {restarts} (max failures {s['max_restarts']})",
+        f"restarts {restarts} (max failures {s['max_restarts']})"
+        + (f"  goodput {s['goodput']:.1%} (elasticd goodput)" if isinstance(s.get("goodput"), float) else ""),
     ]
     if s.get("epoch"):
         etcd = s.get("etcd", {})

@@ -1,0 +1,268 @@
+"""Where the job's time went (goodput): training, recovery by reason, checkpoint stalls, redone work, waiting.
+
+docs/architecture.md, "Goodput". Fed every event of the job log, in order; it accounts once per round (at its
+first step) and never per step. Its totals go out in a `goodput` event at each round's first step, so a
+coordinator that takes over resumes them from the log it adopts.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from elasticd.wire.names import Cause, EventKind
+
+TRAINING, CHECKPOINT, REDONE, WAITING = "training", "checkpoint", "redone", "waiting"
+# Recovery, by what began it.
+CRASH, HANG, NODE_LOSS, JOIN, LEAVE, SCALE, OPERATOR, TAKEOVER, START = (
+    "crash", "hang", "node_loss", "join", "leave", "scale", "operator", "takeover", "start")
+WINDOW_S = 3600.0  # the sliding window `goodput` reports beside the job's life
+FAILURES = (Cause.failure, Cause.hang)
+TRANSITION_REASONS = {"drain": LEAVE, "cordon": LEAVE, "stop": LEAVE, "scale": SCALE}
+
+
+@dataclass
+class Split:
+    """Seconds of one stretch of time by bucket (`recovery.REASON` for recovery), and its ranks."""
+
+    start: float
+    end: float
+    ranks: int
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, bucket: str, seconds: float) -> float:
+        seconds = max(0.0, seconds)
+        if seconds:
+            self.seconds[bucket] = self.seconds.get(bucket, 0.0) + seconds
+        return seconds
+
+
+def overlap(spans: list[tuple[float, float]], start: float, end: float) -> float:
+    """Seconds of [start, end] covered by the spans (which may overlap one another)."""
+    covered, reach = 0.0, start
+    for a, b in sorted(spans):
+        a, b = max(a, reach), min(b, end)
+        if b > a:
+            covered, reach = covered + b - a, b
+    return covered
+
+
+class GoodputLedger:
+    """The job's time, stretch by stretch: each ends at a round's first step (or the job's end)."""
+
+    def __init__(self, started: float) -> None:
+        self.totals: dict[str, float] = {}  # seconds by bucket, closed stretches only
+        self.rank_totals: dict[str, float] = {}  # rank-seconds by bucket
+        self.recent: deque[Split] = deque()  # closed stretches of the last WINDOW_S
+        self.started = self.mark = started  # the job's start; where the open stretch begins
+        self.training = False  # the open stretch is training (the round took its first step)
+        self.stop_at: float | None = None  # when training stopped, while the next round forms
+        self.reason = START
+        self.world = 0
+        self.cause = ""  # the current round's
+        self.saves: list[tuple[float, float]] = []  # checkpoint stalls in the open stretch
+        self.waits: list[tuple[float, float]] = []  # below --nnodes min, in the open stretch
+        self.waiting_since: float | None = None
+        self.transition = ""  # the graceful change in flight: its op id
+        self.transition_reason = ""
+        self.high_step: int | None = None  # the highest step the stopped round reached (workers_stopped)
+        self.first: tuple[float, int] | None = None  # the current round's first step: (time, step)
+        self.step_time = 0.0
+        self.redo_s = 0.0  # redone work still to be carved out of the next training
+        self.redone_steps = 0
+        self.ended = False
+        self.handlers: dict[str, Callable[[dict[str, Any], float], object]] = {
+            EventKind.worker_exited: self.crashed, EventKind.worker_left: self.crashed,
+            EventKind.node_lost: lambda _e, ts: self.disrupt(ts, NODE_LOSS),
+            EventKind.worker_hung: lambda _e, ts: self.disrupt(ts, HANG),
+            EventKind.checkpoint_saved: self.saved, EventKind.workers_stopped: self.stopped,
+            EventKind.waiting: self.waiting, EventKind.coordinator_elected: self.took_over,
+            EventKind.round_started: self.round_started, EventKind.first_step: self.first_step,
+            EventKind.job_end: self.job_end}
+
+    # -- the events -----------------------------------------------------------------------------------
+    def observe(self, event: dict[str, Any], replay: bool = False) -> None:
+        """One event of the job log; `replay`: a log adopted at a takeover, whose `goodput` events resume."""
+        kind, ts = str(event.get("kind")), float(event.get("ts") or 0.0)
+        if self.ended or not ts:
+            return
+        if kind == EventKind.goodput:
+            if replay and event.get("totals"):
+                self.resume(event)
+        elif kind.endswith("_started") and "op_id" in event:  # a graceful change begins: its saves stop training
+            self.transition = str(event["op_id"])
+            self.transition_reason = TRANSITION_REASONS.get(kind.removesuffix("_started"), "")
+        elif kind in self.handlers:
+            self.handlers[kind](event, ts)
+
+    def disrupt(self, at: float, reason: str) -> bool:
+        """Training stopped at `at`: the open stretch is closed as training, and a recovery begins."""
+        if not self.training:
+            return False
+        self.close(at)
+        self.training, self.stop_at, self.reason = False, at, reason
+        return True
+
+    def crashed(self, event: dict[str, Any], ts: float) -> None:
+        """A worker exited with an error, or left its group on one (a peer died): everyone stops training."""
+        if event.get("exit_code") not in (0, None) or event.get("error"):
+            self.disrupt(ts, CRASH)
+
+    def stopped(self, event: dict[str, Any], _ts: float) -> None:
+        if isinstance(event.get("last_step"), int):
+            self.high_step = max(self.high_step or 0, int(event["last_step"]))
+
+    def waiting(self, _event: dict[str, Any], ts: float) -> None:
+        self.disrupt(ts, NODE_LOSS)
+        self.waiting_since = self.waiting_since or ts
+
+    def took_over(self, _event: dict[str, Any], _ts: float) -> None:
+        if not self.training:
+            self.reason = TAKEOVER
+
+    def job_end(self, _event: dict[str, Any], ts: float) -> None:
+        self.close(ts)
+        self.ended = True
+
+    def saved(self, event: dict[str, Any], ts: float) -> None:
+        duration = event.get("duration_s")
+        if not isinstance(duration, int | float) or duration < 0:
+            return
+        self.saves.append((ts - float(duration), ts))
+        if event.get("request_id") and event.get("request_id") == self.transition:
+            self.disrupt(ts - float(duration), self.transition_reason)  # its ranks stopped to save
+
+    def round_started(self, event: dict[str, Any], ts: float) -> None:
+        self.disrupt(ts, self.transition_reason)  # still training: its workers stop with the round
+        if self.waiting_since is not None:
+            self.waits.append((self.waiting_since, ts))
+            self.waiting_since = None
+        if self.reason in ("", START):  # named by the round unless a crash, a loss or a takeover named it
+            self.reason = reason_of(event)
+        self.world = int(event.get("world_size") or 0)
+        self.cause = str(event.get("cause") or "")
+        self.transition = self.transition_reason = ""
+
+    def first_step(self, event: dict[str, Any], ts: float) -> None:
+        if self.training:
+            return
+        self.close(ts)
+        step = event.get("step")
+        resumed = int(step) if isinstance(step, int) else None
+        if self.first is not None and self.high_step is not None and self.stop_at is not None \
+                and self.high_step > self.first[1]:  # how long the last round's steps took
+            self.step_time = (self.stop_at - self.first[0]) / (self.high_step - self.first[1])
+        if self.cause in FAILURES and resumed is not None and self.high_step is not None:
+            redo = max(0, self.high_step - (resumed - 1))
+            self.redone_steps += redo
+            self.redo_s += redo * self.step_time
+        self.training, self.stop_at, self.high_step = True, None, None
+        self.first = (ts, resumed) if resumed is not None else None
+
+    # -- stretches ------------------------------------------------------------------------------------
+    def close(self, end: float) -> None:
+        """Account the open stretch up to `end` and start the next one there."""
+        split = self.split(end)
+        self.redo_s -= split.seconds.get(REDONE, 0.0)
+        for bucket, seconds in split.seconds.items():
+            self.totals[bucket] = self.totals.get(bucket, 0.0) + seconds
+            self.rank_totals[bucket] = self.rank_totals.get(bucket, 0.0) + seconds * split.ranks
+        self.recent.append(split)
+        while self.recent and self.recent[0].end < end - WINDOW_S:
+            self.recent.popleft()
+        self.mark, self.saves, self.waits = end, [s for s in self.saves if s[1] > end], []
+
+    def split(self, end: float) -> Split:
+        """The open stretch up to `end`, by bucket (it changes nothing)."""
+        start = self.mark
+        out = Split(start, end, self.world)
+        if end <= start:
+            return out
+        saving = out.add(CHECKPOINT, overlap(self.saves, start, end))
+        if self.training:
+            redone = out.add(REDONE, min(self.redo_s, end - start - saving))
+            out.add(TRAINING, end - start - saving - redone)
+            return out
+        waiting = out.add(WAITING, overlap(self.waits + ([(self.waiting_since, end)] if self.waiting_since else []),
+                                           start, end))
+        out.add(f"recovery.{self.reason}", end - start - saving - waiting)
+        return out
+
+    # -- reading --------------------------------------------------------------------------------------
+    def report(self, now: float) -> dict[str, Any]:
+        """Seconds by bucket over the job's life and the last WINDOW_S, with goodput for each."""
+        live = self.split(now) if not self.ended else Split(now, now, self.world)
+        life = sum_splits([Split(self.started, self.mark, 0, dict(self.totals)), live])
+        ranks = dict(self.rank_totals)
+        for bucket, seconds in live.seconds.items():
+            ranks[bucket] = ranks.get(bucket, 0.0) + seconds * live.ranks
+        window = sum_splits([clip(s, now - WINDOW_S) for s in self.recent] + [clip(live, now - WINDOW_S)])
+        return {"life": described(life), "window": {**described(window), "seconds": WINDOW_S},
+                "goodput": ratio(ranks.get(TRAINING, 0.0), sum(ranks.values())),
+                "redone_steps": self.redone_steps, "wall_s": round(now - self.started, 3)}
+
+    def state(self) -> dict[str, Any]:
+        """What a `goodput` event carries: the closed totals, to resume from."""
+        return {"totals": dict(self.totals), "rank_totals": dict(self.rank_totals), "started": self.started,
+                "redone_steps": self.redone_steps}
+
+    def replay(self, events: list[dict[str, Any]]) -> None:
+        """A takeover: the job's log as adopted, from its start or its oldest kept `goodput` event on."""
+        if events:
+            self.started = self.mark = float(events[0].get("ts") or self.started)
+        for event in events:
+            self.observe(event, replay=True)
+
+    def resume(self, event: dict[str, Any]) -> None:
+        """A coordinator taking over: the totals of the last round's `goodput` event, and the job's start."""
+        self.totals = {str(k): float(v) for k, v in dict(event["totals"]).items()}
+        self.rank_totals = {str(k): float(v) for k, v in dict(event.get("rank_totals") or {}).items()}
+        self.started = float(event.get("started") or self.started)
+        self.redone_steps = int(event.get("redone_steps") or 0)
+        self.mark = float(event["ts"])
+        self.recent.clear()
+
+
+def reason_of(event: dict[str, Any]) -> str:
+    """A round's cause, in the words of the recovery it ends."""
+    cause, detail = event.get("cause"), str(event.get("detail") or "")
+    if cause == Cause.start:
+        return START
+    if cause == Cause.hang:
+        return HANG
+    if cause == Cause.failure:
+        return NODE_LOSS if "lost" in detail else CRASH
+    if cause == Cause.membership:
+        return JOIN if "join" in detail else LEAVE
+    return OPERATOR
+
+
+def clip(split: Split, since: float) -> Split:
+    """The part of a stretch after `since`, its buckets scaled alike."""
+    if split.start >= since or split.end <= split.start:
+        return split
+    share = max(0.0, split.end - since) / (split.end - split.start)
+    return Split(max(split.start, since), split.end, split.ranks, {k: v * share for k, v in split.seconds.items()})
+
+
+def sum_splits(splits: list[Split]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for split in splits:
+        for bucket, seconds in split.seconds.items():
+            out[bucket] = out.get(bucket, 0.0) + seconds
+    return out
+
+
+def described(seconds: dict[str, float]) -> dict[str, Any]:
+    """Buckets as `goodput` shows them: recovery by reason nested, and the share that was training."""
+    recovery = {k.split(".", 1)[1]: round(v, 3) for k, v in seconds.items() if k.startswith("recovery.") and v > 5e-4}
+    flat = {k: round(v, 3) for k, v in seconds.items() if not k.startswith("recovery.")}
+    total = sum(seconds.values())
+    return {**{b: flat.get(b, 0.0) for b in (TRAINING, CHECKPOINT, REDONE, WAITING)}, "recovery": recovery,
+            "accounted_s": round(total, 3), "training_share": ratio(seconds.get(TRAINING, 0.0), total)}
+
+
+def ratio(part: float, whole: float) -> float | None:
+    return round(part / whole, 4) if whole > 0 else None
