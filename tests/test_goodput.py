@@ -89,3 +89,16 @@ def test_the_window_holds_only_its_last_hour() -> None:
     ledger.observe({"ts": 5.0 + WINDOW_S, "kind": EventKind.worker_exited, "exit_code": 1})
     window = ledger.report(10.0 + WINDOW_S)["window"]
     assert window["recovery"] == {"crash": 5.0} and window["training"] == pytest.approx(WINDOW_S - 5.0)
+
+
+def test_the_console_header_shows_goodput_and_marks_it_below_ninety_percent() -> None:
+    from tui.model import JobModel
+    from tui.widgets.header import header_text
+
+    model = JobModel("job1", clock=lambda: 100.0)
+    model.apply_status({"job_id": "job1", "state": "running", "round": 3, "nodes": [], "goodput": 0.8734})
+    text = header_text(model, readonly=False, jobs=["job1"], view="nodes")
+    shown = next(span for span in text.spans if text.plain[span.start:span.end] == "87.3%")
+    assert "goodput 87.3%" in text.plain and "yellow" in str(shown.style)
+    model.apply_status({"job_id": "job1", "state": "running", "round": 3, "nodes": []})  # an older coordinator
+    assert "goodput" not in header_text(model, readonly=False, jobs=["job1"], view="nodes").plain

@@ -21,6 +21,7 @@ from elasticd.wire.protocol import Envelope, ProtocolError, decode, encode, new_
 # What the daemon may ask (docs/worker-channel.md): act at a step boundary, or (`generation`) join a new world.
 REQUEST_OPS = frozenset({WorkerOp.checkpoint, WorkerOp.drain, WorkerOp.resize, WorkerOp.generation})
 WELCOME_WAIT_S = 2.0  # a daemon that welcomes answers a first hello in milliseconds; a busy one may take longer
+CLOSE_LINGER_MS = 500  # at close, how long the last reports (a `drained`, the last step) may take to go out
 HOLD_S = 120.0  # a rank held at its start (its round ends without it) waits this long to be stopped
 
 
@@ -308,7 +309,7 @@ class Session:
         self._send_held()
         if self._outbox:
             self._flush()
-        self._sock.close(linger=0)
+        self._sock.close(linger=CLOSE_LINGER_MS)
         self._ctx.term()
 
     def __enter__(self) -> Session:

@@ -78,6 +78,7 @@ class JobView:
     restarts: dict[str, int] = field(default_factory=dict)
     max_restarts: int = 0
     last_recovery: dict[str, float] = field(default_factory=dict)
+    goodput: float | None = None  # the share of the job's rank time that trained (`elasticd goodput`)
     seq: int = 0
 
 
@@ -142,6 +143,8 @@ class JobModel:
         job.restarts, job.max_restarts = dict(reply.get("restarts", {})), int(reply.get("max_restarts", 0))
         job.epoch = int(reply.get("epoch", 0))
         job.last_recovery, job.seq = dict(reply.get("last_recovery") or {}), int(reply.get("seq", 0))
+        goodput = reply.get("goodput")
+        job.goodput = float(goodput) if isinstance(goodput, int | float) and not isinstance(goodput, bool) else None
         rank_map = list(reply.get("rank_map", []))
         if rank_map != self.rank_map:
             self.rank_map, self.rank_cells_cache = rank_map, None

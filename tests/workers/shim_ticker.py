@@ -1,6 +1,7 @@
 """A fast, torch-free trainer_shim worker: reports steps (loss, samples) and a checkpoint; stops when drained."""
 
 import argparse
+import atexit
 import os
 import signal
 import sys
@@ -17,23 +18,39 @@ parser.add_argument("--batch", type=int, default=8, help="samples per step")
 parser.add_argument("--wait-for", type=Path, help="open the session only once this file exists (a slow start)")
 parser.add_argument("--keep-on-sigterm", action="store_true",
                     help="a framework's SIGTERM handler: take note and train on (its daemon SIGKILLs it later)")
-parser.add_argument("--step-log", type=Path, help="append 'ROUND STEP' for each step trained")
+parser.add_argument("--step-log", type=Path, help="append 'ROUND STEP TIME' for each step trained")
+parser.add_argument("--save-s", type=float, default=0.001, help="how long a requested save takes")
+parser.add_argument("--resume", type=Path, help="rank 0 writes each requested save's step here; all resume after it")
 args = parser.parse_args()
-if args.keep_on_sigterm:
-    signal.signal(signal.SIGTERM, lambda *_: None)
+# A SIGTERM ends it between steps (a step it logged, it reported), or (--keep-on-sigterm) only takes note.
+signal.signal(signal.SIGTERM, (lambda *_: None) if args.keep_on_sigterm else (lambda *_: sys.exit(143)))
 while args.wait_for and not args.wait_for.exists():
     time.sleep(0.02)
 session = trainer_shim.init()
-for step in range(1, 10**9):
+atexit.register(session.close)  # on a SIGTERM's exit too: its last reports go out
+first = int(args.resume.read_text()) + 1 if args.resume and args.resume.exists() else 1
+
+
+def save(step: int) -> None:
+    time.sleep(args.save_s)
+    if args.resume and os.environ.get("RANK") == "0":
+        args.resume.write_text(str(step))
+    session.report_checkpoint(step, f"ckpt/step-{step}", 1024, args.save_s, session.last_request_id)
+
+
+for step in range(first, 10**9):
     time.sleep(args.interval)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    session.report(step, loss=1.0 / step, samples=args.batch)
     if args.step_log:
         with args.step_log.open("a") as log:
-            log.write(f"{os.environ.get('ELASTICD_ROUND')} {step}\n")
-    session.report(step, loss=1.0 / step, samples=args.batch)
-    if step == 1 or session.should_checkpoint(step):
-        session.report_checkpoint(step, f"ckpt/step-{step}", 1024, 0.001, session.last_request_id)
-    if session.should_stop(step):  # a drain: say the step is saved, then exit 0
-        session.report_checkpoint(step, f"ckpt/step-{step}", 1024, 0.001, session.last_request_id)
+            log.write(f"{os.environ.get('ELASTICD_ROUND')} {step} {time.time()}\n")
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    if step == 1:
+        session.report_checkpoint(step, f"ckpt/step-{step}", 1024, 0.001, None)
+    if session.should_checkpoint(step):
+        save(step)
+    if session.should_stop(step):  # a drain: save, say the step is saved, then exit 0
+        save(step)
         session.drained(step)
         break
-session.close()

@@ -1,4 +1,4 @@
-"""The job header: job, state, round, world/target/min:max, restarts by cause, last recovery, liveness."""
+"""The job header: job, state, round, world/target/min:max, restarts by cause, goodput, last recovery, liveness."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from tui.liveness import format_age
 from tui.model import JobModel
 from tui.rows import CKPT_STALE_S, name_width
 
+GOOD_SHARE = 0.9  # below this the header's goodput is marked: Llama 3's fleet kept > 90 % through 419 failures
 STATE_STYLE = {"running": "bold green", "waiting": "bold yellow", "succeeded": "bold cyan", "failed": "bold red",
                "stopped": "bold magenta", "connecting": "yellow"}
 
@@ -30,6 +31,9 @@ def header_text(model: JobModel, readonly: bool, jobs: list[str], view: str, wid
         text.append("  READ-ONLY", style="bold reverse yellow")
     restarts = " ".join(f"{cause} {count}" for cause, count in job.restarts.items())
     text.append(f"\nrestarts: {restarts or '-'} (max {job.max_restarts})  ")
+    if job.goodput is not None:
+        text.append("goodput ").append(f"{job.goodput:.1%}", "bold" if job.goodput >= GOOD_SHARE else "bold yellow")
+        text.append("  ")
     if job.last_recovery:
         phase, total = max(job.last_recovery.items(), key=lambda kv: kv[1])
         text.append(f"last recovery {total:.2f}s (to {phase})  ")
