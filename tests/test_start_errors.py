@@ -41,6 +41,7 @@ def start(tmp: Path, *args: str, timeout: float = 30) -> subprocess.CompletedPro
     (["--standalone", "--port-range", "9000-70000", str(TICKER)], "1 <= LOW <= HIGH <= 65535"),
     (["--standalone", "--metrics-port", "x", str(TICKER)], "--metrics-port must be a port in 0..65535"),
     (["--standalone", "--metrics-port", "70000", str(TICKER)], "--metrics-port must be a port in 0..65535"),
+    (["--standalone", "--on-event", "node_gone:true", str(TICKER)], "--on-event: no event kind node_gone; kinds:"),
 ])
 def test_bad_flags_get_one_clear_line(tmp_path: Path, args: list[str], message: str) -> None:
     result = start(tmp_path, *args)

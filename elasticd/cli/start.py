@@ -20,6 +20,7 @@ from elasticd.job.config import (
     check_job_id,
     check_node_id,
     default_node_id,
+    parse_alert,
     parse_endpoint,
     parse_endpoints,
     parse_metrics_port,
@@ -28,6 +29,7 @@ from elasticd.job.config import (
 )
 from elasticd.job.runtime import is_local_host
 from elasticd.member.output_metrics import compile_pattern
+from elasticd.wire.names import EventKind
 
 # Our own settings that torchrun flags can also set (--shutdown-timeout, --rdzv-conf): None means "not given".
 TIMEOUT_DEFAULTS = {"grace_period": 5.0, "join_timeout": 600.0, "hang_timeout": 60.0, "exit_timeout": 300.0,
@@ -72,6 +74,10 @@ def add_start_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
          help="modules the zygote imports once for every worker (comma-separated)")
     flag("metrics-port", default=None, metavar="PORT", help="serve Prometheus metrics on this port (0: a free one, "
          "printed at start) at the control socket's host; read-only and unauthenticated (docs/metrics.md)")
+    flag("on-event", action="append", default=[], metavar="KINDS:ACTION",
+         help="on the coordinator's daemon, for each job event of these kinds (comma-separated, * for all), run "
+         "ACTION with sh (the event as JSON on stdin and in $ELASTICD_EVENT), or POST it to ACTION if it is an "
+         "http(s) URL; repeatable, e.g. --on-event 'node_lost,job_end:./page.sh' (docs/metrics.md, Alerts)")
     p.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return p
@@ -109,6 +115,7 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
         etcd_endpoints=parse_endpoints(ns.rdzv_endpoint) if etcd else (),
         lease_ttl_s=int(conf.get("lease_ttl", 5)), etcd_outage_s=float(conf.get("etcd_outage_timeout", 300.0)),
         relay_group=conf.get("relay_group", 32), relay_from=conf.get("relay_from", 256),
+        on_event=tuple(parse_alert(rule, EventKind) for rule in ns.on_event),
     )
     if cfg.metrics_from_output:
         compile_pattern(cfg.metrics_from_output)

@@ -19,6 +19,7 @@ import zmq.asyncio
 from elasticd import __version__
 from elasticd.coordinator.coordinator import Coordinator
 from elasticd.coordinator.membership import MemoryStore
+from elasticd.daemon.alerts import Alerts
 from elasticd.daemon.control import ControlPlane
 from elasticd.daemon.current_link import CurrentLink
 from elasticd.daemon.etcd_session import etcd_client
@@ -72,6 +73,7 @@ class Daemon:
         self.exporter: MetricsExporter | None = None  # --metrics-port
         self.failover: Failover | None = None  # --rdzv-backend etcd: the coordinator is elected (failover.py)
         self.relay: Relay | None = None  # in a job with relays: where this node relays for others when told to
+        self.alerts = Alerts(cfg.on_event, cfg.job_id)  # --on-event, on the events this daemon's coordinator numbers
 
     # ---- set-up ------------------------------------------------------------------------------
     def bind_mesh(self) -> None:
@@ -198,6 +200,7 @@ class Daemon:
     async def shutdown(self) -> None:
         await self.node.stop_workers()
         await self.services.stop()
+        await self.alerts.finish()  # the job's end is an event an operator may page on
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -286,6 +289,7 @@ class Daemon:
     def on_job_event(self, event: dict[str, Any]) -> None:
         """The coordinator numbered an event: it is published once, here (members get only what they act on)."""
         self.publish_event(event)
+        self.alerts.on_event(event)
 
     @property
     def events_pub(self) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 DEFAULT_LEAVE_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")  # the signals on which a node leaves the job
@@ -17,6 +18,19 @@ def stop_barrier_s(grace_s: float, in_place: bool) -> float:
     """How long a round's stop barrier waits for every node's old workers (the coordinator's side); a node waits
     for `go` one STOP_SLACK_S longer, so the barrier always gives up first."""
     return grace_s + STOP_SLACK_S + (LEAVE_SLACK_S if in_place else 0.0)
+
+
+@dataclass(frozen=True)
+class AlertRule:
+    """`--on-event KINDS:ACTION`: on an event of one of `kinds` (empty: any), run `action` (a shell command) or,
+    for an http(s) URL, POST the event to it (daemon/alerts.py)."""
+
+    kinds: frozenset[str]
+    action: str
+
+    @property
+    def webhook(self) -> bool:
+        return self.action.startswith(("http://", "https://"))
 
 
 class ConfigError(ValueError):
@@ -72,6 +86,7 @@ class JobConfig:
     etcd_outage_s: float = 300.0  # --rdzv-conf etcd_outage_timeout: how long the job runs without etcd, then stops
     relay_group: int = 32  # --rdzv-conf relay_group: members per relay (0: no relays); docs/architecture.md "Relays"
     relay_from: int = 256  # --rdzv-conf relay_from: a job whose --nnodes max is below this has no relays
+    on_event: tuple[AlertRule, ...] = ()  # --on-event: what the coordinator's daemon runs or posts on which events
 
     @property
     def lost_after_s(self) -> float:
@@ -153,6 +168,20 @@ def check_job_id(job_id: str) -> str:
     if not _JOB_ID.fullmatch(job_id):
         raise ConfigError(f"--rdzv-id {job_id!r}: use 1-63 letters, digits, '_' or '-'")
     return job_id
+
+
+def parse_alert(text: str, kinds: Iterable[str]) -> AlertRule:
+    """`KIND[,KIND...]:COMMAND` or `KIND[,KIND...]:URL`; `*` for every kind."""
+    names, sep, action = text.partition(":")
+    wanted = frozenset(k.strip() for k in names.split(",") if k.strip())
+    if not sep or not action.strip() or not wanted:
+        raise ConfigError(f"--on-event must be KIND[,KIND...]:COMMAND (or :URL), e.g. "
+                          f"'node_lost,job_end:notify.sh', got {text!r}")
+    unknown = sorted(wanted - {*kinds, "*"})
+    if unknown:
+        raise ConfigError(f"--on-event: no event kind {', '.join(unknown)}; kinds: {', '.join(sorted(kinds))}, "
+                          "or * for all")
+    return AlertRule(frozenset() if "*" in wanted else wanted, action.strip())
 
 
 def parse_metrics_port(text: str | None) -> int | None:
