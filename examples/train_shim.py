@@ -36,6 +36,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--ckpt-every", type=int, default=50, help="periodic save every K steps (0: off)")
     parser.add_argument("--keep", type=int, default=3)
     parser.add_argument("--step-time", type=float, default=0.0, help="extra sleep per step (seconds)")
+    parser.add_argument("--data-delay", type=float, default=0.0,
+                        help="seconds each micro-batch takes to load on this node (a slow node: a straggler)")
     parser.add_argument("--batch", type=int, default=48, help="global batch over all ranks")
     parser.add_argument("--micro", type=int, default=8, help="largest micro-batch per rank")
     parser.add_argument("--log-every", type=int, default=1, help="rank 0 prints every N steps")
@@ -108,6 +110,7 @@ def main() -> int:
         w.rank, w.size = rank, size
         w.gb = GlobalBatch.fit(args.batch, size, args.micro)  # fails fast with a clear message on a bad world
         w.ddp = DDP(model, init_sync=False)  # the shim already made every rank's state the freshest rank's
+        elastic.watch(w.ddp)  # its wait in the gradient allreduce: the coordinator names a straggler
         if w.ckpt is not None:
             w.ckpt.wait()
         w.ckpt = Checkpointer(args.ckpt_dir, keep=args.keep, session=session, background=args.async_ckpt) \
@@ -147,6 +150,8 @@ def main() -> int:
             if sampler.exhausted:
                 sampler.set_epoch(sampler.epoch + 1)
             ids = sampler.next_batch(gb.micro_batch)
+            if args.data_delay > 0:
+                time.sleep(args.data_delay)
             trained.append(f"{sampler.epoch}:{','.join(map(str, ids))}")
             idx = torch.tensor(ids, dtype=torch.long)
             x, y = x_all[idx].to(device), y_all[idx].to(device)

@@ -47,7 +47,9 @@ def test_members_send_through_relays_and_a_relays_sigkill_costs_only_that_node(t
         job.daemons[members[0]].wait_line(r"now sends through tcp://")  # it took its relay's link
         job.daemon(relay).kill_with_workers()
         lost = job.wait_event("node_lost", lambda e: e["node"] == relay, since=formed["seq"])
-        assert lost["reason"] == f"node {relay}'s connection closed"
+        # Its closed connection names it at once; under a loaded suite the close is sometimes not heard (with keys,
+        # the kernel's feed of freed sockets can overflow) and the heartbeat names it 3 s later: lost either way.
+        assert lost["reason"] in (f"node {relay}'s connection closed", f"node {relay} missed 3 heartbeats")
         replaced = job.wait_event("relay_replaced", lambda e: e["node"] == relay, since=formed["seq"])
         assert replaced["relay"] in members
         smaller = job.wait_event("round_complete", lambda e: True, since=lost["seq"])

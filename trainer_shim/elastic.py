@@ -20,11 +20,13 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from trainer_shim.data import ElasticSampler
 from trainer_shim.generation import DEFAULT_TIMEOUT_S, Generation, NotArrived, join, leave, open_store, sync
 from trainer_shim.noop import NullSession
 from trainer_shim.session import Session
+from trainer_shim.step_timing import CollectiveWait
 
 GENERATION_WAIT_S = 120.0  # after leaving, how long to wait for the next generation before giving up
 PRESTART_ENV = "ELASTICD_AWAIT_GENERATION"  # set by the daemon on a joiner's pre-started workers
@@ -68,6 +70,7 @@ class Elastic:
         self._committed: dict[str, int] | None = None  # the sampler's position at the last completed step
         self._store: dist.Store | None = None
         self._opened: set[str] = set()  # the current group's sockets (severed on leaving)
+        self._wait = CollectiveWait()  # watch(): this rank's wait for its peers, per step
         self.local_device = torch.device("cpu")
         if self.backend == "nccl":
             # NCCL's default (3) tears the process down on an error: keep it, so it can leave and rejoin.
@@ -207,6 +210,13 @@ class Elastic:
         while time.monotonic() < deadline:
             time.sleep(0.1)
         raise SystemExit(f"elastic: resize to round {round_id} failed and no restart came")
+
+    def watch(self, ddp: DistributedDataParallel) -> None:
+        """Time this rank's wait in `ddp`'s gradient allreduce, reported with each step: the coordinator names a
+        node whose ranks make the others wait (a straggler). Call it in `on_world` on each new DDP."""
+        ddp.register_comm_hook(None, self._wait.hook)
+        if isinstance(self.session, Session):
+            self.session.add_metrics(self._wait.take)
 
     def close(self) -> None:
         if dist.is_initialized():

@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -87,6 +88,7 @@ class Session:
         self._sent_any = False  # the first step goes out at once: it marks a new world's first step
         self._interval = _interval(os.environ)
         self._held: tuple[int, float | None, dict[str, float]] | None = None  # the latest unsent step
+        self._sources: list[Callable[[], dict[str, Any]]] = []  # metrics measured by the shim itself
         self._held_samples = self._held_tokens = self._held_steps = 0
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
@@ -168,6 +170,8 @@ class Session:
     def report(self, step: int, loss: float | None = None, samples: int = 0, tokens: int = 0,
                **metrics: float) -> None:
         """Record one step (also the heartbeat); never blocks. Pass loss as a float, not a tensor."""
+        for source in self._sources:
+            metrics = {**source(), **metrics}
         self._held = (step, loss, metrics)
         self._held_samples += samples
         self._held_tokens += tokens
@@ -191,6 +195,11 @@ class Session:
         self._held, self._held_samples, self._held_tokens, self._held_steps = None, 0, 0, 0
         self._sent_any = True
         self._send(frame.encode())
+
+    def add_metrics(self, source: Callable[[], dict[str, Any]]) -> None:
+        """Metrics the shim measures itself (trainer_shim.step_timing), sent with each step's own."""
+        if source not in self._sources:
+            self._sources.append(source)
 
     def report_checkpoint(self, step: int, path: str, nbytes: int, duration_s: float,
                           request_id: str | None = None) -> None:

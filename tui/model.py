@@ -99,6 +99,7 @@ class JobModel:
         self.step_seen_at: dict[tuple[str, int], float] = {}
         self.ranks_by_node: dict[str, dict[int, RankView]] = {}  # node id -> rank -> its metrics
         self.node_order: dict[str, int] = {}  # node id -> position in `nodes` (nodes are never removed)
+        self.stragglers: dict[str, dict[str, Any]] = {}  # node id -> what it costs the job per step (`straggler`)
         self.round_first_step: dict[int, int] = {}  # round -> the first step this console saw in it
         self.round_sizes: dict[int, int] = {}  # round -> world size, from round_started events
         self.round_in_place: dict[int, bool] = {}  # round -> its survivors kept their processes
@@ -143,6 +144,7 @@ class JobModel:
         job.restarts, job.max_restarts = dict(reply.get("restarts", {})), int(reply.get("max_restarts", 0))
         job.epoch = int(reply.get("epoch", 0))
         job.last_recovery, job.seq = dict(reply.get("last_recovery") or {}), int(reply.get("seq", 0))
+        self.stragglers = {str(n): dict(f) for n, f in dict(reply.get("stragglers") or {}).items()}
         goodput = reply.get("goodput")
         job.goodput = float(goodput) if isinstance(goodput, int | float) and not isinstance(goodput, bool) else None
         rank_map = list(reply.get("rank_map", []))

@@ -72,7 +72,8 @@ def node_row(model: JobModel, node: NodeView, marked: bool, names: Names) -> lis
         Text("●" if marked else " ", style="bold yellow"),
         Text(names.get(node.node_id, node.node_id), style=f"bold {node_colour(model, node.node_id)}"),
         node.host or "-",
-        Text(f"{role}/{state}", style=ROLE_STYLE.get(role, "")),
+        Text(f"{role}/{state}", style=ROLE_STYLE.get(role, "")) + (
+            Text(" SLOW", style="bold red") if node.node_id in model.stragglers else Text()),
         f"{running}/{len(node.workers)}" if node.workers else "-",
         span_text(node.ranks),
         str(max(steps)) if steps else "-",

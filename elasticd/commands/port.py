@@ -96,6 +96,13 @@ class GoodputView(Protocol):
     def report(self, now: float) -> dict[str, Any]: ...
 
 
+class StragglerView(Protocol):
+    """The nodes named stragglers (coordinator/stragglers.py), with what each costs the job per step."""
+
+    @property
+    def named(self) -> Mapping[str, Mapping[str, Any]]: ...
+
+
 class JobPort(Protocol):
     """The job as a verb sees it: the coordinator's state to read, and the few calls that steer it."""
 
@@ -121,6 +128,8 @@ class JobPort(Protocol):
     def resizer(self) -> ResizeControl: ...
     @property
     def goodput(self) -> GoodputView: ...
+    @property
+    def stragglers(self) -> StragglerView: ...
     @property
     def clock(self) -> Callable[[], float]: ...
     @property

@@ -49,6 +49,18 @@ def plan(c: JobPort, members_after: list[str]) -> dict[str, Any]:
             "summary": f"world {c.round.world_size} → {world}" + (f"; ranks {span(leaving)} leave" if leaving else "")}
 
 
+def without_stragglers(c: JobPort, leaving: list[str], planned: dict[str, Any]) -> dict[str, Any]:
+    """A plan that lets a straggler go says what the job gains: the wait per step its peers no longer have."""
+    named = {n: c.stragglers.named[n] for n in leaving if n in c.stragglers.named}
+    if not named:
+        return planned
+    gain = max(float(f["cost_s_per_step"]) for f in named.values())
+    step = max(float(f["step_time_s"]) for f in named.values())
+    return {**planned, "stragglers": named, "gain_s_per_step": gain,
+            "summary": f"{planned['summary']}; the straggler {', '.join(named)} goes: about {gain:.3f}s less per "
+                       f"{step:.3f}s step (~{gain / step:.0%} faster steps)" if step else planned["summary"]}
+
+
 def span(ranks: list[int]) -> str:
     contiguous = len(ranks) > 1 and ranks[-1] - ranks[0] == len(ranks) - 1
     return f"{ranks[0]}-{ranks[-1]}" if contiguous else ",".join(map(str, ranks))

@@ -22,6 +22,7 @@ from elasticd.coordinator.relay_routes import RelayRoutes
 from elasticd.coordinator.resize import Resizer
 from elasticd.coordinator.round_progress import RoundTracker
 from elasticd.coordinator.status import job_status
+from elasticd.coordinator.stragglers import Stragglers
 from elasticd.coordinator.tally import ACTIVE, NodeTally
 from elasticd.coordinator.transitions import Transition, Transitions
 from elasticd.job.config import JobConfig
@@ -85,6 +86,7 @@ class Coordinator:
         self.ended_at = 0.0
         self.status_extra: Callable[[], dict[str, Any]] = dict  # --rdzv-backend etcd: epoch, etcd health
         self.goodput = GoodputLedger(clock())  # fed every event (_record)
+        self.stragglers = Stragglers(self)
         self.resizer = Resizer(cfg.job_id, self.emit)  # in-place rounds (elasticd/coordinator/resize.py)
         self.routes = RelayRoutes(self)
         self.tracker = RoundTracker(self)
@@ -260,6 +262,7 @@ class Coordinator:
         if self.resizer.expired(now):
             self.restart_after_resize(now)
         self.transitions.resolve_expired(now)
+        self.stragglers.check(now)
 
     # ---- rounds -------------------------------------------------------------------------------
     def schedule(self, cause: Cause, detail: str, detected_at: float, due: float | None = None) -> None:

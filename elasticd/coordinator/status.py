@@ -9,6 +9,7 @@ from elasticd.coordinator.core import CoordinatorCore
 from elasticd.coordinator.goodput import GoodputLedger
 from elasticd.coordinator.relay_plan import RelayPlan
 from elasticd.coordinator.round_progress import timeline
+from elasticd.coordinator.stragglers import Stragglers
 from elasticd.coordinator.tally import NodeTally
 from elasticd.job.events import EventLog
 from elasticd.wire.names import Cause
@@ -23,6 +24,7 @@ class StatusSource(CoordinatorCore, Protocol):
     events: EventLog
     status_extra: Callable[[], dict[str, Any]]  # --rdzv-backend etcd: epoch, etcd health
     goodput: GoodputLedger
+    stragglers: Stragglers
 
     @property
     def tally(self) -> NodeTally: ...
@@ -46,6 +48,6 @@ def job_status(c: StatusSource, now: float, offset: int = 0, limit: int | None =
         "rank_map": rnd.public()["members"] if rnd else [],
         "nodes": [n.public(now) for n in page], "nodes_total": len(ordered), "nodes_offset": offset,
         "node_counts": c.tally.groups(), "relays": len(c.relays.groups),
-        "seq": c.events.seq, "goodput": c.goodput.report(now)["goodput"],
+        "seq": c.events.seq, "goodput": c.goodput.report(now)["goodput"], "stragglers": dict(c.stragglers.named),
         **c.status_extra(),
     }

@@ -195,6 +195,10 @@ class DaemonCollector(Collector):
             name, _, reason = bucket.partition(".")
             out.counter("elasticd_job_rank_time_seconds", "Rank-seconds by bucket: wall time times the round's "
                         "ranks; training over all of it is goodput", seconds, bucket=name, reason=reason)
+        for node_id in c.round.node_ids() if c.round else []:
+            figures = c.stragglers.named.get(node_id, {})
+            out.gauge("elasticd_straggler_cost_seconds", "Seconds per step the other ranks wait for this node while "
+                      "it is named a straggler (0 otherwise)", float(figures.get("cost_s_per_step", 0.0)), node=node_id)
         share = c.goodput.report(c.clock())["goodput"]
         if share is not None:
             out.gauge("elasticd_goodput_ratio", "Share of the job's rank time that trained, over its life", share)

@@ -88,6 +88,7 @@ class WorkerOp(StrEnum):
     welcome = "welcome"  # the answer to a first hello that asks for one: `hold` while its round ends without it
 
 
+STEP_WAIT_METRIC = "collective_wait_s"  # a shim rank's smoothed wait in the gradient allreduce, per step
 CTL_PREFIX = "ctl."  # a member forwards an operator request as `ctl.<verb>`; the answer comes back as a `rep`
 # A relay's batches (`docs/protocol.md` §9.5): the first part of a multipart message between a relay and the
 # coordinator; JSON frames start with `{`, so neither can be taken for the other.
@@ -109,6 +110,8 @@ class EventKind(StrEnum):
     round_started = "round_started"
     round_complete = "round_complete"
     first_step = "first_step"
+    straggler = "straggler"  # a node whose ranks make the others wait, persistently (coordinator/stragglers.py)
+    straggler_cleared = "straggler_cleared"
     goodput = "goodput"  # a round's first step, the job's end: where its time went (coordinator/goodput.py)
     stop_barrier_timeout = "stop_barrier_timeout"
     job_end = "job_end"

@@ -32,8 +32,11 @@ first = int(args.resume.read_text()) + 1 if args.resume and args.resume.exists()
 
 
 def save(step: int) -> None:
+    """A requested save: rank 0 writes it (as a DDP script's rank 0 does) and takes --save-s to."""
+    if os.environ.get("RANK") != "0":
+        return
     time.sleep(args.save_s)
-    if args.resume and os.environ.get("RANK") == "0":
+    if args.resume:
         args.resume.write_text(str(step))
     session.report_checkpoint(step, f"ckpt/step-{step}", 1024, args.save_s, session.last_request_id)
 

@@ -26,7 +26,8 @@ def plan_cordon(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
     if not in_round(c, node):
         return {"summary": f"node {node} cordoned; the world is unchanged"}
     steering.check_leave(c, [node], forced(args))
-    return steering.plan(c, [n for n in steering.require_running(c).node_ids() if n != node])
+    return steering.without_stragglers(
+        c, [node], steering.plan(c, [n for n in steering.require_running(c).node_ids() if n != node]))
 
 
 def cordon(c: JobPort, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ def plan(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
     node = arg(args, "node", str)
     rnd = steering.require_running(c)
     steering.check_leave(c, [node], forced(args))
-    return steering.plan(c, [n for n in rnd.node_ids() if n != node])
+    return steering.without_stragglers(c, [node], steering.plan(c, [n for n in rnd.node_ids() if n != node]))
 
 
 def apply(c: JobPort, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:

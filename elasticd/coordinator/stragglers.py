@@ -1,0 +1,79 @@
+"""Stragglers: the node whose ranks make the others wait, named once it does so persistently (not one slow step).
+
+docs/architecture.md, "Stragglers". In synchronous data parallelism every rank's step takes as long as the
+slowest's, so step times name nobody; the wait in the gradient allreduce does: the straggler waits least, its
+peers wait for it. Shim ranks report that wait (`trainer_shim.step_timing`) with their steps; heartbeats bring
+it here, and this compares nodes once a second: nothing per step on the mesh.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from elasticd.coordinator.core import CoordinatorCore
+from elasticd.wire.names import STEP_WAIT_METRIC, EventKind, JobState
+
+CHECK_EVERY_S = 1.0
+PERSIST_S = 10.0  # how long a node must hold the others back before it is named (and be fine before it is cleared)
+MIN_COST_SHARE = 0.2  # the others wait at least this share of a step for it: less is noise, not a straggler
+
+
+class Stragglers:
+    """Per node: since when it looks slow (or fine again); the nodes named, with what they cost the job."""
+
+    def __init__(self, core: CoordinatorCore) -> None:
+        self.core = core
+        self.due = 0.0
+        self.slow_since: dict[str, float] = {}
+        self.fine_since: dict[str, float] = {}
+        self.named: dict[str, dict[str, Any]] = {}  # node id -> its `straggler` event's figures
+
+    def check(self, now: float) -> None:
+        if now < self.due:
+            return
+        self.due = now + CHECK_EVERY_S
+        rnd = self.core.round
+        if rnd is None or self.core.state != JobState.running:
+            return
+        waits, step_times = {}, []
+        for node_id in rnd.node_ids():
+            node = self.core.nodes.get(node_id)
+            reports = [r for r in (node.metrics.values() if node else []) if isinstance(r, dict)
+                       and r.get("round") == rnd.round_id]
+            ranks = [float(r["extra"][STEP_WAIT_METRIC]) for r in reports
+                     if isinstance(r.get("extra"), dict) and isinstance(r["extra"].get(STEP_WAIT_METRIC), int | float)]
+            step_times += [float(r["step_time"]) for r in reports if isinstance(r.get("step_time"), int | float)]
+            if ranks:
+                waits[node_id] = statistics.median(ranks)
+        for node_id in [n for n in self.named if n not in waits]:  # out of the round, or no longer measured
+            self.clear(node_id, "no longer in the round's measurements")
+        if len(waits) < 2 or not step_times:
+            return
+        step_time = statistics.median(step_times)
+        for node_id, mine in waits.items():
+            others = statistics.median([w for n, w in waits.items() if n != node_id])
+            cost = others - mine
+            slow = cost >= MIN_COST_SHARE * step_time and mine < others / 2
+            self.track(node_id, slow, now, {"wait_s": round(mine, 4), "others_wait_s": round(others, 4),
+                                            "cost_s_per_step": round(cost, 4), "step_time_s": round(step_time, 4)})
+
+    def track(self, node_id: str, slow: bool, now: float, figures: dict[str, Any]) -> None:
+        if slow:
+            self.fine_since.pop(node_id, None)
+            since = self.slow_since.setdefault(node_id, now)
+            if node_id not in self.named and now - since >= PERSIST_S:
+                self.named[node_id] = {**figures, "since": since}
+                self.core.emit(EventKind.straggler, node_id, **figures, slow_for_s=round(now - since, 1))
+            elif node_id in self.named:
+                self.named[node_id].update(figures)
+            return
+        self.slow_since.pop(node_id, None)
+        if node_id in self.named and now - self.fine_since.setdefault(node_id, now) >= PERSIST_S:
+            self.clear(node_id, "its ranks no longer hold the others back")
+
+    def clear(self, node_id: str, why: str) -> None:
+        self.named.pop(node_id, None)
+        self.fine_since.pop(node_id, None)
+        self.slow_since.pop(node_id, None)
+        self.core.emit(EventKind.straggler_cleared, node_id, reason=why)
