@@ -3,7 +3,7 @@
 docs/architecture.md, "Stragglers". In synchronous data parallelism every rank's step takes as long as the
 slowest's, so step times name nobody; the wait in the gradient allreduce does: the straggler waits least, its
 peers wait for it. Shim ranks report that wait (`trainer_shim.step_timing`) with their steps; heartbeats bring
-it here, and this compares nodes once a second: nothing per step on the mesh.
+it here, and this compares nodes every 5 s: nothing per step on the mesh.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from elasticd.coordinator.core import CoordinatorCore
 from elasticd.wire.names import STEP_WAIT_METRIC, EventKind, JobState
 
-CHECK_EVERY_S = 1.0
+CHECK_EVERY_S = 5.0  # a straggler is named after PERSIST_S anyway; at 2,048 nodes one look costs ~30 ms
 PERSIST_S = 10.0  # how long a node must hold the others back before it is named (and be fine before it is cleared)
 MIN_COST_SHARE = 0.2  # the others wait at least this share of a step for it: less is noise, not a straggler
 
@@ -34,7 +34,7 @@ class Stragglers:
             return
         self.due = now + CHECK_EVERY_S
         rnd = self.core.round
-        if rnd is None or self.core.state != JobState.running:
+        if rnd is None or self.core.state != JobState.running or not (self.named or self.measured(rnd.node_ids())):
             return
         waits, step_times = {}, []
         for node_id in rnd.node_ids():
@@ -57,6 +57,13 @@ class Stragglers:
             slow = cost >= MIN_COST_SHARE * step_time and mine < others / 2
             self.track(node_id, slow, now, {"wait_s": round(mine, 4), "others_wait_s": round(others, 4),
                                             "cost_s_per_step": round(cost, 4), "step_time_s": round(step_time, 4)})
+
+    def measured(self, node_ids: list[str]) -> bool:
+        """Whether the round's ranks report their wait at all: one look at its first node's first report (a job
+        whose script does not call `Elastic.watch` costs the coordinator nothing here)."""
+        node = self.core.nodes.get(node_ids[0]) if node_ids else None
+        report = next(iter(node.metrics.values()), None) if node else None
+        return isinstance(report, dict) and STEP_WAIT_METRIC in (report.get("extra") or {})
 
     def track(self, node_id: str, slow: bool, now: float, figures: dict[str, Any]) -> None:
         if slow:
