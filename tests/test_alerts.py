@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -45,8 +47,16 @@ def test_a_node_loss_and_the_jobs_end_run_the_command_and_post_to_the_webhook(tm
         assert (kind, job_id, json.loads(event)["node"]) == ("node_lost", job.job_id, "b")
         wait_for(lambda: bool(Hook.received), timeout=30)
         assert Hook.received[0]["kind"] == "node_lost" and Hook.received[0]["node"] == "b"
+        follow = subprocess.Popen([sys.executable, "-m", "elasticd.cli", "events", "--follow", "--json"],
+                                  env=job.env, stdout=subprocess.PIPE, text=True)
+        assert follow.stdout is not None
+        job.start("c", TICKER)  # an event after the past ones: once it shows, `--follow` is subscribed
+        while json.loads(follow.stdout.readline()).get("node") != "c":
+            pass
         job.daemon("a").proc.send_signal(2)  # the last node leaves: the job ends, and its end is paged too
         assert job.daemon("a").wait_exit(30) is not None
+        out, _ = follow.communicate(timeout=30)  # `events --follow` ends with the job
+        assert follow.returncode == 0 and json.loads(out.splitlines()[-1])["kind"] in ("job_end", "goodput")
         assert [line.split(" ", 1)[0] for line in seen.read_text().splitlines()] == ["node_lost", "job_end"]
     finally:
         job.close()

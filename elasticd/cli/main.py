@@ -22,6 +22,7 @@ from elasticd.job import logsink
 from elasticd.job.config import ConfigError
 from elasticd.job.runtime import raise_open_file_limit
 from elasticd.keys.auth import KeyStoreError
+from elasticd.wire.names import EventKind
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,12 +94,16 @@ def run_verb(ns: argparse.Namespace) -> int:
                 return 0
             for past in result["events"]:
                 print(json.dumps(past) if ns.json else event(past), flush=True)
+            if any(past.get("kind") == EventKind.job_end for past in result["events"]):
+                return 0  # the job is over: nothing more will happen
             hello = client.call("hello")
             pub = hello.get("events_pub") or hello["pub"]  # events are published by the coordinator's daemon
             kinds = args.get("kinds")
             for frame in client.subscribe(pub):
                 if frame.type == "ev" and (not kinds or frame.kind in kinds):
                     print(json.dumps(frame.body) if ns.json else event(frame.body), flush=True)
+                if frame.type == "ev" and frame.kind == EventKind.job_end:
+                    return 0
         except ClientError as err:
             print(f"elasticd {op}: {err.reason} [{err.code}]", file=sys.stderr)
             return 1
