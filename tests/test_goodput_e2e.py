@@ -19,11 +19,6 @@ def trained(log: Path) -> list[tuple[int, int, float]]:
     return [(int(r), int(s), float(t)) for r, s, t in rows]
 
 
-def gap(steps: list[tuple[int, int, float]], before: int, after: int) -> float:
-    """Rank 0's stall between two rounds: its last step in one, its first in the next."""
-    return min(t for r, _, t in steps if r == after) - max(t for r, _, t in steps if r == before)
-
-
 def test_goodput_accounts_a_jobs_crash_join_and_saves_as_seen_from_outside(tmp_path: Path) -> None:
     log = tmp_path / "rank0"
     job = Job(tmp_path, nnodes="1:3", nproc=1)

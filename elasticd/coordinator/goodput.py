@@ -191,17 +191,24 @@ class GoodputLedger:
         return out
 
     # -- reading --------------------------------------------------------------------------------------
+    def live(self, now: float) -> Split:
+        """The open stretch as it stands at `now` (nothing once the job ended)."""
+        return self.split(now) if not self.ended else Split(now, now, self.world)
+
+    def share(self, now: float, live: Split | None = None) -> float | None:
+        """Goodput: training rank-seconds over all of the job's rank-seconds, the open stretch included."""
+        live = live or self.live(now)
+        training = self.rank_totals.get(TRAINING, 0.0) + live.seconds.get(TRAINING, 0.0) * live.ranks
+        return ratio(training, sum(self.rank_totals.values()) + sum(live.seconds.values()) * live.ranks)
+
     def report(self, now: float) -> dict[str, Any]:
         """Seconds by bucket over the job's life and the last WINDOW_S, with goodput for each."""
-        live = self.split(now) if not self.ended else Split(now, now, self.world)
+        live = self.live(now)
         life = sum_splits([Split(self.started, self.mark, 0, dict(self.totals)), live])
-        ranks = dict(self.rank_totals)
-        for bucket, seconds in live.seconds.items():
-            ranks[bucket] = ranks.get(bucket, 0.0) + seconds * live.ranks
         window = sum_splits([clip(s, now - WINDOW_S) for s in self.recent] + [clip(live, now - WINDOW_S)])
         return {"life": described(life), "window": {**described(window), "seconds": WINDOW_S},
-                "goodput": ratio(ranks.get(TRAINING, 0.0), sum(ranks.values())),
-                "redone_steps": self.redone_steps, "wall_s": round(now - self.started, 3)}
+                "goodput": self.share(now, live), "redone_steps": self.redone_steps,
+                "wall_s": round(now - self.started, 3)}
 
     def state(self) -> dict[str, Any]:
         """What a `goodput` event carries: the closed totals, to resume from."""

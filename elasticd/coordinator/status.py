@@ -48,6 +48,6 @@ def job_status(c: StatusSource, now: float, offset: int = 0, limit: int | None =
         "rank_map": rnd.public()["members"] if rnd else [],
         "nodes": [n.public(now) for n in page], "nodes_total": len(ordered), "nodes_offset": offset,
         "node_counts": c.tally.groups(), "relays": len(c.relays.groups),
-        "seq": c.events.seq, "goodput": c.goodput.report(now)["goodput"], "stragglers": dict(c.stragglers.named),
+        "seq": c.events.seq, "goodput": c.goodput.share(now), "stragglers": dict(c.stragglers.named),
         **c.status_extra(),
     }

@@ -181,11 +181,11 @@ class DaemonCollector(Collector):
                           nodes.count((role, node_status)), role=role, status=node_status)
         for cause, count in status["restarts"].items():
             out.counter("elasticd_restarts_total", "Rounds started to restart the job, by cause", count, cause=cause)
-        self.goodput_metrics(out, c)
+        self.goodput_metrics(out, c, status["goodput"])
         self.observe_recoveries(c)
         return [*out.built.values(), *self.recovery.collect()]
 
-    def goodput_metrics(self, out: Families, c: Coordinator) -> None:
+    def goodput_metrics(self, out: Families, c: Coordinator, share: float | None) -> None:
         """Time by bucket as counters of closed stretches (they only grow: rate() gives any window's share)."""
         for bucket, seconds in c.goodput.totals.items():
             name, _, reason = bucket.partition(".")
@@ -199,7 +199,6 @@ class DaemonCollector(Collector):
             figures = c.stragglers.named.get(node_id, {})
             out.gauge("elasticd_straggler_cost_seconds", "Seconds per step the other ranks wait for this node while "
                       "it is named a straggler (0 otherwise)", float(figures.get("cost_s_per_step", 0.0)), node=node_id)
-        share = c.goodput.report(c.clock())["goodput"]
         if share is not None:
             out.gauge("elasticd_goodput_ratio", "Share of the job's rank time that trained, over its life", share)
 
