@@ -6,8 +6,8 @@ The NCCL case runs where CUDA is (scripts/gpu_resize_check.sh): one rank per GPU
 from __future__ import annotations
 
 import os
-import socket
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -20,10 +20,13 @@ from trainer_shim.elastic import lost_peer
 from trainer_shim.generation import Generation, NotArrived, arrive, join, leave, open_store, state_digest, sync
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture
+def store_addr() -> Iterator[str]:
+    """The job's long-lived store, as the coordinator's daemon hosts it; the members get its address."""
+    server = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=30))
+    yield f"127.0.0.1:{server.port}"
+    del server
 
 
 def fresh(device: torch.device, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -80,18 +83,14 @@ def member(proc: int, backend: str, store_addr: str, worlds: list[int], out: dic
 
 @pytest.mark.parametrize("backend", ["gloo", pytest.param("nccl", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="NCCL needs CUDA (scripts/gpu_resize_check.sh on a GPU machine)"))])
-def test_every_generation_starts_bitwise_identical_from_the_freshest_rank(backend: str) -> None:
+def test_every_generation_starts_bitwise_identical_from_the_freshest_rank(backend: str, store_addr: str) -> None:
     gpus = torch.cuda.device_count() if backend == "nccl" else 3
     worlds = [2, 3, 2, 3] if gpus >= 3 else [gpus] * 4  # NCCL: one rank per GPU
-    port = free_port()
-    server = dist.TCPStore("127.0.0.1", port, None, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=30))
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.start_processes(member, args=(backend, f"127.0.0.1:{port}", worlds, out), nprocs=max(worlds),
+        mp.start_processes(member, args=(backend, store_addr, worlds, out), nprocs=max(worlds),
                            start_method="spawn")
         seen = dict(out)
-    del server
     for proc, gens in seen.items():
         for gen, _, distinct in gens:
             assert distinct == 1, f"generation {gen}: rank {proc} disagrees"
@@ -121,18 +120,14 @@ def crash_or_classify(proc: int, store_addr: str, out: dict) -> None:
     out[proc] = errors
 
 
-def test_a_dead_peer_is_told_from_the_scripts_own_error() -> None:
+def test_a_dead_peer_is_told_from_the_scripts_own_error(store_addr: str) -> None:
     """run_step heals in place only a lost peer; a bug in the script raises, as it would without the shim."""
-    port = free_port()
-    server = dist.TCPStore("127.0.0.1", port, None, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=30))
     with mp.Manager() as manager:
         out = manager.dict()
-        context = mp.start_processes(crash_or_classify, args=(f"127.0.0.1:{port}", out), nprocs=2,
+        context = mp.start_processes(crash_or_classify, args=(store_addr, out), nprocs=2,
                                      start_method="spawn", join=False)
         context.processes[0].join(60)
         seen = dict(out)
-    del server
     assert seen == {0: {"peer": True, "bug": False}}
 
 
@@ -147,23 +142,15 @@ def late_member(proc: int, store_addr: str, out: dict) -> None:
     out[proc] = int(total.item())
 
 
-def test_a_rank_that_arrives_after_the_groups_timeout_still_joins() -> None:
-    port = free_port()
-    server = dist.TCPStore("127.0.0.1", port, None, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=30))
+def test_a_rank_that_arrives_after_the_groups_timeout_still_joins(store_addr: str) -> None:
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.start_processes(late_member, args=(f"127.0.0.1:{port}", out), nprocs=2, start_method="spawn")
+        mp.start_processes(late_member, args=(store_addr, out), nprocs=2, start_method="spawn")
         seen = dict(out)
-    del server
     assert seen == {0: 3, 1: 3}
 
 
-def test_a_generation_whose_ranks_do_not_all_arrive_says_how_many_came() -> None:
-    port = free_port()
-    server = dist.TCPStore("127.0.0.1", port, None, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=30))
-    store = open_store(f"127.0.0.1:{port}", 5)
+def test_a_generation_whose_ranks_do_not_all_arrive_says_how_many_came(store_addr: str) -> None:
+    store = open_store(store_addr, 5)
     with pytest.raises(NotArrived, match="generation 4: 1 of 3 ranks arrived within 0s"):
-        arrive(Generation(4, 0, 3, f"127.0.0.1:{port}", "test/absent"), store, wait_s=0.2)
-    del store, server
+        arrive(Generation(4, 0, 3, store_addr, "test/absent"), store, wait_s=0.2)
