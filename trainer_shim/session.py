@@ -130,12 +130,11 @@ class Session:
                 env = decode(frame)
             except (zmq.ZMQError, ProtocolError):
                 continue
-            if env.op != WorkerOp.welcome:
-                self._accept(frame)
-            else:
+            if env.op == WorkerOp.welcome:
                 if env.body.get("hold") is True:
                     _hold()
                 return
+            self._accept(frame)  # a request that came first (the round's drain): queued as any other
 
     # -- sending --------------------------------------------------------------------------------------
     def _frame(self, op: WorkerOp, body: dict[str, Any]) -> bytes:
