@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
@@ -118,9 +119,14 @@ class Client:
         limit = timeout_s or self.timeout_s
         deadline = time.monotonic() + limit
         # A DEALER with no live connection (a refused CURVE handshake drops it) would block in send().
-        if not self._ready(zmq.POLLOUT, deadline):
-            raise ClientError("timeout", _UNREACHABLE.format(op=op, limit=limit), ErrorCode.TIMEOUT)
-        self.sock.send(frame, flags=zmq.NOBLOCK)
+        while True:
+            if not self._ready(zmq.POLLOUT, deadline):
+                raise ClientError("timeout", _UNREACHABLE.format(op=op, limit=limit), ErrorCode.TIMEOUT)
+            try:
+                self.sock.send(frame, flags=zmq.NOBLOCK)
+                break
+            except zmq.Again:  # the connection went between the poll and the send: a refusal's verdict is on its way
+                continue
         while self._ready(zmq.POLLIN, deadline):
             try:
                 env = decode(self.sock.recv(), MAX_REPLY_BYTES, from_daemon=True)
@@ -296,7 +302,8 @@ class AsyncClient:
             if not future.done():
                 if not (sendable.done() and sendable.result()):
                     raise ClientError("timeout", _UNREACHABLE.format(op=op, limit=limit), ErrorCode.TIMEOUT)
-                await self.sock.send(frame, flags=zmq.NOBLOCK)
+                with contextlib.suppress(zmq.Again):  # the connection went since the poll: a refusal fails `future`
+                    await self.sock.send(frame, flags=zmq.NOBLOCK)
             return _unwrap(await asyncio.wait_for(future, max(deadline - loop.time(), 0.0)))
         except asyncio.TimeoutError:
             raise ClientError("timeout", f"no answer to {op!r} within {limit:.1f}s", ErrorCode.TIMEOUT) from None
