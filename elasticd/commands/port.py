@@ -93,7 +93,7 @@ class ResizeControl(Protocol):
 class GoodputView(Protocol):
     """Where the job's time went (coordinator/goodput.py)."""
 
-    def report(self, now: float) -> dict[str, Any]: ...
+    def report(self, now: float, nodes: int = -1) -> dict[str, Any]: ...
 
 
 class StragglerView(Protocol):

@@ -7,11 +7,13 @@ coordinator that takes over resumes them from the log it adopts.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from elasticd.coordinator.goodput_nodes import IDLE, NodeTime
 from elasticd.wire.names import Cause, EventKind
 
 TRAINING, CHECKPOINT, REDONE, WAITING = "training", "checkpoint", "redone", "waiting"
@@ -19,6 +21,7 @@ TRAINING, CHECKPOINT, REDONE, WAITING = "training", "checkpoint", "redone", "wai
 CRASH, HANG, NODE_LOSS, JOIN, LEAVE, SCALE, OPERATOR, TAKEOVER, START = (
     "crash", "hang", "node_loss", "join", "leave", "scale", "operator", "takeover", "start")
 WINDOW_S = 3600.0  # the sliding window `goodput` reports beside the job's life
+TIMELINE_BINS = 30  # slices of the window (or of the job's life, if shorter) in the report's timeline
 FAILURES = (Cause.failure, Cause.hang)
 TRANSITION_REASONS = {"drain": LEAVE, "cordon": LEAVE, "stop": LEAVE, "scale": SCALE}
 
@@ -73,9 +76,13 @@ class GoodputLedger:
         self.redo_s = 0.0  # redone work still to be carved out of the next training
         self.redone_steps = 0
         self.ended = False
+        self.last_save: float | None = None  # the newest checkpoint's time, or the job's first step before one
+        self.nodes = NodeTime()
         self.handlers: dict[str, Callable[[dict[str, Any], float], object]] = {
             EventKind.worker_exited: self.crashed, EventKind.worker_left: self.crashed,
-            EventKind.node_lost: lambda _e, ts: self.disrupt(ts, NODE_LOSS),
+            EventKind.node_joined: lambda e, ts: self.nodes.joined_at(str(e.get("node")), ts),
+            EventKind.node_left: lambda e, ts: self.nodes.left_at(str(e.get("node")), ts),
+            EventKind.node_lost: self.lost,
             EventKind.worker_hung: lambda _e, ts: self.disrupt(ts, HANG),
             EventKind.checkpoint_saved: self.saved, EventKind.workers_stopped: self.stopped,
             EventKind.waiting: self.waiting, EventKind.coordinator_elected: self.took_over,
@@ -105,6 +112,10 @@ class GoodputLedger:
         self.training, self.stop_at, self.reason = False, at, reason
         return True
 
+    def lost(self, event: dict[str, Any], ts: float) -> None:
+        self.nodes.left_at(str(event.get("node")), ts)
+        self.disrupt(ts, NODE_LOSS)
+
     def crashed(self, event: dict[str, Any], ts: float) -> None:
         """A worker exited with an error, or left its group on one (a peer died): everyone stops training."""
         if event.get("exit_code") not in (0, None) or event.get("error"):
@@ -131,6 +142,7 @@ class GoodputLedger:
         if not isinstance(duration, int | float) or duration < 0:
             return
         self.saves.append((ts - float(duration), ts))
+        self.last_save = ts
         if event.get("request_id") and event.get("request_id") == self.transition:
             self.disrupt(ts - float(duration), self.transition_reason)  # its ranks stopped to save
 
@@ -142,6 +154,7 @@ class GoodputLedger:
         if self.reason in ("", START):  # named by the round unless a crash, a loss or a takeover named it
             self.reason = reason_of(event)
         self.world = int(event.get("world_size") or 0)
+        self.nodes.round_ranks(dict(event.get("rank_map") or {}), ts)
         self.cause = str(event.get("cause") or "")
         self.transition = self.transition_reason = ""
 
@@ -159,6 +172,7 @@ class GoodputLedger:
             self.redone_steps += redo
             self.redo_s += redo * self.step_time
         self.training, self.stop_at, self.high_step = True, None, None
+        self.last_save = self.last_save or ts
         self.first = (ts, resumed) if resumed is not None else None
 
     # -- stretches ------------------------------------------------------------------------------------
@@ -169,6 +183,7 @@ class GoodputLedger:
         for bucket, seconds in split.seconds.items():
             self.totals[bucket] = self.totals.get(bucket, 0.0) + seconds
             self.rank_totals[bucket] = self.rank_totals.get(bucket, 0.0) + seconds * split.ranks
+        self.nodes.account(split.start, split.end, split.seconds)
         self.recent.append(split)
         while self.recent and self.recent[0].end < end - WINDOW_S:
             self.recent.popleft()
@@ -201,19 +216,30 @@ class GoodputLedger:
         training = self.rank_totals.get(TRAINING, 0.0) + live.seconds.get(TRAINING, 0.0) * live.ranks
         return ratio(training, sum(self.rank_totals.values()) + sum(live.seconds.values()) * live.ranks)
 
-    def report(self, now: float) -> dict[str, Any]:
-        """Seconds by bucket over the job's life and the last WINDOW_S, with goodput for each."""
+    def window_share(self, now: float, seconds: float) -> float | None:
+        """Goodput over the last `seconds` (at most WINDOW_S), the open stretch included."""
+        splits = [clip(s, now - seconds) for s in [*self.recent, self.live(now)]]
+        training = sum(s.seconds.get(TRAINING, 0.0) * s.ranks for s in splits)
+        return ratio(training, sum(sum(s.seconds.values()) * s.ranks for s in splits))
+
+    def report(self, now: float, nodes: int = -1) -> dict[str, Any]:
+        """Seconds by bucket over the job's life and the last WINDOW_S, with goodput for each; the `nodes` nodes
+        with the lowest goodput (all for a negative count); the window's timeline."""
         live = self.live(now)
         life = sum_splits([Split(self.started, self.mark, 0, dict(self.totals)), live])
         window = sum_splits([clip(s, now - WINDOW_S) for s in self.recent] + [clip(live, now - WINDOW_S)])
+        live_nodes = self.nodes.live(live.start, live.end, live.seconds)
+        idle = sum(t.get(IDLE, 0.0) for t in [*self.nodes.totals.values(), *live_nodes.values()])
+        by_node = self.nodes.report(live_nodes, nodes)
         return {"life": described(life), "window": {**described(window), "seconds": WINDOW_S},
                 "goodput": self.share(now, live), "redone_steps": self.redone_steps,
-                "wall_s": round(now - self.started, 3)}
+                "wall_s": round(now - self.started, 3), "nodes": by_node, "idle_node_s": round(idle, 3),
+                "timeline": timeline([*self.recent, live], max(self.started, now - WINDOW_S), now)}
 
     def state(self) -> dict[str, Any]:
         """What a `goodput` event carries: the closed totals, to resume from."""
         return {"totals": dict(self.totals), "rank_totals": dict(self.rank_totals), "started": self.started,
-                "redone_steps": self.redone_steps}
+                "redone_steps": self.redone_steps, "last_save": self.last_save, **self.nodes.state()}
 
     def replay(self, events: list[dict[str, Any]]) -> None:
         """A takeover: the job's log as adopted, from its start or its oldest kept `goodput` event on."""
@@ -228,7 +254,9 @@ class GoodputLedger:
         self.rank_totals = {str(k): float(v) for k, v in dict(event.get("rank_totals") or {}).items()}
         self.started = float(event.get("started") or self.started)
         self.redone_steps = int(event.get("redone_steps") or 0)
+        self.last_save = float(event["last_save"]) if isinstance(event.get("last_save"), int | float) else None
         self.mark = float(event["ts"])
+        self.nodes.resume(event)
         self.recent.clear()
 
 
@@ -252,6 +280,24 @@ def clip(split: Split, since: float) -> Split:
         return split
     share = max(0.0, split.end - since) / (split.end - split.start)
     return Split(max(split.start, since), split.end, split.ranks, {k: v * share for k, v in split.seconds.items()})
+
+
+def timeline(splits: list[Split], start: float, end: float, bins: int = TIMELINE_BINS) -> dict[str, Any]:
+    """Seconds by bucket in equal slices of [start, end] (at least 1 s each); a stretch is spread evenly over its
+    slices: the timeline is as fine as the stretches, which end at each round's first step."""
+    width = max((end - start) / bins, 1.0)
+    out: list[dict[str, float]] = [{} for _ in range(max(1, min(bins, math.ceil((end - start) / width))))]
+    for split in splits:
+        span = split.end - split.start
+        if span <= 0 or split.end <= start:
+            continue
+        first, last = max(0, int((split.start - start) // width)), min(len(out) - 1, int((split.end - start) // width))
+        for i in range(first, last + 1):
+            part = min(split.end, start + (i + 1) * width) - max(split.start, start + i * width)
+            for bucket, seconds in split.seconds.items() if part > 0 else ():
+                out[i][bucket] = out[i].get(bucket, 0.0) + seconds * part / span
+    return {"start": round(start, 3), "width_s": round(width, 3),
+            "bins": [{k: round(v, 3) for k, v in b.items()} for b in out]}
 
 
 def sum_splits(splits: list[Split]) -> dict[str, float]:

@@ -3,13 +3,15 @@
 from typing import Any
 
 from elasticd.commands.port import JobPort
-from elasticd.commands.verb import Command
+from elasticd.commands.verb import Arg, Command
+from elasticd.wire.protocol import arg
 
 BUCKETS = ("training", "checkpoint", "redone", "waiting")
+NODES_SHOWN = 20  # nodes in a reply, the lowest goodput first, unless asked for more
 
 
 def read(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
-    return {"ok": True, **c.goodput.report(c.clock())}
+    return {"ok": True, **c.goodput.report(c.clock(), arg(args, "nodes", int, NODES_SHOWN))}
 
 
 def render(result: dict[str, Any]) -> str:
@@ -24,8 +26,15 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"{'recovery: ' + reason:<22} {life['recovery'].get(reason, 0.0):>9.1f}s "
                      f"{window['recovery'].get(reason, 0.0):>9.1f}s")
     lines.append(f"{'accounted':<22} {life['accounted_s']:>9.1f}s {window['accounted_s']:>9.1f}s")
+    if result.get("nodes"):
+        lines += ["", f"{'NODE':<22} {'GOODPUT':>8} {'IN JOB':>9} {'IDLE':>8}  LOST"]
+        for row in result["nodes"]:
+            share = f"{row['goodput']:.1%}" if isinstance(row["goodput"], float) else "-"
+            lost = "  ".join(f"{k.removeprefix('recovery.')} {v:.1f}s" for k, v in row["lost"].items())
+            lines.append(f"{row['node']:<22} {share:>8} {row['seconds']:>8.1f}s {row['idle']:>7.1f}s  {lost}")
     return "\n".join(lines)
 
 
 COMMANDS = [Command("goodput", "share of the job's time that trained; lost time by cause", order=55, read=read,
-                    render=render)]
+                    render=render, args=(Arg("nodes", "this many nodes, the lowest goodput first (-1: every node)",
+                                             type=int, flags=("--nodes",), default=NODES_SHOWN),))]

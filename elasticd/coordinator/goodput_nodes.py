@@ -1,0 +1,86 @@
+"""Goodput by node: each node's own time in the job, by the job's buckets while it held ranks, idle while it held none.
+
+docs/architecture.md, "Goodput". A node's time starts at its `node_joined` and ends at its `node_left` or
+`node_lost`. While its node is in the round's rank map it is spent as the job's is (training, checkpoint,
+recovery...); while it is not (standby beyond `--nnodes` max, cordoned, waiting to be let in) it is idle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+IDLE = "idle"  # a node in the job holding no ranks: paid for, training nothing
+TRAINING = "training"
+
+
+class NodeTime:
+    """Per node: seconds by bucket over its time in the job, accounted at each stretch the ledger closes."""
+
+    def __init__(self) -> None:
+        self.joined: dict[str, float] = {}  # node id -> when it joined, while it is in the job
+        self.left: dict[str, float] = {}  # node id -> when it left or was lost, until its last stretch closes
+        self.ranks: dict[str, int] = {}  # node id -> its ranks in the current round
+        self.totals: dict[str, dict[str, float]] = {}  # node id -> bucket -> seconds
+
+    def joined_at(self, node_id: str, ts: float) -> None:
+        self.joined.setdefault(node_id, ts)
+        self.left.pop(node_id, None)
+
+    def left_at(self, node_id: str, ts: float) -> None:
+        if node_id in self.joined:
+            self.left[node_id] = ts
+
+    def round_ranks(self, rank_map: dict[str, Any], ts: float) -> None:
+        """The round's rank map ({node: [ranks]}); a member the log never saw join is in the job from now."""
+        self.ranks = {str(n): len(r) for n, r in rank_map.items() if isinstance(r, list)}
+        for node_id in self.ranks:
+            self.joined.setdefault(node_id, ts)
+
+    def account(self, start: float, end: float, seconds: dict[str, float]) -> None:
+        """A closed stretch of the job: its buckets to each node with ranks, idle to each node without."""
+        span = end - start
+        if span <= 0:
+            return
+        for node_id, since in list(self.joined.items()):
+            until = min(end, self.left.get(node_id, end))
+            share = max(0.0, until - max(start, since)) / span  # the part of the stretch this node was in the job
+            totals = self.totals.setdefault(node_id, {})
+            if share and node_id in self.ranks:
+                for bucket, value in seconds.items():
+                    totals[bucket] = totals.get(bucket, 0.0) + value * share
+            elif share:
+                totals[IDLE] = totals.get(IDLE, 0.0) + span * share
+            if node_id in self.left:
+                del self.joined[node_id], self.left[node_id]
+
+    def report(self, live: dict[str, dict[str, float]], limit: int) -> list[dict[str, Any]]:
+        """The `limit` nodes with the lowest goodput first (all for a negative limit), the open stretch included."""
+        rows = []
+        for node_id in set(self.totals) | set(live):
+            seconds = dict(self.totals.get(node_id, {}))
+            for bucket, value in live.get(node_id, {}).items():
+                seconds[bucket] = seconds.get(bucket, 0.0) + value
+            total = sum(seconds.values())
+            rows.append({"node": node_id, "goodput": round(seconds.get(TRAINING, 0.0) / total, 4) if total else None,
+                         "seconds": round(total, 3), "idle": round(seconds.get(IDLE, 0.0), 3),
+                         "lost": {k: round(v, 3) for k, v in sorted(seconds.items())
+                                  if k not in (TRAINING, IDLE) and v > 5e-4}})
+        rows.sort(key=lambda r: (r["goodput"] if r["goodput"] is not None else 2.0, r["node"]))
+        return rows if limit < 0 else rows[:limit]
+
+    def live(self, start: float, end: float, seconds: dict[str, float]) -> dict[str, dict[str, float]]:
+        """The open stretch as `account` would spend it, changing nothing."""
+        probe = NodeTime()
+        probe.joined, probe.left, probe.ranks = dict(self.joined), dict(self.left), self.ranks
+        probe.account(start, end, seconds)
+        return probe.totals
+
+    def state(self) -> dict[str, Any]:
+        return {"node_totals": {n: {b: round(v, 3) for b, v in t.items()} for n, t in self.totals.items()},
+                "node_joined": dict(self.joined)}
+
+    def resume(self, event: dict[str, Any]) -> None:
+        self.totals = {str(n): {str(b): float(v) for b, v in dict(t).items()}
+                       for n, t in dict(event.get("node_totals") or {}).items()}
+        self.joined = {str(n): float(t) for n, t in dict(event.get("node_joined") or {}).items()}
+        self.left = {}
