@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from elasticd.coordinator.alarms import Alarms
 from elasticd.coordinator.core import PendingRound, Send, SendAll
 from elasticd.coordinator.goodput import GoodputLedger
 from elasticd.coordinator.liveness import Liveness
@@ -58,27 +59,25 @@ class Coordinator:
     - `probe` (probes.py): a worker's failure, charged only once every other member answered a probe;
     - `tracker` (round_progress.py): the round in place, from its stop barrier and `go` to its first step;
     - `transitions` (transitions.py): the graceful change in flight, whose ranks stop at one agreed step;
-    - `resizer` (resize.py): rounds that keep their workers in place; `status` (status.py): the summary.
+    - `resizer` (resize.py): rounds that keep their workers in place; `status` (status.py): the summary;
+    - `goodput` (goodput.py), `stragglers` (stragglers.py), `alarms` (alarms.py): where the time went, who slows
+      the job, and the operator's thresholds on both.
     """
 
     def __init__(self, cfg: JobConfig, store: MembershipStore, send: Send, events: EventLog,
                  on_event: Callable[[dict[str, Any]], None], clock: Callable[[], float] = time.time,
                  connected: Callable[[str], bool] = lambda _node_id: False,
                  backlog: Callable[[], bool] = lambda: False, send_all: SendAll | None = None) -> None:
-        self.cfg = cfg
-        self.store = store
-        self.send = send
+        self.cfg, self.store, self.send = cfg, store, send
         self.send_all: SendAll = send_all or self.send_each
-        self.events = events
-        self.on_event = on_event
+        self.events, self.on_event = events, on_event
         self.clock = clock  # injected so that scenario tests run on a fake clock
         self.backlog = backlog  # frames from members not yet read: liveness waits for them
-        self.state = JobState.waiting
-        self.reason = f"waiting for {cfg.min_nodes} node(s) to register"
+        self.state, self.reason = JobState.waiting, f"waiting for {cfg.min_nodes} node(s) to register"
         self.target = cfg.max_nodes
         self.restarts: dict[Cause, int] = dict.fromkeys(RESTART_CAUSES, 0)
         self.round: Round | None = None
-        self.pending: PendingRound | None = None
+        self.pending: PendingRound | None = None  # the next round, once its settle window passes
         self.waiting_since = clock()
         self.told_waiting: set[str] = set()  # members that have this wait's notice (a `round` of null)
         self.used_ports: set[int] = set()
@@ -86,7 +85,7 @@ class Coordinator:
         self.ended_at = 0.0
         self.status_extra: Callable[[], dict[str, Any]] = dict  # --rdzv-backend etcd: epoch, etcd health
         self.goodput = GoodputLedger(clock())  # fed every event (_record)
-        self.stragglers = Stragglers(self)
+        self.stragglers, self.alarms = Stragglers(self), Alarms(self, self.goodput)
         self.resizer = Resizer(cfg.job_id, self.emit)  # in-place rounds (elasticd/coordinator/resize.py)
         self.routes = RelayRoutes(self)
         self.tracker = RoundTracker(self)
@@ -263,6 +262,7 @@ class Coordinator:
             self.restart_after_resize(now)
         self.transitions.resolve_expired(now)
         self.stragglers.check(now)
+        self.alarms.check(now)
 
     # ---- rounds -------------------------------------------------------------------------------
     def schedule(self, cause: Cause, detail: str, detected_at: float, due: float | None = None) -> None:

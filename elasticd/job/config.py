@@ -87,6 +87,9 @@ class JobConfig:
     relay_group: int = 32  # --rdzv-conf relay_group: members per relay (0: no relays); docs/architecture.md "Relays"
     relay_from: int = 256  # --rdzv-conf relay_from: a job whose --nnodes max is below this has no relays
     on_event: tuple[AlertRule, ...] = ()  # --on-event: what the coordinator's daemon runs or posts on which events
+    alert_goodput_below: float = 0.0  # --alert-goodput-below: `goodput_low` under this share (0: never)
+    alert_goodput_window_s: float = 3600.0  # --alert-goodput-window: over this many seconds
+    alert_checkpoint_age_s: float = 0.0  # --alert-checkpoint-age: `checkpoint_stale` past this age (0: never)
 
     @property
     def lost_after_s(self) -> float:

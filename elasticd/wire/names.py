@@ -113,6 +113,8 @@ class EventKind(StrEnum):
     straggler = "straggler"  # a node whose ranks make the others wait, persistently (coordinator/stragglers.py)
     straggler_cleared = "straggler_cleared"
     goodput = "goodput"  # a round's first step, the job's end: where its time went (coordinator/goodput.py)
+    goodput_low = "goodput_low"  # goodput over --alert-goodput-window fell under --alert-goodput-below
+    checkpoint_stale = "checkpoint_stale"  # the newest checkpoint is older than --alert-checkpoint-age
     stop_barrier_timeout = "stop_barrier_timeout"
     job_end = "job_end"
     relay_replaced = "relay_replaced"  # a relay went: its group now sends through another of its members
