@@ -103,5 +103,18 @@ def test_prometheus_sees_the_world_size_and_the_restart_a_drain_causes(
         prometheus.wait_for(f'elasticd_nodes{{{selector},role="standby",status="alive"}}', 1)
         prometheus.wait_for(f'sum(elasticd_recovery_seconds_count{{{selector},cause="membership",phase="spawned"}})',
                             before + 1)
+        # the drain's round took its first step: both nodes' training up to the drain is accounted, each its own
+        prometheus.wait_for(f'count(elasticd_node_time_seconds_total{{{selector},bucket="training"}} > 0)', 2)
+        prometheus.wait_for(f'count(elasticd_job_rank_time_seconds_total{{{selector},bucket="training"}} > 0)', 1)
     finally:
         prometheus.stop()
+
+
+def test_the_alert_rules_in_the_docs_are_rules_prometheus_accepts(prometheus_binary: str, tmp_path: Path) -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "metrics.md").read_text()
+    rules = text.split("### Alertmanager rules", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "rules.yml").write_text(rules)
+    promtool = Path(prometheus_binary).with_name("promtool")
+    checked = subprocess.run([str(promtool), "check", "rules", str(tmp_path / "rules.yml")], capture_output=True,
+                             text=True, timeout=60)
+    assert checked.returncode == 0 and "SUCCESS: 5 rules found" in checked.stdout, checked.stdout + checked.stderr
