@@ -16,7 +16,7 @@ from test_tui_support import SIZE, until
 from textual.message import Message
 from textual.notifications import Notify
 from textual.pilot import Pilot
-from textual.widgets import Button
+from textual.widgets import Button, Static
 
 from tui.app import ElasticApp
 from tui.screens.confirm import ConfirmScreen
@@ -64,6 +64,10 @@ async def console_on_b(job: Job, readonly: bool = False) -> AsyncIterator[tuple[
         yield app, pilot, notices
 
 
+def goodput_text(app: ElasticApp) -> str:
+    return str(app.query_one("#goodput-table", Static).render())
+
+
 def steering_answered(app: ElasticApp) -> bool:
     """No steering request of the app is in flight: whatever it sent, the daemon has answered."""
     return all(worker.is_finished for worker in app.workers if worker.group == "steer")
@@ -74,9 +78,11 @@ async def test_one_member_address_shows_the_whole_job_and_every_view(job: Job) -
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: connected(app), what="both daemons live")
         assert app.model.job.job_id == job.job_id and app.model.job.coordinator == "a"
-        for view in ("ranks", "events", "ckpt", "loss", "nodes"):
+        for view in ("ranks", "events", "ckpt", "loss", "goodput", "nodes"):
             await pilot.press("colon", *view, "enter")
             await until(pilot, lambda v=view: app.view == v, what=f"view {view}")
+            if view == "goodput":  # the coordinator's own accounting, polled every 5 s
+                await until(pilot, lambda: "of rank time trained" in goodput_text(app), what="goodput's table")
         await until(pilot, lambda: any(e.get("kind") == "round_started" for e in app.model.events))
         await until(pilot, lambda: bool(app.model.nodes["a"].workers))
         await cursor_to(pilot, app, "a")

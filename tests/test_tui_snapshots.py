@@ -22,7 +22,7 @@ def go(view: str):  # type: ignore[no-untyped-def]
     return run_before
 
 
-@pytest.mark.parametrize("view", ["nodes", "ranks", "events", "ckpt", "loss"])
+@pytest.mark.parametrize("view", ["nodes", "ranks", "events", "ckpt", "loss", "goodput"])
 def test_view(snap_compare, view: str) -> None:  # type: ignore[no-untyped-def]
     assert snap_compare(fake_app(), terminal_size=SIZE, run_before=go(view))
 

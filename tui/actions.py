@@ -34,7 +34,7 @@ class ActionSpec:
 
 
 LOCAL: tuple[ActionSpec, ...] = (
-    ActionSpec("command_bar", "colon", "Command bar (:nodes :ranks :events :ckpt :loss :job ID)"),
+    ActionSpec("command_bar", "colon", "Command bar (:nodes :ranks :events :ckpt :loss :goodput :job ID)"),
     ActionSpec("filter", "slash", "Filter the current view"),
     ActionSpec("help", "question_mark", "Help: every key and action"),
     ActionSpec("mark", "space", "Mark or unmark the node (targets of drain/cordon)", show=False),
@@ -45,6 +45,7 @@ LOCAL: tuple[ActionSpec, ...] = (
     ActionSpec("view_events", "3", "View: events and recovery timelines", show=False),
     ActionSpec("view_ckpt", "4", "View: checkpoints", show=False),
     ActionSpec("view_loss", "5", "View: loss plot", show=False),
+    ActionSpec("view_goodput", "6", "View: goodput, lost time by cause over time", show=False),
     ActionSpec("next_job", "right_square_bracket", "Next job", show=False),
     ActionSpec("log_scale", "l", "Loss plot: log scale on or off", show=False),
 )

@@ -25,7 +25,7 @@ from tui.screens.help import HelpScreen
 from tui.screens.node_detail import NodeDetailScreen
 from tui.session import Connector, JobSession, live_link
 from tui.steering import NoTarget, SteerRequest, build_requests, execute, preview
-from tui.views import VIEW_NAMES, CheckpointsView, EventsView, LossView, NodesView, RanksView
+from tui.views import VIEW_NAMES, CheckpointsView, EventsView, GoodputView, LossView, NodesView, RanksView
 from tui.views.table import SyncedTable
 from tui.widgets.header import JobHeader, header_text
 
@@ -63,7 +63,8 @@ class ElasticApp(App[None]):
             yield EventsView(id="events")
             yield CheckpointsView()
             yield LossView()
-        yield Input(id="bar", placeholder=":nodes :ranks :events :ckpt :loss :job ID :q")
+            yield GoodputView()
+        yield Input(id="bar", placeholder=":nodes :ranks :events :ckpt :loss :goodput :job ID :q")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -274,7 +275,7 @@ class ElasticApp(App[None]):
         self.bar_mode = mode
         self.bar.display = True
         self.bar.value = "" if mode == ":" else self.pattern
-        self.bar.placeholder = (":nodes :ranks :events :ckpt :loss :job ID :q" if mode == ":"
+        self.bar.placeholder = (":nodes :ranks :events :ckpt :loss :goodput :job ID :q" if mode == ":"
                                 else "/regex filter (!regex inverts; on :loss, 'job' = job-wide)")
         self.bar.focus()
 
@@ -312,7 +313,7 @@ class ElasticApp(App[None]):
             self.current, self.marks = rest.strip(), set()
             self.redraw()
         elif word:
-            self.notify(f"unknown command :{text}; try :nodes :ranks :events :ckpt :loss :job ID",
+            self.notify(f"unknown command :{text}; try :nodes :ranks :events :ckpt :loss :goodput :job ID",
                         severity="warning")
 
     @on(SyncedTable.RowSelected, "#nodes")

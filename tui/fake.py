@@ -70,6 +70,23 @@ def history_events() -> list[dict[str, Any]]:
     return events
 
 
+def goodput_report() -> dict[str, Any]:
+    """The fake job's 600 s as `goodput` accounts them: start-up, rank 3's crash and the steps redone after it."""
+    bins: list[dict[str, float]] = [{"training": 20.0} for _ in range(30)]
+    bins[0] = {"recovery.start": 12.0, "training": 8.0}
+    bins[10] = {"recovery.crash": 3.4, "redone": 9.0, "training": 7.6}
+    bins[11] = {"redone": 11.0, "training": 9.0}
+    bins[25] = {"checkpoint": 1.1, "training": 18.9}
+    life = {"training": 563.5, "checkpoint": 1.1, "redone": 20.0, "waiting": 0.0,
+            "recovery": {"start": 12.0, "crash": 3.4}, "accounted_s": 600.0, "training_share": 0.9392}
+    nodes = [{"node": n, "goodput": 0.9392, "seconds": 600.0, "idle": 0.0,
+              "lost": {"checkpoint": 1.1, "recovery.crash": 3.4, "recovery.start": 12.0, "redone": 20.0}}
+             for n in ("a", "b")] + [{"node": "c", "goodput": 0.0, "seconds": 200.0, "idle": 200.0, "lost": {}}]
+    return {"ok": True, "goodput": 0.9392, "redone_steps": 40, "wall_s": 600.0, "life": life,
+            "window": {**life, "seconds": 3600.0}, "nodes": sorted(nodes, key=lambda r: r["goodput"]),
+            "idle_node_s": 200.0, "timeline": {"start": NOW - 600, "width_s": 20.0, "bins": bins}}
+
+
 class FakeLink:
     """Answers like a daemon of the fake job; `drain a` is refused without force, like the real interlock.
 
@@ -117,6 +134,9 @@ class FakeLink:
 
         return {"ok": True, "nodes": {"a": [worker("a", 0, 0), worker("a", 1, 1)],
                                       "b": [worker("b", 0, 2), worker("b", 1, 3)], "c": []}}
+
+    def op_goodput(self, args: dict[str, Any]) -> dict[str, Any]:
+        return goodput_report()
 
     def op_ranks(self, args: dict[str, Any]) -> dict[str, Any]:
         def rnd(round_id: int, cause: str, total: float) -> dict[str, Any]:

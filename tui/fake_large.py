@@ -7,7 +7,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from elasticd.client import ClientError, Event
-from tui.fake import NOW
+from tui.fake import NOW, goodput_report
 
 RANKS_PER_NODE = 8
 STANDBY_EVERY = 256  # every 256th node is a standby: node_counts has two kinds of alive nodes
@@ -69,6 +69,9 @@ class LargeLink:
                                                       "node": self.job.ids[0], "round": 1, "world_size": 0}]}
         if op == "ranks":
             return {"ok": True, "round": None, "history": []}
+        if op == "goodput":  # the console's page of it: the nodes that lose most, and the timeline
+            report = goodput_report()
+            return {**report, "nodes": [{**report["nodes"][0], "node": n} for n in self.job.ids[:args["nodes"]]]}
         if op in ("metrics", "workers"):
             return {"ok": True, "ranks": [], "nodes": {}}
         raise ClientError("unknown_op", f"unknown op {op!r}")

@@ -23,6 +23,7 @@ log = logging.getLogger("elastic-tui")
 POLL_INTERVAL_S = 1.0
 WORKERS_EVERY = 2  # polls: worker processes (cpu, rss) every other status
 METRICS_EVERY = 5  # polls: checkpoint ages and the rest `st` does not carry; steps themselves are pushed
+GOODPUT_NODES = 10  # the nodes with the lowest goodput, in the goodput view
 IDLE_TIMEOUT_S = 5.0  # heartbeats come every second: five silent seconds mean resubscribe
 ALL_TOPICS = ("",)
 TELEMETRY_TOPICS = ("hb.", "st.")
@@ -52,6 +53,8 @@ async def poll_job(session: JobSession, changed: Changed, interval_s: float = PO
                 # every rank and every worker of a large job: its pages carry their nodes' workers instead
                 if tick % METRICS_EVERY == 0 and not model.paged:
                     model.apply_metrics(await session.call("metrics"))
+                if tick % METRICS_EVERY == 0:
+                    await poll_goodput(session)
                 if tick % WORKERS_EVERY == 0 and not model.paged:
                     model.apply_workers(await session.call("workers"))
             except IO_ERRORS as err:
@@ -113,6 +116,17 @@ def events_source(session: JobSession, followed: dict[str, tuple[str, str]]) -> 
         if node is not None and node.connected:
             return pub
     return next(iter(followed.values()))[1] if followed else ""
+
+
+async def poll_goodput(session: JobSession) -> None:
+    """The `goodput` reply with the nodes that lose most (a page, however large the job)."""
+    try:
+        reply = await session.call("goodput", nodes=GOODPUT_NODES)
+    except ClientError as err:
+        if err.code != "unknown_op":
+            raise
+        reply = {"unavailable": f"this job's coordinator does not account goodput ({err.reason}): upgrade it"}
+    session.model.apply_goodput(reply)
 
 
 def start_followers(session: JobSession, followers: dict[str, tuple[asyncio.Task[None], bool]], changed: Changed,

@@ -100,6 +100,7 @@ class JobModel:
         self.ranks_by_node: dict[str, dict[int, RankView]] = {}  # node id -> rank -> its metrics
         self.node_order: dict[str, int] = {}  # node id -> position in `nodes` (nodes are never removed)
         self.stragglers: dict[str, dict[str, Any]] = {}  # node id -> what it costs the job per step (`straggler`)
+        self.goodput: dict[str, Any] = {}  # the `goodput` verb's last reply: lost time by cause, its timeline, nodes
         self.round_first_step: dict[int, int] = {}  # round -> the first step this console saw in it
         self.round_sizes: dict[int, int] = {}  # round -> world size, from round_started events
         self.round_in_place: dict[int, bool] = {}  # round -> its survivors kept their processes
@@ -201,6 +202,10 @@ class JobModel:
     def apply_workers(self, reply: dict[str, Any]) -> None:
         for node_id, workers in (reply.get("nodes") or {}).items():
             self.node(str(node_id)).workers = list(workers)
+        self.changed()
+
+    def apply_goodput(self, reply: dict[str, Any]) -> None:
+        self.goodput = reply
         self.changed()
 
     def apply_ranks(self, reply: dict[str, Any]) -> None:
