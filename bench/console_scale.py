@@ -31,6 +31,8 @@ import zmq.asyncio
 from elasticd.wire.protocol import Envelope, decode, encode
 
 TICK_S = 0.05  # the publishing loop's period; each daemon checks its step every 0.25 s, as the real one
+STRAGGLERS = 3  # nodes 1..3 are named stragglers in `status`: their rows are marked SLOW
+STRAGGLER = {"wait_s": 0.001, "others_wait_s": 0.05, "cost_s_per_step": 0.049, "step_time_s": 0.2, "since": 0.0}
 
 
 class FakeDaemons:
@@ -87,7 +89,21 @@ class FakeDaemons:
                 "nodes": [self.node(i) for i in range(offset, end)], "nodes_total": self.count,
                 "nodes_offset": offset, "node_counts": {"alive/active": self.count},
                 "rank_map": [{"node_id": n, "group_rank": i, "host": "127.0.0.1", "ranks": [i]}
-                             for i, n in enumerate(self.ids)]}
+                             for i, n in enumerate(self.ids)],
+                "goodput": 0.9392, "stragglers": {n: STRAGGLER for n in self.ids[1:STRAGGLERS + 1]}}
+
+    def goodput(self, args: dict[str, Any], now: float) -> dict[str, Any]:
+        """A job an hour old that lost a minute at each of six restarts; the nodes asked for, the lowest first."""
+        bins = [{"training": 120.0 - 60.0 * (i % 5 == 2), **({"recovery.crash": 60.0} if i % 5 == 2 else {})}
+                for i in range(30)]
+        life = {"training": 3240.0, "checkpoint": 0.0, "redone": 0.0, "waiting": 0.0,
+                "recovery": {"crash": 360.0}, "accounted_s": 3600.0, "training_share": 0.9}
+        shown = self.count if int(args.get("nodes", 20)) < 0 else min(self.count, int(args.get("nodes", 20)))
+        nodes = [{"node": self.ids[i], "goodput": 0.9, "seconds": 3600.0, "idle": 0.0,
+                  "lost": {"recovery.crash": 360.0}} for i in range(shown)]
+        return {"ok": True, "goodput": 0.9, "redone_steps": 0, "wall_s": 3600.0, "life": life,
+                "window": {**life, "seconds": 3600.0}, "nodes": nodes, "idle_node_s": 0.0,
+                "timeline": {"start": now - 3600.0, "width_s": 120.0, "bins": bins}}
 
     def answer(self, index: int, op: str, args: dict[str, Any]) -> dict[str, Any]:
         now = time.time()
@@ -114,6 +130,8 @@ class FakeDaemons:
             return {"ok": True, "events": found[-limit:] if limit > 0 else found, "seq": self.seq}
         if op == "ranks":
             return {"ok": True, "round": None, "history": []}
+        if op == "goodput":
+            return self.goodput(args, now)
         if op == "workers":
             return {"ok": True, "nodes": {}}
         return {"ok": False, "code": "unknown_op", "reason": op, "errno": 3}
@@ -198,7 +216,8 @@ def all_live(app: Any, count: int) -> bool:
         model.node_liveness(model.nodes[n]) == "live" for n in shown)
 
 
-async def measure(control: str, pub: str, count: int, seconds: float, scroll_every_s: float) -> dict[str, float]:
+async def measure(control: str, pub: str, count: int, seconds: float, scroll_every_s: float,
+                  view: str = "nodes") -> dict[str, float]:
     import tui.feeds
     from tui.app import ElasticApp
 
@@ -246,6 +265,7 @@ async def measure(control: str, pub: str, count: int, seconds: float, scroll_eve
             if time.monotonic() > deadline:
                 raise SystemExit(f"only {len(app.model.nodes)} of {count} daemons known (not all live) after 90 s")
             await pilot.pause(0.2)
+        app.switch_view(view)
         await pilot.pause(2.0)
         recording = True
         cpu0, wall0 = time.process_time(), time.monotonic()
@@ -271,13 +291,14 @@ def pct(values: list[float], q: int) -> float:
     return 1000 * statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
-def run_case(count: int, rate: float, seconds: float, scroll_every_s: float = 0.0) -> dict[str, float]:
+def run_case(count: int, rate: float, seconds: float, scroll_every_s: float = 0.0,
+             view: str = "nodes") -> dict[str, float]:
     child = subprocess.Popen([sys.executable, __file__, "--serve", str(count), "--rate", str(rate)],
                              stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None
         control, pub = json.loads(child.stdout.readline())
-        return asyncio.run(measure(control, pub, count, seconds, scroll_every_s))
+        return asyncio.run(measure(control, pub, count, seconds, scroll_every_s, view))
     finally:
         child.kill()
         child.wait()
@@ -289,6 +310,8 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=5.0, help="steps per second per daemon")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--scroll-every", type=float, default=0.0, help="seconds between page downs (0: none)")
+    parser.add_argument("--view", default="nodes", choices=("nodes", "goodput"),
+                        help="the view on screen (goodput: the lost-time plot, redrawn at each poll)")
     parser.add_argument("--serve", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -297,12 +320,12 @@ def main() -> int:
         return 0
     print(f"console_scale: {os.cpu_count()} cores; {args.rate:g} steps/s per daemon, st.<node>/ at <= 4 Hz + "
           f"1 heartbeat/s + a job event every 2 s; {args.seconds:g} s window; console headless at 120x36 on the "
-          f"nodes view" + (f", a page down every {args.scroll_every:g} s" if args.scroll_every else ""))
+          f"{args.view} view" + (f", a page down every {args.scroll_every:g} s" if args.scroll_every else ""))
     print(f"{'daemons':>8} {'followed':>8} {'live':>5} {'msgs/s in':>9} {'console CPU %':>14} "
           f"{'model p50/p99 ms':>17} {'screen p50/p99 ms':>18}")
     results = []
     for count in args.nodes:
-        r = run_case(count, args.rate, args.seconds, args.scroll_every)
+        r = run_case(count, args.rate, args.seconds, args.scroll_every, args.view)
         results.append({"daemons": count, **r})
         print(f"{count:>8} {int(r['followed']):>8} {int(r['live']):>5} {r['msgs_per_s']:>9.0f} {r['cpu_pct']:>14.1f} "
               f"{r['model_p50']:>8.1f}/{r['model_p99']:<8.1f} {r['screen_p50']:>8.1f}/{r['screen_p99']:<9.1f}")

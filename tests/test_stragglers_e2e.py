@@ -1,17 +1,28 @@
-"""A real DDP job whose node c loads its data slowly: c, and only c, is named a straggler."""
+"""A real DDP job whose node c loads its data slowly: c, and only c, is named a straggler; the alert command runs,
+the console marks c's row, and its drain key, confirmed, takes c out."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
+import pytest
 from harness import SHIM, Job
+from test_tui_live import cursor_to, steering_answered
+from test_tui_support import SIZE, until
 
 from elasticd.coordinator.stragglers import PERSIST_S
+from tui.app import ElasticApp
+from tui.rows import node_rows
+from tui.screens.confirm import ConfirmScreen
+
+pytestmark = pytest.mark.asyncio
 
 
-def test_the_node_with_slow_data_loading_is_named_within_30s_and_the_other_never(tmp_path: Path) -> None:
-    job = Job(tmp_path, nnodes="1:2", nproc=1)
+async def test_the_node_with_slow_data_loading_is_named_within_30s_and_the_other_never(tmp_path: Path) -> None:
+    paged = tmp_path / "paged"
+    job = Job(tmp_path, nnodes="1:2", nproc=1, extra=["--on-event", f"straggler:cat >> {paged}"])
     args = ("--steps", "100000", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "0", "--batch", "12",
             "--micro", "4")
     try:
@@ -22,12 +33,23 @@ def test_the_node_with_slow_data_loading_is_named_within_30s_and_the_other_never
         named = job.wait_event("straggler", since=formed["seq"], timeout=30 + PERSIST_S)
         assert time.monotonic() - began <= 30 + PERSIST_S
         assert named["node"] == "c" and named["cost_s_per_step"] >= 0.05, named
-        status = job.status()
-        assert set(status["stragglers"]) == {"c"}
+        assert set(job.status()["stragglers"]) == {"c"}
+        app = ElasticApp({job.job_id: [job.daemons["a"].control]})
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: "c" in app.model.stragglers, what="c named in the console")
+            rows = {key: " ".join(map(str, cells)) for key, cells in node_rows(app.model, set(), {})}
+            assert "SLOW" in rows["c"] and "SLOW" not in rows["a"]
+            await cursor_to(pilot, app, "c")
+            await pilot.press("D")  # drain, after the dry run's plan is confirmed
+            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
+            assert "the straggler c goes" in str(app.screen.query_one("#effect").render())
+            await pilot.click("#confirm")
+            await until(pilot, lambda: steering_answered(app), what="the drain answered")
+        job.wait_event("drain_complete", since=named["seq"], timeout=60)
+        assert job.status()["world_size"] == 1
         with job.client() as client:
-            plan = client.call("drain", node="c", dry_run=True)["plan"]
             events = client.call("events", kinds=["straggler"], limit=0)["events"]
-        assert plan["stragglers"].keys() == {"c"} and "the straggler c goes" in plan["summary"]
         assert [e["node"] for e in events] == ["c"]  # a never
+        assert json.loads(paged.read_text())["node"] == "c"  # the operator's command had the event on its stdin
     finally:
         job.close()
