@@ -80,12 +80,12 @@ def add_start_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
          help="on the coordinator's daemon, for each job event of these kinds (comma-separated, * for all), run "
          "ACTION with sh (the event as JSON on stdin and in $ELASTICD_EVENT), or POST it to ACTION if it is an "
          "http(s) URL; repeatable, e.g. --on-event 'node_lost,job_end:./page.sh' (docs/metrics.md, Alerts)")
-    flag("alert-goodput-below", type=float, default=0.0, metavar="SHARE",
+    flag("alert-goodput-below", default="0", metavar="SHARE",
          help="a goodput_low event (for --on-event) when goodput over --alert-goodput-window falls under SHARE, "
          "e.g. 0.9 (default 0: never)")
-    flag("alert-goodput-window", type=float, default=3600.0, metavar="SECONDS",
+    flag("alert-goodput-window", default="3600", metavar="SECONDS",
          help="the window of --alert-goodput-below, at most 3600 (default 3600)")
-    flag("alert-checkpoint-age", type=float, default=0.0, metavar="SECONDS",
+    flag("alert-checkpoint-age", default="0", metavar="SECONDS",
          help="a checkpoint_stale event when the job's newest checkpoint is older than this (default 0: never)")
     p.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -104,7 +104,7 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
     entry = _entry(ns, notes)
     if ns.max_restarts < 0:
         raise ConfigError("--max-restarts must be 0 or more")
-    _check_alarms(ns)
+    below, window, age = _alarms(ns)
     if conf.get("is_host") is True and not is_local_host(host):
         raise ConfigError(f"--rdzv-conf is_host=true, but {host} is not this host: the coordinator runs on "
                           "the rendezvous endpoint's host")
@@ -126,8 +126,7 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
         lease_ttl_s=int(conf.get("lease_ttl", 5)), etcd_outage_s=float(conf.get("etcd_outage_timeout", 300.0)),
         relay_group=conf.get("relay_group", 32), relay_from=conf.get("relay_from", 256),
         on_event=tuple(parse_alert(rule, EventKind) for rule in ns.on_event),
-        alert_goodput_below=ns.alert_goodput_below, alert_goodput_window_s=ns.alert_goodput_window,
-        alert_checkpoint_age_s=ns.alert_checkpoint_age,
+        alert_goodput_below=below, alert_goodput_window_s=window, alert_checkpoint_age_s=age,
     )
     if cfg.metrics_from_output:
         compile_pattern(cfg.metrics_from_output)
@@ -198,14 +197,26 @@ def _timeouts(ns: argparse.Namespace, conf: dict[str, Any]) -> dict[str, float]:
     return values
 
 
-def _check_alarms(ns: argparse.Namespace) -> None:
-    below, window, age = ns.alert_goodput_below, ns.alert_goodput_window, ns.alert_checkpoint_age
-    if not 0 <= below < 1:  # also refuses nan
-        raise ConfigError(f"--alert-goodput-below must be a share in [0, 1), e.g. 0.9, got {below:g}")
+def _alarms(ns: argparse.Namespace) -> tuple[float, float, float]:
+    """--alert-goodput-below, --alert-goodput-window, --alert-checkpoint-age, checked (nan fails every test)."""
+    below, window, age = (_number(getattr(ns, f"alert_{name}")) for name in
+                          ("goodput_below", "goodput_window", "checkpoint_age"))
+    if not 0 <= below < 1:
+        raise ConfigError(f"--alert-goodput-below must be a share in [0, 1), e.g. 0.9, got {ns.alert_goodput_below!r}")
     if not 0 < window <= WINDOW_S:
-        raise ConfigError(f"--alert-goodput-window must be in (0, {WINDOW_S:g}] seconds, got {window:g}")
+        raise ConfigError(f"--alert-goodput-window must be in (0, {WINDOW_S:g}] seconds, "
+                          f"got {ns.alert_goodput_window!r}")
     if not 0 <= age < math.inf:
-        raise ConfigError(f"--alert-checkpoint-age must be 0 (never) or a number of seconds, got {age:g}")
+        raise ConfigError(f"--alert-checkpoint-age must be 0 (never) or a number of seconds, "
+                          f"got {ns.alert_checkpoint_age!r}")
+    return below, window, age
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
 
 
 def _entry(ns: argparse.Namespace, notes: list[str]) -> list[str]:

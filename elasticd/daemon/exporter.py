@@ -198,8 +198,9 @@ class DaemonCollector(Collector):
         for node_id, buckets in c.goodput.nodes.totals.items():
             for bucket, seconds in buckets.items():
                 name, _, reason = bucket.partition(".")
-                out.counter("elasticd_node_time_seconds_total", "A node's own time in the job by bucket: the job's while it "
-                            "held ranks, idle while it held none", seconds, node=node_id, bucket=name, reason=reason)
+                out.counter("elasticd_node_time_seconds_total", "A node's own time in the job by bucket: the job's "
+                            "while it held ranks, idle while it held none", seconds, node=node_id, bucket=name,
+                            reason=reason)
         for node_id in c.round.node_ids() if c.round else []:
             figures = c.stragglers.named.get(node_id, {})
             out.gauge("elasticd_straggler_cost_seconds", "Seconds per step the other ranks wait for this node while "
