@@ -4,7 +4,8 @@
 round (registration storm of N nodes), then a join, a drain and a node loss, each with the coordinator's own
 CPU seconds (time spent inside `receive` and `tick` only, not the simulator's), the frames and bytes it sent
 (heartbeat answers apart: they are steady traffic), false `node_lost` events, one `status` call's time, and
-the steady CPU per simulated second with nothing happening.
+the steady CPU per simulated second with nothing happening, again with every rank reporting its step
+(`steady_shim_cpu_per_s`), and with its allreduce wait too (`steady_measured_cpu_per_s`, one node a straggler).
 
 `--etcd` keeps the job's state in a real etcd (`etcd` on PATH; a one-member cluster on 127.0.0.1, as the etcd
 tests start it) through `EtcdStore`, synced every 0.1 s of simulated time as the elected coordinator does, and
@@ -161,6 +162,16 @@ def run(nodes: int, cluster: EtcdCluster | None = None) -> dict[str, Any]:
         result[name] = {**meter.take(), "sim_s": round(sim.clock.now - started, 3)}
     sim.run(STEADY_S)
     result["steady_cpu_per_s"] = round(meter.take()["coordinator_cpu_s"] / STEADY_S, 4)
+    # The same quiet with every rank reporting its step (shim scripts), then also its allreduce wait (scripts that
+    # call Elastic.watch), one node the straggler: the second against the first is what naming stragglers costs.
+    for name, wait in (("steady_shim_cpu_per_s", None), ("steady_measured_cpu_per_s", 0.05)):
+        sim.configure(shim=True, wait_s=wait)
+        sim.nodes[ids[1]].wait_s = 0.0 if wait else None
+        sim.run(STEADY_S)
+        meter.take()  # the first beats carry every rank's report whole; the steady state sends what changed
+        sim.run(3 * STEADY_S)  # three of the straggler check's looks, not one
+        result[name] = round(meter.take()["coordinator_cpu_s"] / (3 * STEADY_S), 4)
+    result["stragglers_named"] = sorted(sim.coordinator.stragglers.named)
     start = time.perf_counter()
     sim.coordinator.status(sim.clock.now)
     result["status_s"] = round(time.perf_counter() - start, 4)

@@ -16,7 +16,7 @@ from elasticd.job.events import EventLog
 from elasticd.member.beats import BeatDiff
 from elasticd.member.link import LEAVING_OPS
 from elasticd.member.rank_reports import step_answer
-from elasticd.wire.names import JobState, MeshOp, NodeState
+from elasticd.wire.names import STEP_WAIT_METRIC, JobState, MeshOp, NodeState
 from elasticd.wire.protocol import Envelope
 
 COORD = "coordinator"  # the destination of member -> coordinator messages in the trace
@@ -107,6 +107,7 @@ class SimNode:
                  delay: float | None = None) -> None:
         self.sim, self.node_id, self.nproc = sim, node_id, nproc
         self.shim, self.step0, self.step_time = shim, step0, step_time
+        self.wait_s: float | None = None  # shim ranks that time their allreduce wait report this (stragglers)
         self.stop_s, self.spawn_s, self.save_s = stop_s, spawn_s, save_s
         self.delay = sim.delay if delay is None else delay
         sim.sched.add_lane(self.delay)
@@ -287,7 +288,8 @@ class SimNode:
         step = self.step()
         if step is None:
             return {}
-        return {r: {"rank": r, "round": self.round_id, "step": step, "step_time": self.step_time}
+        extra = {"extra": {STEP_WAIT_METRIC: self.wait_s}} if self.wait_s is not None else {}
+        return {r: {"rank": r, "round": self.round_id, "step": step, "step_time": self.step_time, **extra}
                 for r in self.assignment.get("ranks", [])}
 
     # ---- the coordinator's messages -------------------------------------------------------------------

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import random
+import statistics
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from elasticd.coordinator.stragglers import PERSIST_S, Stragglers
+from elasticd.coordinator.stragglers import PERSIST_S, Stragglers, medians_of_the_others
 from elasticd.wire.names import STEP_WAIT_METRIC, EventKind, JobState
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
@@ -85,3 +87,11 @@ def test_the_console_marks_a_straggler_and_a_drain_plan_says_what_the_job_gains(
     assert plan["gain_s_per_step"] == 0.116 and "the straggler c goes: about 0.116s less per 0.150s step" in \
         plan["summary"]
     assert without_stragglers(port, ["a"], {"summary": "world 6 → 4"}) == {"summary": "world 6 → 4"}  # type: ignore[arg-type]
+
+
+def test_each_nodes_others_median_is_the_median_without_it() -> None:
+    rng = random.Random(7)
+    for size in (2, 3, 4, 5, 10, 33):
+        values = {f"n{i}": rng.choice([0.0, 0.01, 0.05, rng.random()]) for i in range(size)}
+        assert medians_of_the_others(values) == {
+            key: statistics.median([v for k, v in values.items() if k != key]) for key in values}
