@@ -20,7 +20,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-# Three test files at a time on two cores: most of a test's time is spent waiting on daemons and workers (16 min
+# Four test files at a time on two cores: most of a test's time is spent waiting on daemons and workers (16 min
 # one at a time, 9 min so). Whole files go to one worker (loadfile): a module's netns lab or etcd cluster is set up once.
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -n 4 --dist loadfile
