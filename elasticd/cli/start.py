@@ -9,6 +9,7 @@ import shutil
 import socket
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,14 @@ def add_start_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
          help="modules the zygote imports once for every worker (comma-separated)")
     flag("metrics-port", default=None, metavar="PORT", help="serve Prometheus metrics on this port (0: a free one, "
          "printed at start) at the control socket's host; read-only and unauthenticated (docs/metrics.md)")
+    add_alert_flags(flag)
+    p.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    return p
+
+
+def add_alert_flags(flag: Callable[..., None]) -> None:
+    """What the coordinator's daemon pages on (docs/metrics.md, "Alerts")."""
     flag("on-event", action="append", default=[], metavar="KINDS:ACTION",
          help="on the coordinator's daemon, for each job event of these kinds (comma-separated, * for all), run "
          "ACTION with sh (the event as JSON on stdin and in $ELASTICD_EVENT), or POST it to ACTION if it is an "
@@ -87,9 +96,6 @@ def add_start_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
          help="the window of --alert-goodput-below, at most 3600 (default 3600)")
     flag("alert-checkpoint-age", default="0", metavar="SECONDS",
          help="a checkpoint_stale event when the job's newest checkpoint is older than this (default 0: never)")
-    p.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
-    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
-    return p
 
 
 def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:

@@ -4,6 +4,7 @@ from typing import Any
 
 from elasticd.commands.port import JobPort
 from elasticd.commands.verb import Command
+from elasticd.wire.names import STEP_WAIT_METRIC
 
 
 def read(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
@@ -13,6 +14,7 @@ def read(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
             if not isinstance(data, dict):
                 continue
             ckpt = data.get("last_checkpoint") or {}
+            extra = data.get("extra")  # a shim rank's extra metrics: its smoothed allreduce wait among them
             ranks.append({
                 "node": node.node_id, "rank": data.get("rank"), "round": data.get("round"),
                 "step": data.get("step"), "loss": data.get("loss"), "throughput": data.get("throughput"),
@@ -20,6 +22,7 @@ def read(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
                 "checkpoint_step": ckpt.get("step"), "checkpoint_path": ckpt.get("path"),
                 "checkpoint_bytes": ckpt.get("bytes"), "checkpoint_duration_s": ckpt.get("duration_s"),
                 "checkpoint_age_s": round(now - ckpt["at"], 2) if ckpt.get("at") else None,
+                "wait_s": extra.get(STEP_WAIT_METRIC) if isinstance(extra, dict) else None,
             })
     return {"ok": True, "ranks": sorted(ranks, key=lambda r: (r["rank"] is None, r["rank"]))}
 
