@@ -19,7 +19,7 @@ def trained(log: Path) -> list[tuple[int, int, float]]:
     return [(int(r), int(s), float(t)) for r, s, t in rows]
 
 
-def test_goodput_accounts_a_jobs_crash_join_and_saves_as_seen_from_outside(tmp_path: Path) -> None:
+def test_goodput_accounts_a_jobs_crash_joins_drain_and_saves_as_seen_from_outside(tmp_path: Path) -> None:
     log = tmp_path / "rank0"
     job = Job(tmp_path, nnodes="1:3", nproc=1)
     job.env["ELASTICD_REPORT_INTERVAL"] = "0"  # every step reaches the daemon: the redone steps are exact
@@ -50,6 +50,11 @@ def test_goodput_accounts_a_jobs_crash_join_and_saves_as_seen_from_outside(tmp_p
         job.wait_event("first_step", since=grown["seq"])
         time.sleep(1.5)
         with job.client() as client:
+            client.call("drain", node="c")
+        drained = job.wait_event("round_started", lambda e: e["world_size"] == 2, since=grown["seq"])
+        job.wait_event("first_step", since=drained["seq"])
+        time.sleep(1.5)
+        with job.client() as client:
             report = client.call("goodput")
         asked = time.time()
     finally:
@@ -58,11 +63,11 @@ def test_goodput_accounts_a_jobs_crash_join_and_saves_as_seen_from_outside(tmp_p
     steps = trained(log)
     life = report["life"]
     rounds = sorted({r for r, _, _ in steps})  # a may have trained alone before b joined
-    assert rounds[-3:] == [pair["round"], crashed["round"], grown["round"]]
+    assert rounds[-4:] == [pair["round"], crashed["round"], grown["round"], drained["round"]]
     first = {n: min(t for r, _, t in steps if r == n) for n in rounds}
     last = {n: max(t for r, _, t in steps if r == n) for n in rounds}
     last[pair["round"]] = killed  # the job stopped training there (rank 0, with no peer to wait for, went on)
-    joins = [n for n in rounds[1:] if n != crashed["round"]]
+    joins = [n for n in rounds[1:] if n not in (crashed["round"], drained["round"])]
     # Every second of the job is in one bucket.
     assert life["accounted_s"] == pytest.approx(report["wall_s"], abs=0.01)
     assert report["wall_s"] >= 0.95 * (asked - begun)
@@ -70,11 +75,14 @@ def test_goodput_accounts_a_jobs_crash_join_and_saves_as_seen_from_outside(tmp_p
     resumed = next(s for r, s, _ in steps if r == crashed["round"])
     reached = max(s for r, s, _ in steps if r == pair["round"])
     assert report["redone_steps"] == reached - (resumed - 1)
-    # Each stall as seen from outside: the crash's recovery; each join's save at the agreed step and recovery.
+    # Each stall as seen from outside: the crash's recovery; each join's and the drain's save at the agreed step,
+    # and the recovery after it.
     assert life["recovery"]["crash"] == pytest.approx(first[crashed["round"]] - killed, rel=0.1, abs=0.1)
     stalled = sum(first[n] - last[rounds[rounds.index(n) - 1]] for n in joins)
     assert life["recovery"]["join"] + SAVE_S * len(joins) == pytest.approx(stalled, rel=0.1, abs=0.1)
-    assert life["checkpoint"] == pytest.approx(SAVE_S * (1 + len(joins)), abs=0.1)
+    drain_stall = first[drained["round"]] - last[grown["round"]]
+    assert life["recovery"]["leave"] + SAVE_S == pytest.approx(drain_stall, rel=0.1, abs=0.1)
+    assert life["checkpoint"] == pytest.approx(SAVE_S * (2 + len(joins)), abs=0.1)
     # Training: the time the job stepped in each round, less the forced save (the redone steps are within it).
     last[rounds[-1]] = asked
     stepped = sum(last[n] - first[n] for n in rounds) - SAVE_S
