@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from elasticd.cli.torchrun_flags import add_torchrun_flags, torchrun_values
+from elasticd.cli.scheduler import apply_slurm
+from elasticd.cli.torchrun_flags import Default, add_torchrun_flags, torchrun_values
 from elasticd.cli.torchrun_parse import console_ranks, parse_rdzv_conf, parse_signals
 from elasticd.coordinator.goodput import WINDOW_S
 from elasticd.job.config import (
@@ -52,7 +53,7 @@ def add_start_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
         p.add_argument(*names, **kw)
 
     add_torchrun_flags(p)
-    flag("node-id", default="", help="unique node name (default: the hostname)")
+    flag("node-id", default=Default(""), help="unique node name (default: the hostname; under SLURM, its node name)")
     flag("grace-period", help="seconds from SIGTERM to SIGKILL for workers")
     flag("join-timeout", help="seconds to wait below min nodes before failing")
     flag("hang-timeout", help="seconds without a shim step report before a hang restart")
@@ -99,7 +100,8 @@ def add_alert_flags(flag: Callable[..., None]) -> None:
 
 
 def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
-    notes = torchrun_values(ns)
+    slurm, notes = apply_slurm(ns)
+    notes += torchrun_values(ns)
     conf, conf_notes = parse_rdzv_conf(ns.rdzv_conf)
     low, high = parse_nnodes(ns.nnodes)
     nproc = _nproc(ns.nproc_per_node)
@@ -133,16 +135,22 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
         relay_group=conf.get("relay_group", 32), relay_from=conf.get("relay_from", 256),
         on_event=tuple(parse_alert(rule, EventKind) for rule in ns.on_event),
         alert_goodput_below=below, alert_goodput_window_s=window, alert_checkpoint_age_s=age,
+        scheduler=slurm.public() if slurm else {},
     )
+    for note in notes + conf_notes + std_notes + _checked(cfg):
+        print(f"elasticd start: {note}", file=sys.stderr, flush=True)
+    return cfg, timeouts["connect_timeout"]
+
+
+def _checked(cfg: JobConfig) -> list[str]:
+    """The checks that need the whole config; what they have to say."""
     if cfg.metrics_from_output:
         compile_pattern(cfg.metrics_from_output)
     check_exposure(cfg)
     if cfg.port_range and not cfg.keys_dir and not cfg.etcd_endpoints and not cfg.relay_size:
-        notes.append("--port-range is unused here: it places the store tunnel (--keys), the mesh (--rdzv-backend "
-                     "etcd) and the relay (a job with relays), and this job has none of them")
-    for note in notes + conf_notes + std_notes:
-        print(f"elasticd start: {note}", file=sys.stderr, flush=True)
-    return cfg, timeouts["connect_timeout"]
+        return ["--port-range is unused here: it places the store tunnel (--keys), the mesh (--rdzv-backend etcd) "
+                "and the relay (a job with relays), and this job has none of them"]
+    return []
 
 
 def _nproc(text: str) -> int:

@@ -94,12 +94,18 @@ TORCHRUN_FLAGS: tuple[TorchrunFlag, ...] = (
 )
 
 
+class Default(str):
+    """A flag's value that nobody gave (neither the command line nor PET_*): a scheduler's may replace it."""
+
+
 def add_torchrun_flags(p: argparse.ArgumentParser) -> None:
     """Every torchrun flag in every spelling; the default comes from PET_<NAME> as torchrun takes it."""
     for flag in TORCHRUN_FLAGS:
         # The env text is kept raw here and converted by torchrun_values: a bad PET_* value must be a
         # one-line ConfigError at `start`, not a crash while building the parser for every verb.
-        default = os.environ.get(flag.env_var, flag.default) if flag.pet else flag.default
+        default = os.environ.get(flag.env_var) if flag.pet else None
+        if default is None:
+            default = Default(flag.default) if isinstance(flag.default, str) else flag.default
         kw: dict[str, Any] = {"dest": flag.dest, "default": default, "help": flag.help or f"accepted; {flag.ignored}"}
         if flag.switch:
             kw["action"] = "store_true"

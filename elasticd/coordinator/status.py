@@ -43,7 +43,7 @@ def job_status(c: StatusSource, now: float, offset: int = 0, limit: int | None =
         "round": rnd.round_id if rnd else 0, "world_size": rnd.world_size if rnd else 0,
         "min_nodes": c.cfg.min_nodes, "max_nodes": c.cfg.max_nodes, "target": c.target,
         "coordinator": c.cfg.node_id, "restarts": dict(c.restarts),
-        "max_restarts": c.cfg.max_restarts,
+        "max_restarts": c.cfg.max_restarts, "scheduler": c.cfg.scheduler,
         "last_recovery": timeline(rnd) if rnd else {},
         "rank_map": rnd.public()["members"] if rnd else [],
         "nodes": [n.public(now) for n in page], "nodes_total": len(ordered), "nodes_offset": offset,

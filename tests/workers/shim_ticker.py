@@ -28,6 +28,8 @@ while args.wait_for and not args.wait_for.exists():
     time.sleep(0.02)
 session = trainer_shim.init()
 atexit.register(session.close)  # on a SIGTERM's exit too: its last reports go out
+# Exiting already: a SIGTERM now (the daemon stopping the round) just ends it, not a SystemExit in an atexit hook.
+atexit.register(signal.signal, signal.SIGTERM, signal.SIG_DFL)  # LIFO: runs before the hooks registered earlier
 first = int(args.resume.read_text()) + 1 if args.resume and args.resume.exists() else 1
 
 
