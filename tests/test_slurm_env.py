@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
 from elasticd.cli.main import build_parser
+from elasticd.cli.scheduler import job_keys
 from elasticd.cli.start import config_from_args
 from elasticd.job.config import ConfigError
 from elasticd.job.slurm import PORT_BASE, check_one_task_per_node, slurm_step
@@ -46,28 +48,45 @@ def test_one_task_per_node_in_any_of_slurms_spellings() -> None:
         check_one_task_per_node(tasks)
 
 
+@pytest.fixture(autouse=True)
+def keys_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A 2-node step makes the job's keys: here, not in the user's home."""
+    monkeypatch.setenv("ELASTICD_SLURM_KEYS", str(tmp_path / "keys"))
+    return tmp_path / "keys"
+
+
 def start(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], *args: str):  # type: ignore[no-untyped-def]
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     return config_from_args(build_parser().parse_args(["start", *args, "-m", "train"]))[0]  # a module: no file
 
 
-def test_no_flag_at_all_gives_the_job_from_the_step(monkeypatch: pytest.MonkeyPatch,
+def test_no_flag_at_all_gives_the_job_from_the_step(monkeypatch: pytest.MonkeyPatch, keys_home: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     cfg = start(monkeypatch, {**STEP, "SLURM_STEP_NODELIST": "localhost,gpu08", "SLURMD_NODENAME": "localhost"})
     assert (cfg.rdzv_host, cfg.rdzv_port, cfg.job_id) == ("localhost", PORT_BASE + 4242, "slurm-4242-0")
     assert (cfg.min_nodes, cfg.max_nodes, cfg.nproc_per_node, cfg.node_id) == (1, 2, 4, "localhost")
     assert cfg.host_coordinator and "SIGUSR1" in cfg.leave_signals
+    keys = str(keys_home / "4242")
     assert cfg.scheduler == {"kind": "slurm", "job_id": "4242", "step_id": "0", "node": "localhost",
-                             "restart_count": 2}
+                             "restart_count": 2, "keys": keys, "keys_owner": True}
+    assert cfg.keys_dir == keys and (keys_home / "4242" / "clients" / "owner.key_secret").exists()
     said = capsys.readouterr().err
     assert "SLURM job 4242 step 0 on 2 node(s), requeued 2x: rendezvous localhost:14242 (here)" in said
     member = start(monkeypatch, {**STEP, "SLURM_STEP_NODELIST": "localhost,gpu08"})  # gpu08: not the first
     assert not member.host_coordinator and member.node_id == "gpu08" and member.rdzv_host == "localhost"
+    assert member.keys_dir == keys and not member.scheduler["keys_owner"]  # the same keys, read, not made
+
+
+def test_a_member_without_the_jobs_keys_names_the_shared_filesystem(tmp_path: Path) -> None:
+    step = slurm_step({**STEP, "SLURM_STEP_NODELIST": "gpu07,gpu08"})
+    assert step is not None
+    with pytest.raises(ConfigError, match="must be on a filesystem the nodes share; or pass --keys DIR"):
+        job_keys(step, tmp_path, wait_s=0.3)
 
 
 def test_what_the_user_gives_wins_and_min_colon_means_up_to_the_steps_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
-    env = {**STEP, "SLURM_STEP_NODELIST": "localhost,gpu08"}
+    env = {**STEP, "SLURM_STEP_NODELIST": "localhost,gpu08", "SLURMD_NODENAME": "localhost"}
     cfg = start(monkeypatch, env, "--nnodes", "2:", "--nproc-per-node", "1", "--node-id", "n2",
                 "--rdzv-id", "mine", "--signals-to-handle", "SIGTERM")
     assert (cfg.min_nodes, cfg.max_nodes, cfg.nproc_per_node, cfg.node_id, cfg.job_id) == (2, 2, 1, "n2", "mine")

@@ -13,6 +13,7 @@ from typing import Any
 
 from elasticd import __version__
 from elasticd.cli.keys import add_keys_parser, run_keys
+from elasticd.cli.scheduler import remove_job_keys
 from elasticd.cli.start import add_start_parser, config_from_args
 from elasticd.client import Client, ClientError, Credentials, Endpoints, discover
 from elasticd.commands.registry import REGISTRY
@@ -151,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     except StartError as err:
         print(f"elasticd start: {err}", file=sys.stderr)
         return 2
+    finally:
+        if not cfg.etcd_endpoints:  # with etcd the job outlives this daemon, and newcomers need the keys
+            remove_job_keys(cfg.scheduler)
 
 
 def run_profiled(main: Coroutine[Any, Any, int]) -> int:

@@ -63,7 +63,7 @@ def add_start_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     flag("control", default="", help="control ROUTER address (tcp://... or ipc://...; default: a free loopback port)")
     flag("pub", default="", help="telemetry PUB address (default: a free loopback port)")
     flag("heartbeat", help="seconds between node heartbeats (lost after 3 misses)")
-    flag("keys", default=os.environ.get("ELASTICD_KEYS", ""),
+    flag("keys", default=os.environ.get("ELASTICD_KEYS") or Default(""),
          help="CURVE key store (see `elasticd keys`): encrypts and authenticates every socket")
     flag("port-range", default="", metavar="LOW-HIGH",
          help="ports for what the daemon opens to other nodes beyond --rdzv-endpoint/--control/--pub (with --keys: "
@@ -100,7 +100,7 @@ def add_alert_flags(flag: Callable[..., None]) -> None:
 
 
 def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
-    slurm, notes = apply_slurm(ns)
+    scheduler, notes = apply_slurm(ns)
     notes += torchrun_values(ns)
     conf, conf_notes = parse_rdzv_conf(ns.rdzv_conf)
     low, high = parse_nnodes(ns.nnodes)
@@ -135,7 +135,7 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
         relay_group=conf.get("relay_group", 32), relay_from=conf.get("relay_from", 256),
         on_event=tuple(parse_alert(rule, EventKind) for rule in ns.on_event),
         alert_goodput_below=below, alert_goodput_window_s=window, alert_checkpoint_age_s=age,
-        scheduler=slurm.public() if slurm else {},
+        scheduler=scheduler,
     )
     for note in notes + conf_notes + std_notes + _checked(cfg):
         print(f"elasticd start: {note}", file=sys.stderr, flush=True)
