@@ -88,8 +88,8 @@ class SlurmCluster:
                         f"--pid-file={d}/munged.pid", f"--log-file={d}/munged.log", f"--seed-file={d}/munge.seed"],
                        check=True, capture_output=True, timeout=30)
         self.daemon(None, "ctl", f"exec slurmctld -D -f {d}/slurm.conf")
-        for i, name in enumerate(self.names):
-            self.daemon(lab.names[i], name, f"exec slurmd -D -N {name} -f {d}/slurm.conf")
+        for i in range(self.count):
+            self.start_node(i)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             listed = self.run("sinfo", "-h", "-o", "%D %t", check=False).stdout.split()
@@ -98,6 +98,16 @@ class SlurmCluster:
             time.sleep(0.5)
         unavailable(f"the SLURM cluster did not come up in 60 s: sinfo says {listed}; "
                     f"{(d / 'slurmctld.log').read_text()[-1500:] if (d / 'slurmctld.log').exists() else ''}")
+
+    def start_node(self, i: int) -> None:
+        self.daemon(self.lab.names[i], self.names[i], f"exec slurmd -D -N {self.names[i]} -f {self.dir}/slurm.conf")
+
+    def kill_node(self, i: int) -> None:
+        """Node i as a power cut: SIGKILL to everything in its namespace, slurmd and the job's processes alike."""
+        pids = subprocess.run(["ip", "netns", "pids", self.lab.names[i]], capture_output=True, text=True).stdout
+        for pid in pids.split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
 
     def daemon(self, netns: str | None, hostname: str, command: str) -> None:
         """A SLURM daemon in its own UTS and mount namespace (its hostname, the cluster's hosts file)."""
@@ -132,6 +142,8 @@ class SlurmCluster:
 
     def __exit__(self, *_exc: object) -> None:
         self.run("scancel", "--full", "--user=root", check=False)
+        for i in range(self.count):  # slurmstepd and the job's processes leave slurmd's process group
+            self.kill_node(i)
         for proc in self.procs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)

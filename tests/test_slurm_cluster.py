@@ -1,6 +1,7 @@
 """examples/slurm/train.sbatch on a real 2-node SLURM cluster (tests/slurm_cluster.py): no elasticd flag; it trains
 at world 2, `scontrol requeue` resumes it from the step its leave saved (0 lost, same rendezvous id), and
-`scancel --signal=USR1` (what `--signal=USR1@N` sends) stops it at one agreed step; two tasks per node are refused."""
+`scancel --signal=USR1` (what `--signal=USR1@N` sends) stops it at one agreed step; with `--no-kill` a lost node
+leaves the other training; two tasks per node are refused."""
 
 from __future__ import annotations
 
@@ -76,3 +77,15 @@ def test_two_tasks_per_node_fail_at_once_with_the_fix(cluster: SlurmCluster, tmp
     assert result.returncode != 0
     assert "elasticd is one task per node" in result.stderr + result.stdout
     assert "srun --ntasks-per-node=1 elasticd start" in result.stderr + result.stdout
+
+
+def test_with_no_kill_a_lost_node_leaves_the_other_training(cluster: SlurmCluster, tmp_path: Path) -> None:
+    job = submit(cluster, tmp_path)
+    until(lambda: "world_size=2" in cluster.output(job), 120, "training at world 2", cluster, job)
+    cluster.kill_node(1)  # node2: its slurmd, its elasticd and its worker, all at once
+    try:
+        until(lambda: "world_size=1" in cluster.output(job).split("node_lost")[-1], 60, "node1 alone", cluster, job)
+        assert "node_lost" in cluster.output(job) and cluster.job(job)["JobState"] == "RUNNING"
+    finally:
+        cluster.run("scancel", job, check=False)
+        cluster.start_node(1)  # back for the next test: ReturnToService=2 lets it in when it registers
