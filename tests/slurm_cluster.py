@@ -102,12 +102,16 @@ class SlurmCluster:
     def start_node(self, i: int) -> None:
         self.daemon(self.lab.names[i], self.names[i], f"exec slurmd -D -N {self.names[i]} -f {self.dir}/slurm.conf")
 
+    def pids(self, i: int) -> list[int]:
+        """Every process on node i (in its network namespace)."""
+        listed = subprocess.run(["ip", "netns", "pids", self.lab.names[i]], capture_output=True, text=True).stdout
+        return [int(pid) for pid in listed.split()]
+
     def kill_node(self, i: int) -> None:
         """Node i as a power cut: SIGKILL to everything in its namespace, slurmd and the job's processes alike."""
-        pids = subprocess.run(["ip", "netns", "pids", self.lab.names[i]], capture_output=True, text=True).stdout
-        for pid in pids.split():
+        for pid in self.pids(i):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
 
     def daemon(self, netns: str | None, hostname: str, command: str) -> None:
         """A SLURM daemon in its own UTS and mount namespace (its hostname, the cluster's hosts file)."""

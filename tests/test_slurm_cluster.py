@@ -6,6 +6,7 @@ leaves the other training; two tasks per node are refused."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -69,6 +70,35 @@ def test_the_example_trains_at_world_two_resumes_after_a_requeue_and_stops_on_us
     steps = trained(samples)
     assert steps == list(range(1, len(steps) + 1))  # resumed after the step the leave saved: 0 lost, 0 repeated
     assert not (tmp_path / "keys" / job).exists()  # the job's own keys went with it
+
+
+def elasticd_of(cluster: SlurmCluster, node: int, job: str) -> int:
+    """The pid of `job`'s elasticd on node `node`."""
+    for pid in cluster.pids(node):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        if b"start" in argv and any(a.endswith(b"/elasticd") for a in argv) and f"SLURM_JOB_ID={job}".encode() in env:
+            return pid
+    raise AssertionError(f"no elasticd of job {job} on node{node + 1}")
+
+
+def test_two_jobs_share_the_nodes_and_one_nodes_usr1_is_that_nodes_leave(cluster: SlurmCluster,
+                                                                           tmp_path: Path) -> None:
+    first, second = (submit(cluster, tmp_path / name) for name in ("first", "second"))
+    for job in (first, second):  # each on both nodes at once, each on its own port
+        until(lambda job=job: "world_size=2" in cluster.output(job), 120, "training at world 2", cluster, job)
+    ports = {job: cluster.output(job).split("rendezvous node1:")[1].split()[0] for job in (first, second)}
+    assert ports[first] != ports[second]
+    os.kill(elasticd_of(cluster, 1, first), signal.SIGUSR1)  # node2's notice, in the first job only
+    try:
+        until(lambda: "world_size=1" in cluster.output(first).split("received SIGUSR1")[-1], 60, "node1 alone",
+              cluster, first)
+        assert cluster.job(first)["JobState"] == "RUNNING" and "received SIGUSR1" not in cluster.output(second)
+    finally:
+        cluster.run("scancel", first, second, check=False)
 
 
 def test_two_tasks_per_node_fail_at_once_with_the_fix(cluster: SlurmCluster, tmp_path: Path) -> None:
