@@ -58,6 +58,8 @@ def test_a_flagless_step_forms_one_job_and_sigusr1_is_a_graceful_leave(tmp_path:
         assert status["scheduler"] == {"kind": "slurm", "job_id": job_id, "step_id": "0", "node": "localhost",
                                        "restart_count": 1, "keys": str(keys), "keys_owner": True}
         assert f"SLURM job {job_id} step 0 on 2 node(s), requeued 1x" in first.output()
+        joined = job.wait_event("node_joined", lambda e: e["node"] == "127.0.0.1", node="localhost")
+        assert joined["scheduler"] == {"kind": "slurm", "job_id": job_id, "step_id": "0", "restart_count": 1}
         job.wait_event("first_step", since=both["seq"], node="localhost")
         second.proc.send_signal(signal.SIGUSR1)  # one node's notice: it alone leaves, at an agreed step
         assert second.wait_exit(30) == 0

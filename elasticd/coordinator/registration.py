@@ -14,6 +14,7 @@ from elasticd.job.events import EventLog
 from elasticd.wire.names import ENDED, Cause, EventKind, JobState, MeshOp, NodeStatus, Role
 from elasticd.wire.protocol import ErrorCode, ProtocolError
 
+SCHEDULER_FIELDS = ("kind", "job_id", "step_id", "restart_count")  # what a node_joined event says of its step
 FIRST_ROUND_WAIT_S = 15.0  # the first round waits at most this long for nodes that announced themselves
 ResendMissed = Callable[[str, dict[str, Any], float], None]  # RoundTracker.resend_missed: (sender, heartbeat, now)
 
@@ -108,8 +109,10 @@ class Registration:
         self.routes.place(node)
         core.store.put_node(node)
         self._tally.add(node, replaces=old)
-        relayed: dict[str, Any] = {"via": node.via} if node.via else {}
-        core.emit(EventKind.node_joined, node_id, host=node.host, nproc=node.nproc, role=role, **relayed)
+        extra: dict[str, Any] = {"via": node.via} if node.via else {}
+        if isinstance(body.get("scheduler"), dict):  # the SLURM step it runs in: its job, and how often requeued
+            extra["scheduler"] = {k: v for k, v in body["scheduler"].items() if k in SCHEDULER_FIELDS}
+        core.emit(EventKind.node_joined, node_id, host=node.host, nproc=node.nproc, role=role, **extra)
         if role == Role.active:
             core.schedule(Cause.membership, f"node {node_id} joined", now)
         return self.welcome(node)

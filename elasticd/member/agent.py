@@ -70,7 +70,7 @@ class NodeAgent:
         self.beats.reset()  # a new record at the coordinator: the next heartbeat carries everything again
         return {"node_id": self.cfg.node_id, "instance": self.instance, "host": self.host,
                 "nproc": self.cfg.nproc_per_node, "node_rank": self.cfg.node_rank, "ports": self.ports.current(),
-                **self.endpoints}
+                **({"scheduler": self.cfg.scheduler} if self.cfg.scheduler else {}), **self.endpoints}
 
     def heartbeat_body(self, now: float) -> dict[str, Any]:
         """State every beat; ports, worker records and shim metrics only when the coordinator lacks them."""
