@@ -87,7 +87,8 @@ def elasticd_of(cluster: SlurmCluster, node: int, job: str) -> int:
 
 def test_two_jobs_share_the_nodes_and_one_nodes_usr1_is_that_nodes_leave(cluster: SlurmCluster,
                                                                            tmp_path: Path) -> None:
-    first, second = (submit(cluster, tmp_path / name) for name in ("first", "second"))
+    # Two DDP jobs beside the rest of the suite: a slower step keeps their four workers' CPU low
+    first, second = (submit(cluster, tmp_path / name, "--step-time", "0.25") for name in ("first", "second"))
     for job in (first, second):  # each on both nodes at once, each on its own port
         until(lambda job=job: "world_size=2" in cluster.output(job), 120, "training at world 2", cluster, job)
     ports = {job: cluster.output(job).split("rendezvous node1:")[1].split()[0] for job in (first, second)}
@@ -110,7 +111,7 @@ def test_two_tasks_per_node_fail_at_once_with_the_fix(cluster: SlurmCluster, tmp
 
 
 def test_with_no_kill_a_lost_node_leaves_the_other_training(cluster: SlurmCluster, tmp_path: Path) -> None:
-    job = submit(cluster, tmp_path)
+    job = submit(cluster, tmp_path, "--step-time", "0.25")
     until(lambda: "world_size=2" in cluster.output(job), 120, "training at world 2", cluster, job)
     cluster.kill_node(1)  # node2: its slurmd, its elasticd and its worker, all at once
     try:
