@@ -216,9 +216,13 @@ class GoodputLedger:
         training = self.rank_totals.get(TRAINING, 0.0) + live.seconds.get(TRAINING, 0.0) * live.ranks
         return ratio(training, sum(self.rank_totals.values()) + sum(live.seconds.values()) * live.ranks)
 
+    def in_window(self, since: float, live: Split) -> list[Split]:
+        """The stretches from `since` on, the open one (`live`) included, each clipped to it."""
+        return [clip(s, since) for s in [*self.recent, live]]
+
     def window_share(self, now: float, seconds: float) -> float | None:
         """Goodput over the last `seconds` (at most WINDOW_S), the open stretch included."""
-        splits = [clip(s, now - seconds) for s in [*self.recent, self.live(now)]]
+        splits = self.in_window(now - seconds, self.live(now))
         training = sum(s.seconds.get(TRAINING, 0.0) * s.ranks for s in splits)
         return ratio(training, sum(sum(s.seconds.values()) * s.ranks for s in splits))
 
@@ -227,7 +231,7 @@ class GoodputLedger:
         with the lowest goodput (all for a negative count); the window's timeline."""
         live = self.live(now)
         life = sum_splits([Split(self.started, self.mark, 0, dict(self.totals)), live])
-        window = sum_splits([clip(s, now - WINDOW_S) for s in self.recent] + [clip(live, now - WINDOW_S)])
+        window = sum_splits(self.in_window(now - WINDOW_S, live))
         live_nodes = self.nodes.live(live.start, live.end, live.seconds)
         idle = sum(t.get(IDLE, 0.0) for t in [*self.nodes.totals.values(), *live_nodes.values()])
         by_node = self.nodes.report(live_nodes, nodes)
@@ -294,7 +298,9 @@ def timeline(splits: list[Split], start: float, end: float, bins: int = TIMELINE
         first, last = max(0, int((split.start - start) // width)), min(len(out) - 1, int((split.end - start) // width))
         for i in range(first, last + 1):
             part = min(split.end, start + (i + 1) * width) - max(split.start, start + i * width)
-            for bucket, seconds in split.seconds.items() if part > 0 else ():
+            if part <= 0:  # the stretch ends exactly where this slice begins
+                continue
+            for bucket, seconds in split.seconds.items():
                 out[i][bucket] = out[i].get(bucket, 0.0) + seconds * part / span
     return {"start": round(start, 3), "width_s": round(width, 3),
             "bins": [{k: round(v, 3) for k, v in b.items()} for b in out]}

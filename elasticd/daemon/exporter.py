@@ -187,20 +187,18 @@ class DaemonCollector(Collector):
 
     def goodput_metrics(self, out: Families, c: Coordinator, share: float | None) -> None:
         """Time by bucket as counters of closed stretches (they only grow: rate() gives any window's share)."""
-        for bucket, seconds in c.goodput.totals.items():
-            name, _, reason = bucket.partition(".")
-            out.counter("elasticd_job_time_seconds_total", "The job's wall time by bucket (recovery by reason), "
-                        "accounted at each round's first step", seconds, bucket=name, reason=reason)
-        for bucket, seconds in c.goodput.rank_totals.items():
-            name, _, reason = bucket.partition(".")
-            out.counter("elasticd_job_rank_time_seconds_total", "Rank-seconds by bucket: wall time times the round's "
-                        "ranks; training over all of it is goodput", seconds, bucket=name, reason=reason)
+        def by_bucket(name: str, doc: str, totals: dict[str, float], **labels: str) -> None:
+            for bucket, seconds in totals.items():  # `recovery.crash`: bucket recovery, reason crash
+                kind, _, reason = bucket.partition(".")
+                out.counter(name, doc, seconds, **labels, bucket=kind, reason=reason)
+
+        by_bucket("elasticd_job_time_seconds_total", "The job's wall time by bucket (recovery by reason), accounted "
+                  "at each round's first step", c.goodput.totals)
+        by_bucket("elasticd_job_rank_time_seconds_total", "Rank-seconds by bucket: wall time times the round's ranks; "
+                  "training over all of it is goodput", c.goodput.rank_totals)
         for node_id, buckets in c.goodput.nodes.totals.items():
-            for bucket, seconds in buckets.items():
-                name, _, reason = bucket.partition(".")
-                out.counter("elasticd_node_time_seconds_total", "A node's own time in the job by bucket: the job's "
-                            "while it held ranks, idle while it held none", seconds, node=node_id, bucket=name,
-                            reason=reason)
+            by_bucket("elasticd_node_time_seconds_total", "A node's own time in the job by bucket: the job's while it "
+                      "held ranks, idle while it held none", buckets, node=node_id)
         for node_id in c.round.node_ids() if c.round else []:
             figures = c.stragglers.named.get(node_id, {})
             out.gauge("elasticd_straggler_cost_seconds", "Seconds per step the other ranks wait for this node while "

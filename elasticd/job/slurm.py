@@ -18,7 +18,7 @@ import hostlist
 from elasticd.job.config import ConfigError
 
 PORT_BASE, PORT_SPAN = 10000, 20000  # below Linux's ephemeral ports (32768+): a port per job id, modulo the span
-_TASKS = re.compile(r"(\d+)(?:\(x(\d+)\))?")  # one group of SLURM's tasks-per-node list: 2, or 1(x4)
+_TASKS = re.compile(r"(\d+)(?:\(x\d+\))?")  # one group of SLURM's tasks-per-node list: 2, or 1(x4)
 
 
 @dataclass(frozen=True)
