@@ -1,4 +1,4 @@
-"""Generations without a daemon: processes leave one group and join the next; state comes from the freshest rank.
+"""Generations without a daemon: processes leave one group and join the next; a rank receives the freshest state it lacks.
 
 The NCCL case runs where CUDA is (scripts/gpu_resize_check.sh): one rank per GPU, so one GPU runs worlds of one.
 """
@@ -17,7 +17,8 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer_shim.elastic import lost_peer
-from trainer_shim.generation import Generation, NotArrived, arrive, join, leave, open_store, state_digest, sync
+from trainer_shim.generation import Generation, NotArrived, arrive, join, leave, open_store, state_digest
+from trainer_shim.heal import fill, flatten, heal
 
 
 @pytest.fixture
@@ -50,6 +51,11 @@ def member(proc: int, backend: str, store_addr: str, worlds: list[int], out: dic
     def snapshot() -> dict:
         return {"model": me["model"].state_dict(), "opt": me["opt"].state_dict(), "step": me["step"]}
 
+    def trained() -> dict:
+        """What training makes equal on every rank (BatchNorm's running stats are each rank's own until DDP's
+        next forward copies rank 0's)."""
+        return {"params": dict(me["model"].named_parameters()), "opt": me["opt"].state_dict(), "step": me["step"]}
+
     seen = []
     for gen, world in enumerate(worlds, start=1):
         if proc >= world:
@@ -61,14 +67,17 @@ def member(proc: int, backend: str, store_addr: str, worlds: list[int], out: dic
             me["model"], me["opt"] = fresh(device, seed=300)
             me["step"] = 0
         opened = join(Generation(gen, proc, world, store_addr, f"test/g{gen}"), backend, store, 30)
-        synced = sync(me["step"], snapshot, comm, device)
-        if synced.state is not None:
-            me["model"].load_state_dict(synced.state["model"])
-            me["opt"].load_state_dict(synced.state["opt"])
+        tensors: dict = {}
+        skeleton = flatten(snapshot(), tensors)
+        synced, filled = heal(me["step"], tensors, skeleton, None, comm, vouched=gen > 1)
+        if filled:
+            state = fill(synced.skeleton, filled)
+            me["model"].load_state_dict(state["model"])
+            me["opt"].load_state_dict(state["opt"])
         me["step"] = synced.step
         digests: list[str | None] = [None] * world
-        dist.all_gather_object(digests, state_digest(snapshot()))
-        seen.append((gen, synced.source, len(set(digests))))
+        dist.all_gather_object(digests, state_digest(trained()))
+        seen.append((gen, synced.source, len(set(digests)), synced.received_bytes))
         ddp = DDP(me["model"], init_sync=False)
         for _ in range(2):  # each rank its own data: DDP keeps them identical only if they began identical
             me["opt"].zero_grad()
@@ -92,13 +101,19 @@ def test_every_generation_starts_bitwise_identical_from_the_freshest_rank(backen
                            start_method="spawn")
         seen = dict(out)
     for proc, gens in seen.items():
-        for gen, _, distinct in gens:
+        for gen, _, distinct, _ in gens:
             assert distinct == 1, f"generation {gen}: rank {proc} disagrees"
     if max(worlds) == 3:
         # The source is the lowest rank holding the highest step: rank 1 where rank 0 was replaced (generation 3);
         # proc 2 sat generation 3 out and came back in 4 with nothing, and took rank 0's state.
-        assert {g: src for g, src, _ in seen[0]} == {1: 0, 2: 0, 3: 1, 4: 0}
-        assert [g for g, _, _ in seen[2]] == [2, 4]
+        assert {g: src for g, src, _, _ in seen[0]} == {1: 0, 2: 0, 3: 1, 4: 0}
+        assert [g for g, _, _, _ in seen[2]] == [2, 4]
+        # Only what a rank lacks moves: survivors holding the freshest step receive nothing; a newcomer the state.
+        received = {(proc, g): nbytes for proc, gens in seen.items() for g, _, _, nbytes in gens}
+        assert received[(1, 1)] > 0  # the first world: proc 1's own init is replaced by rank 0's
+        assert received[(0, 2)] == received[(1, 2)] == 0 < received[(2, 2)]
+        assert received[(1, 3)] == 0 < received[(0, 3)]  # proc 0 was replaced; proc 1 is the freshest
+        assert received[(0, 4)] == received[(1, 4)] == 0 < received[(2, 4)]
 
 
 def crash_or_classify(proc: int, store_addr: str, out: dict) -> None:

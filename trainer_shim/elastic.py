@@ -6,9 +6,11 @@
         elastic.run_step(train_one_step)     # train_one_step(step); resizes in place between steps
 
 Under elasticd, a membership change (join, drain, scale, leave, a peer's crash) keeps this process: at the
-agreed step it leaves its process group, waits for the daemon's next generation, joins it, takes the state
-from the freshest rank and calls `on_world(rank, world_size)`. Without a daemon (plain torchrun, one process)
-it is a plain `init_process_group` and a loop. docs/architecture.md, "Generations".
+agreed step it leaves its process group, waits for the daemon's next generation, joins it, receives what it
+lacks of the freshest state (trainer_shim.heal) and calls `on_world(rank, world_size)`. A sharded script
+(FSDP2, HSDP: `sharded=True`) builds its model on the new mesh in `on_world`, which then runs first, and its
+shards are healed into the new model. Without a daemon (plain torchrun, one process) it is a plain
+`init_process_group` and a loop. docs/architecture.md, "Generations" and "Healing".
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from trainer_shim.checkpoint import SaveResult
 from trainer_shim.data import ElasticSampler
-from trainer_shim.generation import DEFAULT_TIMEOUT_S, Generation, NotArrived, join, leave, open_store, sync
+from trainer_shim.generation import DEFAULT_TIMEOUT_S, Generation, NotArrived, join, leave, open_store
+from trainer_shim.heal import NOTHING, Healed, HealError, fill, flatten, heal
 from trainer_shim.noop import NullSession
 from trainer_shim.session import Session
+from trainer_shim.sharded import full_shards, list_sharded, load_sharded, save_sharded
 from trainer_shim.step_timing import CollectiveWait
 
 GENERATION_WAIT_S = 120.0  # after leaving, how long to wait for the next generation before giving up
@@ -58,8 +63,13 @@ class Elastic:
     def __init__(self, session: Session | NullSession, *, state_dict: Callable[[], Any],
                  load_state_dict: Callable[[Any], None], on_world: Callable[[int, int], None],
                  sampler: ElasticSampler | None = None, backend: str | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, seed: int = 0, in_place: bool = True) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, seed: int = 0, in_place: bool = True,
+                 sharded: bool = False, checkpoint_dir: str | None = None, keep: int = 2) -> None:
         self.session = session
+        self.sharded, self.checkpoint_dir, self.keep = sharded, checkpoint_dir, keep
+        self._held: tuple[int, dict[str, torch.Tensor], Any] | None = None  # a sharded rank's state before leaving
+        self.last_heal: dict[str, Any] = {}  # what the last heal moved (the `joined` report's `heal`)
+        self._vouched = False  # this process's state was healed in a world: equal to the other ranks'
         self.state_dict, self.load_state_dict, self.on_world = state_dict, load_state_dict, on_world
         self.sampler = sampler
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -112,7 +122,7 @@ class Elastic:
             if self.in_place:
                 self.session.rejoin(self.rank, self.round, in_place=True)
             self.session.joined(self.round, self.step, self.in_place, {"started": started, "group_ready": ready,
-                                                                       "synced": time.time()})
+                                                                       "synced": time.time()}, self.last_heal)
         return self.step
 
     def _await_first(self, session: Session) -> Generation:
@@ -127,19 +137,81 @@ class Elastic:
         return Generation.from_body(body)
 
     def _rebind(self) -> None:
-        """After joining: take the freshest state, re-fit the sampler, reseed, then the script's rebuild."""
+        """After joining: receive what this rank lacks of the freshest state, re-fit the sampler, reseed; the
+        script's rebuild comes last, or first for a sharded script (its model lives on the new mesh)."""
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        synced = sync(self.step, self._snapshot, self.comm_device, self.local_device)
-        if synced.state is not None:
-            self._restore(synced.state)
-        self.step = synced.step
+        if self.sharded:
+            self.on_world(self.rank, self.world_size)
+        healed, state = self._heal_sharded() if self.sharded else self._heal_replicated()
+        if state is not None:
+            self._restore(state)
+        self.step = int(state["step"]) if state is not None else healed.step
         if self.sampler is not None:
             self.sampler.set_world(self.rank, self.world_size)
         torch.manual_seed(_seed(self.seed, self.step, self.rank))
-        self.on_world(self.rank, self.world_size)
+        self._vouched = True
+        if not self.sharded:
+            self.on_world(self.rank, self.world_size)
 
-    def _snapshot(self) -> dict[str, Any]:
-        return {"user": self.state_dict(), "sampler": self._committed, "step": self.step, "seed": self.seed}
+    def _heal_replicated(self) -> tuple[Healed, dict[str, Any] | None]:
+        """Data parallel: a rank holding the freshest step keeps its state; the others receive it whole."""
+        tensors: dict[str, torch.Tensor] = {}
+        skeleton = flatten(self._snapshot(), tensors)
+        healed, filled = heal(self.step, tensors, skeleton, None, self.comm_device, self._vouched)
+        self._note(healed, None)
+        return healed, fill(healed.skeleton, filled) if filled else None
+
+    def _heal_sharded(self) -> tuple[Healed, dict[str, Any]]:
+        """Each rank's new shards from its own old ones and from the ranks holding the rest; the newest
+        checkpoint, resharded, when some rows are held by no live rank (a lost node with no replica)."""
+        target: dict[str, torch.Tensor] = {}
+        structure = flatten(self._snapshot(), target)
+        if self._held is None:  # a new process: its fresh model is step 0's only if there is no checkpoint
+            fresh = not (self.checkpoint_dir and list_sharded(self.checkpoint_dir))
+            self._held = (self.step if fresh else NOTHING, target if fresh else {}, structure)
+        step, held, skeleton = self._held
+        self._held = None
+        healed, filled = heal(step, held, skeleton, target, self.comm_device, self._vouched)
+        if not healed.missing:
+            self._note(healed, None)
+            return healed, fill(healed.skeleton, {**target, **filled})
+        reason = "no live rank holds any state" if healed.missing == ["*"] else \
+            f"rows of {len(healed.missing)} tensors are held by no live rank (a lost shard with no replica)"
+        state = self._load_checkpoint(reason)
+        self._note(healed, f"{reason}: loaded checkpoint step {state['step']}, resharded to world "
+                           f"{self.world_size}")
+        return healed, state
+
+    def _load_checkpoint(self, reason: str) -> dict[str, Any]:
+        state = self._checkpoint_state()
+        if not self.checkpoint_dir or load_sharded(state, self.checkpoint_dir) is None:
+            raise HealError(f"{reason}, and no checkpoint in {self.checkpoint_dir or '(no checkpoint_dir)'}")
+        state["sampler"] = state["sampler"] or None
+        return state
+
+    def _note(self, healed: Healed, fallback: str | None) -> None:
+        self.last_heal = {"received_bytes": healed.received_bytes, "sent_bytes": healed.sent_bytes,
+                          "senders": healed.senders, "seconds": round(healed.seconds, 4), "fallback": fallback}
+
+    def _hold(self, graceful: bool) -> None:
+        """Before a sharded rank leaves: keep its shards (no copy). On a graceful change, a shard no other rank
+        holds (no replica) is first gathered whole on every rank, so that the ranks leaving take nothing away."""
+        tensors: dict[str, torch.Tensor] = {}
+        skeleton = flatten(self._snapshot(), tensors)
+        if graceful:
+            tensors = full_shards(tensors)
+        self._held = (self.step, tensors, skeleton)
+
+    def _checkpoint_state(self) -> dict[str, Any]:
+        return {**self._snapshot(), "sampler": self._committed or {}}
+
+    def save(self, request_id: str | None = None) -> SaveResult:
+        """Collective: the sharded state, the sampler's position, the step and seed, saved with DCP to
+        `checkpoint_dir`; what a heal falls back to, resharded, when a shard was lost with no replica."""
+        if not self.checkpoint_dir:
+            raise ValueError("Elastic.save needs checkpoint_dir")
+        return save_sharded(self._checkpoint_state(), self.checkpoint_dir, self.step, self.keep,
+                            self.session if isinstance(self.session, Session) else None, request_id)
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.load_state_dict(state["user"])
@@ -184,6 +256,8 @@ class Elastic:
         session = self.session
         assert isinstance(session, Session) and self._store is not None
         rid = session.last_request_id if error is None else None
+        if self.sharded:
+            self._hold(graceful=error is None)
         leave(self.backend, error is not None, self._opened)
         session.left_group()
         session.left(self.step, rid, error)
@@ -202,7 +276,7 @@ class Elastic:
             leave(self.backend, True, self._opened)
             self._await_restart(gen.round)
         session.rejoin(self.rank, gen.round, in_place=True)
-        session.joined(gen.round, self.step, True, {"group_ready": ready, "synced": time.time()})
+        session.joined(gen.round, self.step, True, {"group_ready": ready, "synced": time.time()}, self.last_heal)
 
     def _await_restart(self, round_id: int) -> None:
         """The coordinator answers a failed resize with a restart round, whose first act stops this process."""

@@ -1,4 +1,4 @@
-"""One generation's process group: join it on the job's long-lived store, leave it, take state from the freshest rank.
+"""One generation's process group: join it on the job's long-lived store and leave it (the state: trainer_shim.heal).
 
 docs/architecture.md, "Generations". No daemon here: the functions work on any torch.distributed world, so
 tests (and scripts/gpu_resize_check.sh) drive them directly.
@@ -10,14 +10,16 @@ import contextlib
 import hashlib
 import os
 import socket
-from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from trainer_shim.heal import Slot, flatten
 
 STORE_ENV = "ELASTICD_STORE"  # host:port of the job's long-lived c10d store (hosted by the coordinator's daemon)
 PREFIX_ENV = "ELASTICD_STORE_PREFIX"  # this generation's key prefix in it
@@ -133,112 +135,23 @@ def leave(backend: str, failed: bool, opened: set[str]) -> None:
                 sock.shutdown(socket.SHUT_RDWR)
 
 
-class _Slot:
-    """Where a tensor was in a packed state: the tensors travel apart, by dtype, in flat buffers."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-    def __reduce__(self) -> tuple[type[_Slot], tuple[int]]:
-        return (_Slot, (self.index,))
-
-
-def pack(obj: Any, tensors: list[torch.Tensor]) -> Any:
-    """The state with every tensor replaced by a `_Slot` (appended to `tensors`): small, picklable metadata."""
-    if isinstance(obj, torch.Tensor):
-        tensors.append(obj.detach())
-        return _Slot(len(tensors) - 1)
-    if isinstance(obj, dict):
-        items = [(k, pack(v, tensors)) for k, v in obj.items()]
-        return OrderedDict(items) if isinstance(obj, OrderedDict) else dict(items)
-    if isinstance(obj, list | tuple):
-        return type(obj)(pack(v, tensors) for v in obj)
-    return obj
-
-
-def unpack(obj: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(obj, _Slot):
-        return tensors[obj.index]
-    if isinstance(obj, dict):
-        items = [(k, unpack(v, tensors)) for k, v in obj.items()]
-        return OrderedDict(items) if isinstance(obj, OrderedDict) else dict(items)
-    if isinstance(obj, list | tuple):
-        return type(obj)(unpack(v, tensors) for v in obj)
-    return obj
-
-
-def _wire(dtype: torch.dtype) -> torch.dtype:
-    return torch.uint8 if dtype == torch.bool else dtype  # gloo has no bool reductions or broadcasts of it
-
-
-def broadcast_tensors(tensors: list[torch.Tensor], specs: list[tuple[torch.dtype, tuple[int, ...], str]],
-                      source: int, comm_device: torch.device, local_device: torch.device) -> list[torch.Tensor]:
-    """One flat broadcast per dtype from `source`; receivers get new tensors (CUDA ones on `local_device`)."""
-    out: list[torch.Tensor | None] = list(tensors) if tensors else [None] * len(specs)
-    by_dtype: dict[torch.dtype, list[int]] = {}
-    for i, (dtype, _, _) in enumerate(specs):
-        by_dtype.setdefault(dtype, []).append(i)
-    mine = dist.get_rank() == source
-    for dtype, idxs in by_dtype.items():
-        sizes = [int(torch.Size(specs[i][1]).numel()) for i in idxs]
-        if mine:
-            flat = torch.cat([tensors[i].reshape(-1).to(comm_device, _wire(dtype)) for i in idxs]) if idxs \
-                else torch.empty(0, dtype=_wire(dtype), device=comm_device)
-        else:
-            flat = torch.empty(sum(sizes), dtype=_wire(dtype), device=comm_device)
-        dist.broadcast(flat, source)
-        if mine:
-            continue
-        for i, part in zip(idxs, flat.split(sizes), strict=True):
-            where = local_device if specs[i][2] == "cuda" else torch.device("cpu")
-            out[i] = part.view(specs[i][1]).to(where, dtype, copy=True)
-    return [t for t in out if t is not None]
-
-
-@dataclass
-class Synced:
-    step: int  # the freshest step of the world, which every rank now holds
-    source: int  # the rank that sent it: the lowest holding that step
-    state: Any  # what the source sent (None on the source itself)
-
-
-def sync(step: int, snapshot: Callable[[], Any], comm_device: torch.device, local_device: torch.device) -> Synced:
-    """Agree on the max step; the lowest rank holding it broadcasts its state (metadata, then flat tensors)."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    top = torch.tensor([step], dtype=torch.int64, device=comm_device)
-    dist.all_reduce(top, dist.ReduceOp.MAX)
-    freshest = int(top.item())
-    holder = torch.tensor([rank if step == freshest else world], dtype=torch.int64, device=comm_device)
-    dist.all_reduce(holder, dist.ReduceOp.MIN)
-    source = int(holder.item())
-    tensors: list[torch.Tensor] = []
-    meta: list[Any] = [None]
-    if rank == source:
-        packed = pack(snapshot(), tensors)
-        meta = [(packed, [(t.dtype, tuple(t.shape), t.device.type) for t in tensors])]
-    dist.broadcast_object_list(meta, src=source, device=comm_device)
-    packed, specs = meta[0]
-    received = broadcast_tensors(tensors, specs, source, comm_device, local_device)
-    return Synced(freshest, source, None if rank == source else unpack(packed, received))
-
-
 def state_digest(state: Any) -> str:
-    """sha256 over every tensor's bytes in state order, and the rest's repr: equal digests, bitwise-equal state."""
-    tensors: list[torch.Tensor] = []
-    meta = pack(state, tensors)
-    h = hashlib.sha256(repr(_shape(meta)).encode())
-    for t in tensors:
-        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    """sha256 over every tensor's bytes in state order (a DTensor's local shard), and the rest's repr: equal
+    digests, bitwise-equal state."""
+    tensors: dict[str, torch.Tensor] = {}
+    skeleton = flatten(state, tensors)
+    h = hashlib.sha256(repr(_shape(skeleton)).encode())
+    for t in tensors.values():
+        local = t.to_local() if isinstance(t, DTensor) else t
+        h.update(local.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
-def _shape(meta: Any) -> Any:
-    if isinstance(meta, _Slot):
-        return ("tensor", meta.index)
-    if isinstance(meta, dict):
-        return sorted((str(k), _shape(v)) for k, v in meta.items())
-    if isinstance(meta, list | tuple):
-        return [_shape(v) for v in meta]
-    return meta
+def _shape(skeleton: Any) -> Any:
+    if isinstance(skeleton, Slot):
+        return ("tensor", skeleton.path)
+    if isinstance(skeleton, dict):
+        return sorted((str(k), _shape(v)) for k, v in skeleton.items())
+    if isinstance(skeleton, list | tuple):
+        return [_shape(v) for v in skeleton]
+    return skeleton

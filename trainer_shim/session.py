@@ -222,10 +222,13 @@ class Session:
         self._send(self._frame(WorkerOp.left, {"rank": self.rank, "pid": os.getpid(), "round": self.round,
                                                "step": int(step), "request_id": request_id, "error": error}))
 
-    def joined(self, round_id: int, step: int, in_place: bool, timeline: dict[str, float]) -> None:
-        """This rank is in generation `round_id` and holds the freshest state (timeline: wall-clock seconds)."""
+    def joined(self, round_id: int, step: int, in_place: bool, timeline: dict[str, float],
+               heal: dict[str, Any] | None = None) -> None:
+        """This rank is in generation `round_id` and holds the freshest state (timeline: wall-clock seconds;
+        heal: what it received and sent, trainer_shim.heal)."""
         self._send(self._frame(WorkerOp.joined, {"rank": self.rank, "pid": os.getpid(), "round": round_id,
-                                                 "step": int(step), "in_place": in_place, **timeline}))
+                                                 "step": int(step), "in_place": in_place, **timeline,
+                                                 **({"heal": heal} if heal else {})}))
 
     def resize_failed(self, round_id: int, reason: str) -> None:
         self._send(self._frame(WorkerOp.resize_failed, {"rank": self.rank, "pid": os.getpid(), "round": round_id,

@@ -88,3 +88,11 @@ def load_sharded(state: dict[str, Any], directory: str) -> int | None:
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, checkpoint_id=path, no_dist=_solo())
     return step
+
+
+def full_shards(tensors: dict[str, Any]) -> dict[str, Any]:
+    """Collective: each DTensor that no other rank holds a copy of (no replicate dim) gathered whole, the rest as
+    they are. Every rank must pass the same paths in the same order (they come from the same state_dict)."""
+    from trainer_shim.heal import replicated  # heal imports DTensor machinery only sharded scripts need
+
+    return {p: t if replicated(t) else t.full_tensor() for p, t in tensors.items()}

@@ -1,0 +1,304 @@
+"""Heal a generation: each rank receives exactly the rows of the freshest state it lacks, from every rank holding them.
+
+docs/architecture.md, "Healing". Works on any torch.distributed world (no daemon): a rank says which block of
+each tensor it holds (a DTensor's shard, or all of a plain tensor) at which step and which blocks it wants;
+every rank computes the same plan from that, and the pieces move point to point straight into the wanting
+rank's own tensors. Ranks already holding what they want receive nothing; a block held by several ranks is
+split over them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+SPLIT_BYTES = 4 << 20  # a missing block at least this large is split over every rank holding it
+NOTHING = -1  # the step of a rank that holds nothing (a newcomer whose job has a checkpoint to fall back to)
+
+
+class HealError(RuntimeError):
+    """The freshest state cannot be put together: no rank holds some rows and there is nothing to fall back to."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """Rows [lo, hi) along `dim` of a tensor of global `shape`: all of a plain tensor, one shard of a DTensor."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    dim: int
+    lo: int
+    hi: int
+
+    @property
+    def row_bytes(self) -> int:
+        per = 1
+        for i, n in enumerate(self.shape):
+            if i != self.dim:
+                per *= n
+        return per * self.dtype.itemsize
+
+    def full(self) -> Block:
+        return Block(self.shape, self.dtype, self.dim, 0, self.shape[self.dim] if self.shape else 1)
+
+
+@dataclass
+class Piece:
+    """Rows [lo, hi) of the tensor at `path` go from `src` to `dst` (a local copy when they are the same rank)."""
+
+    path: str
+    src: int
+    dst: int
+    lo: int
+    hi: int
+    nbytes: int
+
+
+@dataclass
+class Healed:
+    """What a heal did on this rank: the freshest step, where its non-tensor state came from, what moved."""
+
+    step: int
+    source: int
+    skeleton: Any  # the source's state with every tensor replaced by its path (a `Slot`)
+    received_bytes: int = 0
+    sent_bytes: int = 0
+    senders: int = 0
+    seconds: float = 0.0
+    missing: list[str] = field(default_factory=list)  # paths with rows no live rank holds at the freshest step
+
+
+class Slot:
+    """Where a tensor was in a state: its path (keys from the root)."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[type[Slot], tuple[str]]:
+        return (Slot, (self.path,))
+
+
+def flatten(obj: Any, tensors: dict[str, torch.Tensor], path: str = "") -> Any:
+    """The state with each tensor replaced by a `Slot` (the tensor goes into `tensors` under its path)."""
+    if isinstance(obj, torch.Tensor):
+        tensors[path] = obj.detach() if not isinstance(obj, DTensor) else obj
+        return Slot(path)
+    if isinstance(obj, dict):
+        items = [(k, flatten(v, tensors, f"{path}/{k!r}")) for k, v in obj.items()]
+        return OrderedDict(items) if isinstance(obj, OrderedDict) else dict(items)
+    if isinstance(obj, list | tuple):
+        return type(obj)(flatten(v, tensors, f"{path}/{i}") for i, v in enumerate(obj))
+    return obj
+
+
+def fill(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    """The inverse of `flatten`: each `Slot` replaced by the tensor at its path."""
+    if isinstance(skeleton, Slot):
+        return tensors[skeleton.path]
+    if isinstance(skeleton, dict):
+        items = [(k, fill(v, tensors)) for k, v in skeleton.items()]
+        return OrderedDict(items) if isinstance(skeleton, OrderedDict) else dict(items)
+    if isinstance(skeleton, list | tuple):
+        return type(skeleton)(fill(v, tensors) for v in skeleton)
+    return skeleton
+
+
+def block_of(t: torch.Tensor) -> tuple[torch.Tensor, Block]:
+    """A tensor's local data and the block of the global tensor it is. A DTensor may be sharded along one dim."""
+    if not isinstance(t, DTensor):
+        local = t.detach()
+        return local, Block(tuple(t.shape), t.dtype, 0, 0, t.shape[0] if t.dim() else 1)
+    local = t.to_local().detach()
+    shape = tuple(t.shape)
+    _, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    split = [d for d in range(len(shape)) if local.shape[d] != shape[d]]
+    if len(split) > 1:
+        raise HealError(f"a DTensor sharded along {len(split)} dims ({t.placements}) cannot be healed by rows")
+    if not shape:
+        return local, Block(shape, t.dtype, 0, 0, 1)
+    dim = split[0] if split else next((p.dim for p in t.placements if p.is_shard()), 0)
+    return local, Block(shape, t.dtype, dim, int(offset[dim]), int(offset[dim]) + int(local.shape[dim]))
+
+
+def replicated(t: torch.Tensor) -> bool:
+    """Some other rank holds the same rows: a plain tensor (data parallel), or a DTensor with a replicate dim."""
+    if not isinstance(t, DTensor):
+        return True
+    mesh = t.device_mesh
+    return any(isinstance(p, Replicate) and mesh.size(i) > 1 for i, p in enumerate(t.placements)) \
+        or all(not p.is_shard() for p in t.placements)
+
+
+# -- the plan: pure, the same on every rank -------------------------------------------------------------
+def _cuts(want: Block, holders: list[tuple[int, Block]]) -> Iterator[tuple[int, int, list[int]]]:
+    """Consecutive row ranges of `want`, each with the ranks holding all of it."""
+    points = sorted({want.lo, want.hi, *(b for _, h in holders for b in (h.lo, h.hi) if want.lo < b < want.hi)})
+    for lo, hi in pairwise(points):
+        yield lo, hi, [r for r, h in holders if h.lo <= lo and hi <= h.hi]
+
+
+def plan(wants: Mapping[int, Mapping[str, Block]], holds: Mapping[int, Mapping[str, Block]], sole: bool = False) \
+        -> tuple[list[Piece], list[str]]:
+    """Who sends which rows to whom, and the paths with rows nobody holds. A rank's own rows are a local copy;
+    the rest go to the holder with the fewest bytes to send so far, a large range split over all of them.
+    `sole`: only the lowest rank holding some rows counts (holders never trained together may differ)."""
+    load: dict[int, int] = {r: 0 for r in holds}
+    pieces: list[Piece] = []
+    missing: list[str] = []
+    for dst in sorted(wants):
+        for path, want in wants[dst].items():
+            holders = [(r, h[path]) for r, h in sorted(holds.items()) if path in h]
+            for lo, hi, ranks in _cuts(want, holders):
+                ranks = ranks[:1] if sole else ranks
+                if not ranks:
+                    missing.append(path)
+                    continue
+                if dst in ranks:
+                    pieces.append(Piece(path, dst, dst, lo, hi, 0))
+                    continue
+                nbytes = (hi - lo) * want.row_bytes
+                parts = min(len(ranks), hi - lo) if nbytes >= SPLIT_BYTES else 1
+                ranks = sorted(ranks, key=lambda r: (load[r], r))[:parts]
+                for i, src in enumerate(ranks):
+                    a, b = lo + (hi - lo) * i // parts, lo + (hi - lo) * (i + 1) // parts
+                    pieces.append(Piece(path, src, dst, a, b, (b - a) * want.row_bytes))
+                    load[src] += (b - a) * want.row_bytes
+    return pieces, sorted(set(missing))
+
+
+# -- moving the rows ------------------------------------------------------------------------------------
+def _rows(local: torch.Tensor, block: Block, lo: int, hi: int) -> torch.Tensor:
+    flat = local.reshape(1) if not block.shape else local
+    return flat.narrow(block.dim, lo - block.lo, hi - lo)
+
+
+def _wire(t: torch.Tensor, comm_device: torch.device) -> torch.Tensor:
+    t = t if t.device == comm_device else t.to(comm_device)
+    t = t.contiguous()
+    return t.view(torch.uint8) if t.dtype == torch.bool else t  # gloo moves no bool tensors
+
+
+def move(pieces: list[Piece], me: int, held: Mapping[str, tuple[torch.Tensor, Block]],
+         into: Mapping[str, tuple[torch.Tensor, Block]], comm_device: torch.device) -> tuple[int, int, int]:
+    """Run this rank's part of the plan, every send and receive posted at once: (received, sent, senders)."""
+    p2p: list[dist.P2POp] = []
+    staged: list[tuple[torch.Tensor, torch.Tensor]] = []  # (received buffer, its destination) to copy after
+    received = sent = 0
+    senders: set[int] = set()
+    for tag, piece in enumerate(pieces):
+        if piece.src == me and piece.dst == me:
+            src, dst = _rows(*held[piece.path], piece.lo, piece.hi), _rows(*into[piece.path], piece.lo, piece.hi)
+            if src.data_ptr() != dst.data_ptr():
+                dst.copy_(src)
+        elif piece.src == me:
+            p2p.append(dist.P2POp(dist.isend, _wire(_rows(*held[piece.path], piece.lo, piece.hi), comm_device),
+                                  piece.dst, tag=tag))
+            sent += piece.nbytes
+        elif piece.dst == me:
+            dst = _rows(*into[piece.path], piece.lo, piece.hi)
+            direct = dst.is_contiguous() and dst.device == comm_device and dst.dtype != torch.bool
+            buf = dst if direct else torch.empty(dst.shape, dtype=dst.dtype, device=comm_device)
+            if not direct:
+                staged.append((buf, dst))
+            p2p.append(dist.P2POp(dist.irecv, buf.view(torch.uint8) if buf.dtype == torch.bool else buf,
+                                  piece.src, tag=tag))
+            received += piece.nbytes
+            senders.add(piece.src)
+    for work in _start(p2p, comm_device):
+        work.wait()
+    for buf, dst in staged:
+        dst.copy_(buf)
+    return received, sent, len(senders)
+
+
+def _start(p2p: list[dist.P2POp], comm_device: torch.device) -> list[Any]:
+    if not p2p:
+        return []
+    if comm_device.type == "cuda":  # NCCL needs its point-to-point calls grouped
+        return dist.batch_isend_irecv(p2p)
+    return [op.op(op.tensor, op.peer, tag=op.tag) for op in p2p]
+
+
+# -- the whole heal -------------------------------------------------------------------------------------
+@dataclass
+class Offer:
+    """What one rank brings to a heal (gathered from every rank)."""
+
+    step: int  # the step of what it holds; NOTHING for none
+    vouched: bool  # it held this state in a world with the others (a new process's own state may differ)
+    holds: dict[str, Block] | None  # None: all of the source's tensors, whole (a data-parallel rank)
+    wants: dict[str, Block] | None  # None: whatever of the source's tensors it lacks, whole
+
+
+def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants: Mapping[str, torch.Tensor] | None,
+         comm_device: torch.device, vouched: bool = True) -> tuple[Healed, dict[str, torch.Tensor]]:
+    """Collective. `held`: this rank's tensors by path at `held_step` (plain tensors are whole: data parallel;
+    DTensors their shard), `skeleton` the structure they came in; `vouched`: held in a world with the others.
+    `wants`: the tensors to fill (a sharded rank's new shards), or None for a data-parallel rank, which wants
+    what it lacks. Returns the outcome and the tensors by path that now hold the freshest state, empty where
+    this rank's own `held` already does. When no rank at the freshest step is vouched for (a job's first world),
+    the lowest holder of each row is its only source, so that every rank ends equal."""
+    start = time.perf_counter()
+    rank = dist.get_rank()
+    have = dict(zip(held, map(block_of, held.values()), strict=True))
+    whole = all(not isinstance(t, DTensor) for t in held.values())
+    holds = None if whole and held else {p: b for p, (_, b) in have.items()}
+    mine = Offer(held_step if held else NOTHING, vouched, holds,
+                 None if wants is None else {p: block_of(t)[1] for p, t in wants.items()})
+    offers: list[Offer | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(offers, mine)
+    freshest = max(o.step for o in offers if o is not None)
+    source = min(r for r, o in enumerate(offers) if o is not None and o.step == freshest)
+    top: list[Any] = [skeleton, {p: (b.full(), t.device.type) for p, (t, b) in have.items()}] \
+        if rank == source else [None, None]
+    dist.broadcast_object_list(top, src=source, device=comm_device)
+    full = {p: b for p, (b, _) in top[1].items()}
+    at = {r: o for r, o in enumerate(offers) if o is not None and o.step == freshest != NOTHING}
+    sole = not any(o.vouched for o in at.values())
+    holders = {r: (full if o.holds is None else o.holds) for r, o in at.items() if o.vouched or sole}
+    asks = {r: _asks(o, full, r in holders and not sole) for r, o in enumerate(offers) if o is not None}
+    pieces, missing = plan(asks, holders, sole) if holders else ([], ["*"])  # "*": no live rank holds any state
+    result = Healed(freshest, source, top[0], missing=missing)
+    if missing:
+        return result, {}
+    filled = _targets(asks[rank], wants or {}, held, top[1], comm_device) if asks[rank] else {}
+    into = {p: block_of(t) for p, t in filled.items()}
+    result.received_bytes, result.sent_bytes, result.senders = move(pieces, rank, have, into, comm_device)
+    result.seconds = time.perf_counter() - start
+    return result, filled
+
+
+def _asks(offer: Offer, full: dict[str, Block], holder: bool) -> dict[str, Block]:
+    if offer.wants is not None:
+        return {p: offer.wants.get(p, b) for p, b in full.items()}
+    return {} if holder else full
+
+
+def _targets(asks: Mapping[str, Block], wants: Mapping[str, torch.Tensor], held: Mapping[str, torch.Tensor],
+             specs: Mapping[str, tuple[Block, str]], comm_device: torch.device) -> dict[str, torch.Tensor]:
+    """Where this rank's rows go: its new shard, its own tensor of the same shape (received in place), or a
+    new tensor on the device the source's was on (CUDA tensors on this rank's device)."""
+    out: dict[str, torch.Tensor] = {}
+    for path, block in asks.items():
+        if path in wants:
+            out[path] = wants[path]
+            continue
+        own = held.get(path)
+        if own is not None and not isinstance(own, DTensor) and tuple(own.shape) == block.shape \
+                and own.dtype == block.dtype:
+            out[path] = own
+            continue
+        device = comm_device if specs[path][1] == "cuda" else torch.device("cpu")
+        out[path] = torch.empty(block.shape, dtype=block.dtype, device=device)
+    return out
