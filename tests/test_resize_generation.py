@@ -1,4 +1,4 @@
-"""Generations without a daemon: processes leave one group and join the next; a rank receives the freshest state it lacks.
+"""Generations without a daemon: processes leave one group and join the next; each receives the state it lacks.
 
 The NCCL case runs where CUDA is (scripts/gpu_resize_check.sh): one rank per GPU, so one GPU runs worlds of one.
 """

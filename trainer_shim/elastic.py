@@ -213,6 +213,9 @@ class Elastic:
         return save_sharded(self._checkpoint_state(), self.checkpoint_dir, self.step, self.keep,
                             self.session if isinstance(self.session, Session) else None, request_id)
 
+    def _snapshot(self) -> dict[str, Any]:
+        return {"user": self.state_dict(), "sampler": self._committed, "step": self.step, "seed": self.seed}
+
     def _restore(self, state: dict[str, Any]) -> None:
         self.load_state_dict(state["user"])
         self.seed = int(state["seed"])

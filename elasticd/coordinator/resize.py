@@ -13,6 +13,7 @@ from typing import Any
 
 from elasticd.coordinator.membership import NodeRecord, Round
 from elasticd.coordinator.step_agreement import StepQuery
+from elasticd.wire.heal_report import merge_heals
 from elasticd.wire.names import EventKind
 
 RESIZE_TIMEOUT_S = 30.0  # an in-place round whose ranks have not all synced by then falls back to a restart
@@ -29,6 +30,7 @@ class InPlaceRound:
     started: float
     timeline: dict[str, float]
     synced: dict[str, dict[str, float]] = field(default_factory=dict)  # node -> its ranks' latest group_ready/synced
+    heals: dict[str, dict[str, Any]] = field(default_factory=dict)  # node -> what its ranks' heal moved
 
 
 class Resizer:
@@ -123,6 +125,8 @@ class Resizer:
             return
         if "synced" in body and node_id in cur.members:
             cur.synced[node_id] = {k: float(body[k]) for k in ("group_ready", "synced") if k in body}
+            if isinstance(body.get("heal"), dict):
+                cur.heals[node_id] = body["heal"]
         self.finish_if_done(rnd)
 
     def first_step(self, rnd: Round, at: float) -> None:
@@ -145,7 +149,8 @@ class Resizer:
         order = ("detect", "agreed", "left", "group_ready", "synced", "first_step")
         self.emit(EventKind.resize, generation=rnd.round_id, round=rnd.round_id, world_size=rnd.world_size,
                   cause=rnd.cause, detail=rnd.detail,
-                  timeline={p: round(marks[p] - start, 3) for p in order if p in marks})
+                  timeline={p: round(marks[p] - start, 3) for p in order if p in marks},
+                  **({"heal": merge_heals(list(cur.heals.values()))} if cur.heals else {}))
 
     def failed(self, round_id: int, reason: str) -> bool:
         """A member says its part of this in-place round failed: True when the coordinator must restart."""
@@ -173,3 +178,4 @@ class Resizer:
         self.fall_back = reason
         self.emit(EventKind.resize_failed, generation=cur.round_id, round=cur.round_id, reason=reason)
         return True
+

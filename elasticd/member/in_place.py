@@ -17,6 +17,7 @@ from elasticd.job.config import LEAVE_SLACK_S, JobConfig
 from elasticd.member.processes.spawner import Spawner
 from elasticd.member.processes.workers import Worker, WorkerGroup, signal_worker
 from elasticd.wire.assignment import RoundAssignment
+from elasticd.wire.heal_report import merge_heals
 from elasticd.wire.names import EventKind, MeshOp, NodeState, WorkerOp
 from elasticd.wire.protocol import new_id
 
@@ -122,9 +123,11 @@ class InPlace:
         pids = {w.proc.pid for w in group.workers}
         if pids and pids <= self.joined.keys():
             mine = [self.joined[p] for p in pids]
+            heals = [j["heal"] for j in mine if isinstance(j.get("heal"), dict)]
             self.node.to_coord(MeshOp.round_progress, {
                 "round": group.round_id, "in_place": all(j.get("in_place") is True for j in mine),
-                **{k: max(float(j.get(k) or 0.0) for j in mine) for k in ("group_ready", "synced")}})
+                **{k: max(float(j.get(k) or 0.0) for j in mine) for k in ("group_ready", "synced")},
+                **({"heal": merge_heals(heals)} if heals else {})})
 
     def on_failed(self, body: dict[str, Any]) -> None:
         self.capable.discard(int(body["pid"]))  # it waits to be replaced: no later round keeps it

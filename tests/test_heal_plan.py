@@ -1,0 +1,76 @@
+"""The heal's plan (trainer_shim.heal.plan): who sends which rows to whom. Pure: no process group."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer_shim.heal import SPLIT_BYTES, Block, fill, flatten, plan
+
+pytestmark = pytest.mark.quick
+
+
+def whole(rows: int, cols: int = 1024) -> Block:
+    return Block((rows, cols), torch.float32, 0, 0, rows)
+
+
+def shard(rows: int, lo: int, hi: int) -> Block:
+    return Block((rows, 8), torch.float32, 0, lo, hi)
+
+
+def test_a_rank_holding_the_freshest_state_receives_nothing_and_a_newcomer_receives_it_once() -> None:
+    state = {"w": whole(4), "b": whole(1)}
+    pieces, missing = plan({0: {}, 1: {}, 2: state}, {0: state, 1: state})
+    assert not missing
+    assert all(p.dst == 2 for p in pieces)
+    assert sum(p.nbytes for p in pieces) == (4 + 1) * 1024 * 4  # the state once: not once per rank in the world
+
+
+def test_a_large_block_is_split_over_every_holder_and_small_ones_go_to_the_least_loaded() -> None:
+    rows = SPLIT_BYTES // (1024 * 4) * 3  # three times the split threshold
+    big = whole(rows)
+    pieces, _ = plan({3: {"big": big}}, {0: {"big": big}, 1: {"big": big}, 2: {"big": big}})
+    assert sorted(p.src for p in pieces) == [0, 1, 2]
+    assert sorted((p.lo, p.hi) for p in pieces)[0][0] == 0 and max(p.hi for p in pieces) == rows
+    assert sum(p.hi - p.lo for p in pieces) == rows  # every row once
+    small = {f"t{i}": whole(1) for i in range(4)}
+    pieces, _ = plan({2: small}, {0: small, 1: small})
+    assert sorted(p.src for p in pieces) == [0, 0, 1, 1]
+
+
+def test_shards_come_from_the_replica_holding_the_same_rows_and_own_rows_are_copied_locally() -> None:
+    # HSDP: ranks 0, 1 are one replica (rows 0-5, 5-10), ranks 2, 3 the newcomer replica wanting the same split.
+    holds = {0: {"w": shard(10, 0, 5)}, 1: {"w": shard(10, 5, 10)}}
+    wants = {0: {"w": shard(10, 0, 5)}, 1: {"w": shard(10, 5, 10)},
+             2: {"w": shard(10, 0, 5)}, 3: {"w": shard(10, 5, 10)}}
+    pieces, missing = plan(wants, holds)
+    assert not missing
+    moved = {(p.src, p.dst, p.lo, p.hi) for p in pieces}
+    assert moved == {(0, 0, 0, 5), (1, 1, 5, 10), (0, 2, 0, 5), (1, 3, 5, 10)}
+    assert all(p.nbytes == 0 for p in pieces if p.src == p.dst)  # a local copy moves nothing over the wire
+
+
+def test_resharding_to_another_world_cuts_rows_across_old_owners() -> None:
+    holds = {0: {"w": shard(9, 0, 3)}, 1: {"w": shard(9, 3, 6)}, 2: {"w": shard(9, 6, 9)}}
+    wants = {0: {"w": shard(9, 0, 5)}, 1: {"w": shard(9, 5, 9)}}  # three ranks' shards onto two
+    pieces, missing = plan(wants, holds)
+    assert not missing
+    assert {(p.src, p.dst, p.lo, p.hi) for p in pieces} == {(0, 0, 0, 3), (1, 0, 3, 5), (1, 1, 5, 6), (2, 1, 6, 9)}
+
+
+def test_rows_no_live_rank_holds_are_named_and_a_first_world_takes_each_row_from_its_lowest_holder() -> None:
+    holds = {0: {"w": shard(10, 0, 5)}}  # the rank holding rows 5-10 was lost, with no replica
+    _, missing = plan({0: {"w": shard(10, 0, 10)}}, holds)
+    assert missing == ["w"]
+    state = {"w": whole(2)}
+    pieces, _ = plan({0: state, 1: state, 2: state}, {0: state, 1: state, 2: state}, sole=True)
+    assert {(p.src, p.dst) for p in pieces} == {(0, 0), (0, 1), (0, 2)}  # ranks 1 and 2 take rank 0's
+
+
+def test_a_state_flattens_to_paths_and_fills_back() -> None:
+    state = {"model": {"w": torch.ones(2)}, "opt": {"state": {0: {"step": torch.tensor(3.0)}}, "lr": [0.1]}, "n": 4}
+    tensors: dict[str, torch.Tensor] = {}
+    skeleton = flatten(state, tensors)
+    assert sorted(tensors) == ["/'model'/'w'", "/'opt'/'state'/0/'step'"]
+    again = fill(skeleton, {p: t * 2 for p, t in tensors.items()})
+    assert again["opt"]["state"][0]["step"].item() == 6.0 and again["n"] == 4 and again["opt"]["lr"] == [0.1]

@@ -1,0 +1,132 @@
+"""Sharded jobs (FSDP2, HSDP) under real daemons: survivors keep their processes, newcomers receive their shards."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from harness import ROOT, Job
+from test_resize_e2e import kept, pids_of, resized
+from test_shim_e2e import cli, wait_for
+
+FSDP = ROOT / "examples" / "train_fsdp.py"
+
+
+def digests(path: Path) -> dict[int, dict[int, str]]:
+    """step -> {round: digest of the whole state as the step after it began} from rank 0's log."""
+    found: dict[int, dict[int, str]] = {}
+    for line in path.read_text().splitlines():
+        label, step, digest = line.split()
+        if label != "final":
+            found.setdefault(int(step), {})[int(label)] = digest
+    return found
+
+
+def finish(job: Job, tmp: Path, node: str, extra: int = 8) -> int:
+    """End the job a few steps from now (examples/train_fsdp.py --steps-file) and wait for it; the last step."""
+    now = max(digests(tmp / "digests.log"))
+    (tmp / "stop").write_text(str(now + extra))
+    assert job.daemon(node).wait_exit(60) == 0
+    return now + extra
+
+
+def reference(tmp: Path, steps: int, *args: str) -> dict:
+    """The same data on one process, never interrupted: what the resized job must hold at its end."""
+    out = tmp / "ref"
+    out.mkdir()
+    subprocess.run([sys.executable, str(FSDP), "--steps", str(steps), "--ckpt-dir", str(out / "ckpt"),
+                    "--digest-log", str(out / "digests.log"), *args], check=True, timeout=120, capture_output=True)
+    return torch.load(out / "digests.log.final.pt")
+
+
+def assert_close(got: dict, want: dict) -> None:
+    """Equal but for the order of floating-point reductions (the world size changed)."""
+    for part in ("model", "optim"):
+        for name, value in want[part].items():
+            if isinstance(value, dict):
+                for key, t in value.items():
+                    torch.testing.assert_close(got[part][name][key], t, rtol=1e-3, atol=1e-5, msg=f"{name}.{key}")
+            else:
+                torch.testing.assert_close(got[part][name], value, rtol=1e-3, atol=1e-5, msg=name)
+
+
+def test_hsdp_job_resizes_in_place_and_a_lost_node_heals_from_its_replica(tmp_path: Path) -> None:
+    job = Job(tmp_path, nnodes="1:2", nproc=2)
+    args = ("--steps", "100000", "--steps-file", str(tmp_path / "stop"), "--ckpt-dir", str(tmp_path / "ckpt"),
+            "--digest-log", str(tmp_path / "digests.log"), "--step-time", "0.05")
+    heals = []
+    try:
+        job.start("a", FSDP, *args)
+        first = job.wait_event("round_started", lambda e: e["world_size"] == 2)
+        job.wait_event("first_step", since=first["seq"])
+        wait_for(lambda: len(pids_of(job, "a")) == 2)
+        a_pids = pids_of(job, "a")
+
+        def change(world: int, act) -> dict:
+            mark = job.seq()
+            act()
+            rnd = resized(job, world, mark)
+            assert kept(job, "a", rnd)[1] == a_pids  # a's workers are the same processes
+            done = job.wait_event("resize", lambda e: e["round"] == rnd["round"], since=mark)
+            heals.append((world, done["heal"]))
+            return done
+
+        b = job.start("b", FSDP, *args, wait=False)
+        change(4, lambda: b.wait_line(r"elasticd \S+: node "))
+        change(2, lambda: cli(job, "drain", "b"))
+        change(4, lambda: cli(job, "scale", "2"))
+        change(2, lambda: b.signal(signal.SIGTERM))
+        assert b.wait_exit(30) == 0
+        b = job.start("b", FSDP, *args, wait=False)
+        change(4, lambda: b.wait_line(r"elasticd \S+: node "))
+        lost = change(2, b.kill_with_workers)  # a power loss: a holds the same shards, nothing is read from disk
+        assert lost["heal"]["fallback"] is None
+        last = finish(job, tmp_path, "a")
+    finally:
+        job.close()
+
+    # Only newcomers receive: a join moves b's two shards (the whole state once); a leave moves nothing.
+    for world, heal in heals:
+        assert heal["fallback"] is None
+        assert (heal["received_bytes"] > 0) == (world == 4), heals
+    seen = digests(tmp_path / "digests.log")
+    assert sorted(seen) == list(range(last)), "a step was lost or trained twice"
+    for step, by_round in seen.items():
+        assert len(set(by_round.values())) == 1, f"step {step}: the state differed between worlds {by_round}"
+    assert not list((tmp_path / "ckpt").glob("sharded-*"))  # nothing was saved, nothing read
+    assert_close(torch.load(tmp_path / "digests.log.final.pt"), reference(tmp_path, last))
+
+
+def test_fsdp_job_reshards_in_memory_and_falls_back_to_its_checkpoint_when_a_shard_is_lost(tmp_path: Path) -> None:
+    job = Job(tmp_path, nnodes="1:2", nproc=2)
+    args = ("--steps", "100000", "--steps-file", str(tmp_path / "stop"), "--ckpt-dir", str(tmp_path / "ckpt"),
+            "--digest-log", str(tmp_path / "digests.log"), "--step-time", "0.05", "--mesh", "fsdp",
+            "--ckpt-every", "10")
+    try:
+        job.start("a", FSDP, *args)
+        b = job.start("b", FSDP, *args)
+        job.wait_event("first_step", since=job.wait_event("round_started", lambda e: e["world_size"] == 4)["seq"])
+        a_pids = pids_of(job, "a")
+        mark = job.seq()
+        cli(job, "drain", "b")  # b's shards move to a's ranks before b's leave: no checkpoint is read
+        rnd = resized(job, 2, mark)
+        assert kept(job, "a", rnd)[1] == a_pids
+        assert job.wait_event("resize", lambda e: e["round"] == rnd["round"], since=mark)["heal"]["fallback"] is None
+        mark = job.seq()
+        cli(job, "scale", "2")
+        rnd = resized(job, 4, mark)
+        wait_for(lambda: len(list((tmp_path / "ckpt").glob("sharded-*"))) >= 1)
+        mark = job.seq()
+        b.kill_with_workers()  # b's shards had no replica: the newest checkpoint, resharded to the two ranks left
+        rnd = resized(job, 2, mark)
+        heal = job.wait_event("resize", lambda e: e["round"] == rnd["round"], since=mark)["heal"]
+        assert "held by no live rank" in heal["fallback"] and "loaded checkpoint step" in heal["fallback"], heal
+        finish(job, tmp_path, "a")
+    finally:
+        job.close()
+    seen = digests(tmp_path / "digests.log")
+    for step, by_round in seen.items():
+        assert len(set(by_round.values())) == 1, f"step {step}: the state differed between worlds {by_round}"
