@@ -205,13 +205,22 @@ class Elastic:
     def _checkpoint_state(self) -> dict[str, Any]:
         return {**self._snapshot(), "sampler": self._committed or {}}
 
-    def save(self, request_id: str | None = None) -> SaveResult:
+    def save(self, request_id: str | None = None) -> SaveResult | None:
         """Collective: the sharded state, the sampler's position, the step and seed, saved with DCP to
-        `checkpoint_dir`; what a heal falls back to, resharded, when a shard was lost with no replica."""
+        `checkpoint_dir`; what a heal falls back to, resharded, when a shard was lost with no replica. A peer
+        lost during the save heals in place like one lost in a step (the save is dropped): None."""
         if not self.checkpoint_dir:
             raise ValueError("Elastic.save needs checkpoint_dir")
-        return save_sharded(self._checkpoint_state(), self.checkpoint_dir, self.step, self.keep,
-                            self.session if isinstance(self.session, Session) else None, request_id)
+        session = self.session if isinstance(self.session, Session) else None
+        try:
+            return save_sharded(self._checkpoint_state(), self.checkpoint_dir, self.step, self.keep, session,
+                                request_id)
+        except RuntimeError as exc:
+            if not (self.in_place and lost_peer(exc)):
+                raise
+            error = _reason(exc)
+        self._resize(error)
+        return None
 
     def _snapshot(self) -> dict[str, Any]:
         return {"user": self.state_dict(), "sampler": self._committed, "step": self.step, "seed": self.seed}

@@ -9,6 +9,7 @@ split over them.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
@@ -22,6 +23,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 SPLIT_BYTES = 4 << 20  # a missing block at least this large is split over every rank holding it
+TOUCH_THREADS = 8  # at most this many threads zero a newcomer's new memory
 NOTHING = -1  # the step of a rank that holds nothing (a newcomer whose job has a checkpoint to fall back to)
 
 
@@ -190,9 +192,13 @@ def _wire(t: torch.Tensor, comm_device: torch.device) -> torch.Tensor:
 
 
 def move(pieces: list[Piece], me: int, held: Mapping[str, tuple[torch.Tensor, Block]],
-         into: Mapping[str, tuple[torch.Tensor, Block]], comm_device: torch.device) -> tuple[int, int, int]:
-    """Run this rank's part of the plan, every send and receive posted at once: (received, sent, senders)."""
-    p2p: list[dist.P2POp] = []
+         into: Mapping[str, tuple[torch.Tensor, Block]], new: set[str], comm_device: torch.device) \
+        -> tuple[int, int, int]:
+    """Run this rank's part of the plan: (received, sent, senders). Every send and the receives into existing
+    tensors are posted at once; the tensors in `new` (memory never touched) are zeroed meanwhile, which costs
+    their page faults while the wire is busy instead of inside the receive, and their receives follow."""
+    now: list[dist.P2POp] = []
+    later: list[dist.P2POp] = []
     staged: list[tuple[torch.Tensor, torch.Tensor]] = []  # (received buffer, its destination) to copy after
     received = sent = 0
     senders: set[int] = set()
@@ -202,7 +208,7 @@ def move(pieces: list[Piece], me: int, held: Mapping[str, tuple[torch.Tensor, Bl
             if src.data_ptr() != dst.data_ptr():
                 dst.copy_(src)
         elif piece.src == me:
-            p2p.append(dist.P2POp(dist.isend, _wire(_rows(*held[piece.path], piece.lo, piece.hi), comm_device),
+            now.append(dist.P2POp(dist.isend, _wire(_rows(*held[piece.path], piece.lo, piece.hi), comm_device),
                                   piece.dst, tag=tag))
             sent += piece.nbytes
         elif piece.dst == me:
@@ -211,15 +217,31 @@ def move(pieces: list[Piece], me: int, held: Mapping[str, tuple[torch.Tensor, Bl
             buf = dst if direct else torch.empty(dst.shape, dtype=dst.dtype, device=comm_device)
             if not direct:
                 staged.append((buf, dst))
-            p2p.append(dist.P2POp(dist.irecv, buf.view(torch.uint8) if buf.dtype == torch.bool else buf,
-                                  piece.src, tag=tag))
+            op = dist.P2POp(dist.irecv, buf.view(torch.uint8) if buf.dtype == torch.bool else buf, piece.src, tag=tag)
+            (later if piece.path in new and comm_device.type != "cuda" else now).append(op)
             received += piece.nbytes
             senders.add(piece.src)
-    for work in _start(p2p, comm_device):
+    works = _start(now, comm_device)
+    if later:
+        _touch([into[path][0] for path in new])
+        works += _start(later, comm_device)
+    for work in works:
         work.wait()
     for buf, dst in staged:
         dst.copy_(buf)
     return received, sent, len(senders)
+
+
+def _touch(tensors: list[torch.Tensor]) -> None:
+    """Zero new memory with every core this once (a worker runs one intra-op thread): its page faults are most of
+    a newcomer's heal on a small machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, min(os.cpu_count() or 1, TOUCH_THREADS)))
+    try:
+        for t in tensors:
+            t.zero_()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _start(p2p: list[dist.P2POp], comm_device: torch.device) -> list[Any]:
@@ -237,8 +259,14 @@ class Offer:
 
     step: int  # the step of what it holds; NOTHING for none
     vouched: bool  # it held this state in a world with the others (a new process's own state may differ)
-    holds: dict[str, Block] | None  # None: all of the source's tensors, whole (a data-parallel rank)
-    wants: dict[str, Block] | None  # None: whatever of the source's tensors it lacks, whole
+    holds: dict[str, Block]  # the blocks it holds (at `step`)
+    wants: dict[str, Block] | None  # None: whatever of the source's tensors it lacks, whole (data parallel)
+
+    def fresh(self, path: str, full: Block) -> bool:
+        """Whether this rank has no tensor of its own for that path yet: its rows go into new memory."""
+        if self.wants is not None:
+            return path not in self.wants
+        return self.holds.get(path) != full
 
 
 def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants: Mapping[str, torch.Tensor] | None,
@@ -252,9 +280,7 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
     start = time.perf_counter()
     rank = dist.get_rank()
     have = dict(zip(held, map(block_of, held.values()), strict=True))
-    whole = all(not isinstance(t, DTensor) for t in held.values())
-    holds = None if whole and held else {p: b for p, (_, b) in have.items()}
-    mine = Offer(held_step if held else NOTHING, vouched, holds,
+    mine = Offer(held_step if held else NOTHING, vouched, {p: b for p, (_, b) in have.items()},
                  None if wants is None else {p: block_of(t)[1] for p, t in wants.items()})
     offers: list[Offer | None] = [None] * dist.get_world_size()
     dist.all_gather_object(offers, mine)
@@ -266,15 +292,18 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
     full = {p: b for p, (b, _) in top[1].items()}
     at = {r: o for r, o in enumerate(offers) if o is not None and o.step == freshest != NOTHING}
     sole = not any(o.vouched for o in at.values())
-    holders = {r: (full if o.holds is None else o.holds) for r, o in at.items() if o.vouched or sole}
+    holders = {r: o.holds for r, o in at.items() if o.vouched or sole}
     asks = {r: _asks(o, full, r in holders and not sole) for r, o in enumerate(offers) if o is not None}
     pieces, missing = plan(asks, holders, sole) if holders else ([], ["*"])  # "*": no live rank holds any state
     result = Healed(freshest, source, top[0], missing=missing)
     if missing:
         return result, {}
+    # Rows into new memory last: the receiver touches that memory while the rest arrives (docs: "Healing").
+    pieces.sort(key=lambda p: offers[p.dst].fresh(p.path, full[p.path]))  # type: ignore[union-attr]
     filled = _targets(asks[rank], wants or {}, held, top[1], comm_device) if asks[rank] else {}
     into = {p: block_of(t) for p, t in filled.items()}
-    result.received_bytes, result.sent_bytes, result.senders = move(pieces, rank, have, into, comm_device)
+    new = {p for p in filled if mine.fresh(p, full[p])}
+    result.received_bytes, result.sent_bytes, result.senders = move(pieces, rank, have, into, new, comm_device)
     result.seconds = time.perf_counter() - start
     return result, filled
 
@@ -300,5 +329,5 @@ def _targets(asks: Mapping[str, Block], wants: Mapping[str, torch.Tensor], held:
             out[path] = own
             continue
         device = comm_device if specs[path][1] == "cuda" else torch.device("cpu")
-        out[path] = torch.empty(block.shape, dtype=block.dtype, device=device)
+        out[path] = torch.empty(block.shape, dtype=block.dtype, device=device)  # touched by `move`
     return out

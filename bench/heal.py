@@ -1,0 +1,201 @@
+"""Heal benchmark: a join into a running world, at state sizes from 100 MB to 2 GB per replica, DDP and HSDP.
+
+Every row is one join: the old world's ranks hold the state at step 10 (model + AdamW's two moments, a third
+each), the newcomers hold a fresh model and no optimizer state (DDP) or a fresh sharded model and optimizer (HSDP,
+2 shards per replica). All ranks form the new group, then heal; timed from the moment every rank is in it:
+  heal       this tree (trainer_shim.heal): each newcomer receives what it lacks, point to point, from every rank
+             holding it, into its own tensors; ranks holding the freshest step receive nothing
+  broadcast  the tree before (--base-tree, its `generation.sync`): the freshest rank broadcasts its whole state
+             to every rank, survivors included (DDP only: sharded state was not healed in place before)
+  restart    the new world's ranks as new processes at once, each loading its part of the state from a
+             checkpoint file in the page cache: process start, torch import, torch.load (what a restart costs
+             at least, before any group forms)
+  loopback   gloo send/recv of one tensor of the state's size between two processes: the physical limit here
+Per row: newcomer_s (its heal), world_s (until the last rank is done: the survivors' stall), moved_bytes (all
+ranks' received bytes), GB/s (state per replica / newcomer_s) and its share of loopback.
+Usage: heal.py [--sizes-mb 100,500,1000,2000] [--layouts ddp,hsdp] [--base-tree DIR] [--out bench/results/heal.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT_S = 10.0  # the shim's collective timeout: a heal slower than this falls back to a restart
+WORLDS = {"ddp": [(2, 3), (4, 5)], "hsdp": [(2, 4), (4, 6)]}  # (old, new): HSDP adds one replica of 2 shards
+SHARDS = 2
+
+
+def state_of(rank: int, nbytes: int, survivor: bool, layout: str, world: int) -> tuple[dict, dict | None]:
+    """(held, wants) for one rank: DDP holds whole tensors, HSDP its shard of each (DTensors on a 2-D mesh)."""
+    per = max(nbytes // 3 // 4 // 4, 1)  # 4 tensors of params, each with two moments: floats
+    shard = layout == "hsdp"
+    rows = per // 1024 if not shard else per // 1024 // SHARDS
+    mesh = None
+    if shard:
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh("cpu", (world // SHARDS, SHARDS))
+
+    def tensor(fill: float) -> torch.Tensor:
+        local = torch.empty(rows, 1024).fill_(fill)  # touched, as a trained model's memory is
+        if not shard:
+            return local
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+        return DTensor.from_local(local, mesh, [Replicate(), Shard(0)], run_check=False,
+                                  shape=torch.Size((rows * SHARDS, 1024)), stride=(1024, 1))
+
+    model = {f"w{i}": tensor(rank + 1.0) for i in range(4)}
+    if survivor or shard:
+        opt = {i: {"exp_avg": tensor(0.5), "exp_avg_sq": tensor(0.25), "step": torch.tensor(10.0)} for i in range(4)}
+    else:
+        opt = {}  # a newcomer's AdamW has no state before its first step
+    state = {"model": model, "opt": {"state": opt, "param_groups": [{"lr": 1e-3, "params": [0, 1, 2, 3]}]}}
+    return state, (state if shard else None)
+
+
+def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int, addr: str, out: dict) -> None:
+    store = dist.TCPStore("127.0.0.1", int(addr), is_master=False, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=new, timeout=timedelta(seconds=TIMEOUT_S))
+    survivor = rank < old
+    held, wants = state_of(rank, nbytes, survivor, layout, new)
+    cpu = torch.device("cpu")
+    if method == "heal":
+        from trainer_shim import heal as shim_heal  # imported before the clock starts, as a worker has it
+    else:
+        from trainer_shim.generation import sync
+    dist.barrier()
+    start = time.perf_counter()
+    received, error = 0, ""
+    try:
+        if method == "heal":
+            tensors: dict[str, torch.Tensor] = {}
+            skeleton = shim_heal.flatten(held, tensors)
+            if layout == "hsdp" and not survivor:
+                tensors = {}
+            healed, _ = shim_heal.heal(10 if survivor else 0, tensors, skeleton,
+                                       None if wants is None else shim_heal_targets(wants), cpu)
+            received = healed.received_bytes
+        else:  # the tree before: one broadcast of the whole state from the freshest rank
+            synced = sync(10 if survivor else 0, lambda: held, cpu, cpu)
+            received = 0 if synced.state is None else nbytes
+    except RuntimeError as exc:
+        error = str(exc).splitlines()[0][:200]
+    mine = time.perf_counter() - start
+    times: list[Any] = [None] * new
+    dist.all_gather_object(times, (mine, survivor, received, error))
+    if rank == 0:
+        out["result"] = times
+    dist.destroy_process_group()
+
+
+def shim_heal_targets(state: dict) -> dict[str, torch.Tensor]:
+    from trainer_shim.heal import flatten
+    tensors: dict[str, torch.Tensor] = {}
+    flatten(state, tensors)
+    return tensors
+
+
+def run_join(method: str, layout: str, old: int, new: int, nbytes: int) -> dict[str, Any]:
+    server = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=60))
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.start_processes(member, args=(method, layout, old, new, nbytes, str(server.port), out), nprocs=new,
+                           start_method="spawn")
+        times = out["result"]
+    newcomer = max(t for t, survivor, _, _ in times if not survivor)
+    errors = sorted({e for *_, e in times if e})
+    return {"method": method, "layout": layout, "old": old, "new": new, "state_mb": nbytes >> 20,
+            "newcomer_s": round(newcomer, 3), "world_s": round(max(t for t, *_ in times), 3),
+            "moved_bytes": sum(r for _, _, r, _ in times), "errors": errors}
+
+
+def loopback_peer(rank: int, nbytes: int, addr: str, out: dict) -> None:
+    store = dist.TCPStore("127.0.0.1", int(addr), is_master=False, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    t = torch.empty(nbytes // 4).fill_(1.0)
+    dist.barrier()
+    start = time.perf_counter()
+    dist.send(t, 1) if rank == 0 else dist.recv(t, 0)
+    dist.barrier()
+    if rank == 1:
+        out["s"] = time.perf_counter() - start
+    dist.destroy_process_group()
+
+
+def run_loopback(nbytes: int) -> float:
+    server = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=60))
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.start_processes(loopback_peer, args=(nbytes, str(server.port), out), nprocs=2, start_method="spawn")
+        return float(out["s"])
+
+
+def run_restart(nbytes: int, layout: str, new: int, folder: Path) -> float:
+    """Seconds until every new process has its part loaded (all started at once, as a restart does)."""
+    part = nbytes // (SHARDS if layout == "hsdp" else 1)
+    path = folder / f"state-{part}.pt"
+    if not path.exists():
+        torch.save({"t": torch.empty(part // 4).fill_(1.0)}, path)
+    code = f"import torch; torch.load({str(path)!r})"
+    start = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(new)]
+    for p in procs:
+        p.wait()
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--sizes-mb", default="100,500,1000,2000")
+    parser.add_argument("--layouts", default="ddp,hsdp")
+    parser.add_argument("--base-tree", default="", help="the checkout whose broadcast is compared (the tree before)")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "heal.json"))
+    args = parser.parse_args()
+    rows: list[dict[str, Any]] = []
+    sizes = [int(s) << 20 for s in args.sizes_mb.split(",")]
+    loopback = {n: run_loopback(n) for n in sizes}
+    folder = Path(tempfile.mkdtemp(prefix="heal-bench-"))
+    for layout in args.layouts.split(","):
+        for old, new in WORLDS[layout]:
+            for nbytes in sizes:
+                # The broadcast holds the state about three times per rank (a flat copy, then new tensors).
+                fits = new * 3 * nbytes < 0.7 * psutil.virtual_memory().total
+                methods = ["heal"] + (["broadcast"] if args.base_tree and layout == "ddp" and fits else [])
+                for method in methods:
+                    env_tree = args.base_tree if method == "broadcast" else str(ROOT)
+                    os.environ["PYTHONPATH"] = env_tree  # spawned members import the tree under test
+                    sys.path.insert(0, env_tree)
+                    row = run_join(method, layout, old, new, nbytes)
+                    sys.path.remove(env_tree)
+                    row["gbps"] = round(nbytes / row["newcomer_s"] / 1e9, 3)
+                    row["loopback_gbps"] = round(nbytes / loopback[nbytes] / 1e9, 3)
+                    row["of_loopback"] = round(row["gbps"] / row["loopback_gbps"], 3)
+                    row["restart_s"] = round(run_restart(nbytes, layout, new, folder), 3)
+                    row["load"] = round(os.getloadavg()[0], 2)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"machine": {"cpus": psutil.cpu_count(), "python": platform.python_version(),
+                                                      "torch": torch.__version__}, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
