@@ -26,13 +26,16 @@ def test_a_rank_holding_the_freshest_state_receives_nothing_and_a_newcomer_recei
     assert sum(p.nbytes for p in pieces) == (4 + 1) * 1024 * 4  # the state once: not once per rank in the world
 
 
-def test_a_large_block_is_split_over_every_holder_and_small_ones_go_to_the_least_loaded() -> None:
+def test_a_large_block_is_split_over_holders_and_each_newcomer_has_its_own_sources() -> None:
     rows = SPLIT_BYTES // (1024 * 4) * 3  # three times the split threshold
     big = whole(rows)
-    pieces, _ = plan({3: {"big": big}}, {0: {"big": big}, 1: {"big": big}, 2: {"big": big}})
-    assert sorted(p.src for p in pieces) == [0, 1, 2]
-    assert sorted((p.lo, p.hi) for p in pieces)[0][0] == 0 and max(p.hi for p in pieces) == rows
-    assert sum(p.hi - p.lo for p in pieces) == rows  # every row once
+    holds = {r: {"big": big} for r in range(4)}
+    pieces, _ = plan({4: {"big": big}, 5: {"big": big}}, holds)
+    assert sorted(p.src for p in pieces if p.dst == 4) == [0, 1]  # split over MAX_SOURCES (2) of the 4 holders
+    assert sorted(p.src for p in pieces if p.dst == 5) == [2, 3]  # the next newcomer's from the two others
+    for dst in (4, 5):
+        mine = sorted((p.lo, p.hi) for p in pieces if p.dst == dst)
+        assert mine[0][0] == 0 and mine[-1][1] == rows and sum(hi - lo for lo, hi in mine) == rows  # each row once
     small = {f"t{i}": whole(1) for i in range(4)}
     pieces, _ = plan({2: small}, {0: small, 1: small})
     assert sorted(p.src for p in pieces) == [0, 0, 1, 1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -82,6 +83,15 @@ def test_hsdp_job_resizes_in_place_and_a_lost_node_heals_from_its_replica(tmp_pa
         change(4, lambda: cli(job, "scale", "2"))
         change(2, lambda: b.signal(signal.SIGTERM))
         assert b.wait_exit(30) == 0
+        b = job.start("b", FSDP, *args, wait=False)
+        change(4, lambda: b.wait_line(r"elasticd \S+: node "))
+        # b freezes (no socket closes): a's ranks, blocked in a collective with b's, are aborted on their daemon's
+        # word once b is declared lost, instead of waiting for the group's 10 s timeout.
+        frozen = [b.proc.pid, *pids_of(job, "b")]
+        frozen_done = change(2, lambda: [os.kill(pid, signal.SIGSTOP) for pid in frozen])
+        assert frozen_done["timeline"]["left"] < 2.0, frozen_done["timeline"]
+        b.kill_with_workers()
+        b.wait_exit(10)
         b = job.start("b", FSDP, *args, wait=False)
         change(4, lambda: b.wait_line(r"elasticd \S+: node "))
         lost = change(2, b.kill_with_workers)  # a power loss: a holds the same shards, nothing is read from disk

@@ -24,9 +24,19 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from trainer_shim.abort import watch
 from trainer_shim.checkpoint import SaveResult
 from trainer_shim.data import ElasticSampler
-from trainer_shim.generation import DEFAULT_TIMEOUT_S, Generation, NotArrived, join, leave, open_store
+from trainer_shim.generation import (
+    DEFAULT_TIMEOUT_S,
+    Generation,
+    NotArrived,
+    abort,
+    join,
+    leave,
+    open_store,
+    sockets_now,
+)
 from trainer_shim.heal import NOTHING, Healed, HealError, fill, flatten, heal
 from trainer_shim.noop import NullSession
 from trainer_shim.session import Session
@@ -70,6 +80,7 @@ class Elastic:
         self._held: tuple[int, dict[str, torch.Tensor], Any] | None = None  # a sharded rank's state before leaving
         self.last_heal: dict[str, Any] = {}  # what the last heal moved (the `joined` report's `heal`)
         self._vouched = False  # this process's state was healed in a world: equal to the other ranks'
+        self._leaving = False  # between leaving a group and joining the next: the daemon's abort is moot
         self.state_dict, self.load_state_dict, self.on_world = state_dict, load_state_dict, on_world
         self.sampler = sampler
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -100,6 +111,8 @@ class Elastic:
         self.step = step
         self._commit()
         self.in_place = self.want_in_place and isinstance(self.session, Session) and gen is not None
+        if (self.in_place or env.get(PRESTART_ENV)) and isinstance(self.session, Session):
+            self.session.abort_signal = watch(self._abort)
         started = time.time()
         if env.get(PRESTART_ENV) and isinstance(self.session, Session):
             gen = self._await_first(self.session)  # started early, for a round that adds this node
@@ -141,7 +154,7 @@ class Elastic:
         script's rebuild comes last, or first for a sharded script (its model lives on the new mesh)."""
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         if self.sharded:
-            self.on_world(self.rank, self.world_size)
+            self._world()
         healed, state = self._heal_sharded() if self.sharded else self._heal_replicated()
         if state is not None:
             self._restore(state)
@@ -151,7 +164,13 @@ class Elastic:
         torch.manual_seed(_seed(self.seed, self.step, self.rank))
         self._vouched = True
         if not self.sharded:
-            self.on_world(self.rank, self.world_size)
+            self._world()
+
+    def _world(self) -> None:
+        """The script's rebuild; the sockets it opens (its subgroups') are this generation's to sever."""
+        before = sockets_now()
+        self.on_world(self.rank, self.world_size)
+        self._opened |= sockets_now() - before
 
     def _heal_replicated(self) -> tuple[Healed, dict[str, Any] | None]:
         """Data parallel: a rank holding the freshest step keeps its state; the others receive it whole."""
@@ -268,6 +287,7 @@ class Elastic:
         session = self.session
         assert isinstance(session, Session) and self._store is not None
         rid = session.last_request_id if error is None else None
+        self._leaving = True
         if self.sharded:
             self._hold(graceful=error is None)
         leave(self.backend, error is not None, self._opened)
@@ -287,6 +307,7 @@ class Elastic:
             session.resize_failed(gen.round, _reason(exc))
             leave(self.backend, True, self._opened)
             self._await_restart(gen.round)
+        self._leaving = False
         session.rejoin(self.rank, gen.round, in_place=True)
         session.joined(gen.round, self.step, True, {"group_ready": ready, "synced": time.time()}, self.last_heal)
 
@@ -296,6 +317,11 @@ class Elastic:
         while time.monotonic() < deadline:
             time.sleep(0.1)
         raise SystemExit(f"elastic: resize to round {round_id} failed and no restart came")
+
+    def _abort(self) -> None:
+        """The daemon says a peer is gone (trainer_shim.abort, on its thread): fail a collective blocked on it."""
+        if not self._leaving:
+            abort(self.backend, self._opened)
 
     def watch(self, ddp: DistributedDataParallel) -> None:
         """Time this rank's wait in `ddp`'s gradient allreduce, reported with each step: the coordinator names a

@@ -77,6 +77,12 @@ def _sockets() -> dict[str, int]:
     return found
 
 
+def sockets_now() -> set[str]:
+    """This process's sockets now ('socket:[inode]'): a script's subgroups (a device mesh's) open theirs in
+    `on_world`, and `leave`/`abort` sever those too."""
+    return set(_sockets())
+
+
 class NotArrived(RuntimeError):
     """The generation's other ranks did not all arrive in time: the daemon restarts this process instead."""
 
@@ -126,6 +132,24 @@ def leave(backend: str, failed: bool, opened: set[str]) -> None:
             return
         torch.cuda.synchronize()
     dist.destroy_process_group()
+    sever(opened)
+
+
+def abort(backend: str, opened: set[str]) -> None:
+    """A peer is gone (the daemon said so): this rank's blocked collective fails now, not at the group's timeout.
+    NCCL: abort the communicator (`ProcessGroup.abort`); gloo: sever the group's sockets."""
+    if not dist.is_initialized():
+        return
+    if backend == "nccl":
+        group = dist.group.WORLD
+        if group is not None:
+            group.abort()
+        return
+    sever(opened)
+
+
+def sever(opened: set[str]) -> None:
+    """Shut down the group's own TCP sockets: a peer (or this rank) blocked in a collective on them fails at once."""
     for link, fd in _sockets().items():
         if link not in opened:
             continue

@@ -22,7 +22,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-SPLIT_BYTES = 4 << 20  # a missing block at least this large is split over every rank holding it
+SPLIT_BYTES = 4 << 20  # a missing block at least this large is split over the ranks holding it
+MAX_SOURCES = 2  # over at most this many: more senders into one receiver only contend for its copy-out
 TOUCH_THREADS = 8  # at most this many threads zero a newcomer's new memory
 NOTHING = -1  # the step of a rank that holds nothing (a newcomer whose job has a checkpoint to fall back to)
 
@@ -153,12 +154,15 @@ def _cuts(want: Block, holders: list[tuple[int, Block]]) -> Iterator[tuple[int, 
 def plan(wants: Mapping[int, Mapping[str, Block]], holds: Mapping[int, Mapping[str, Block]], sole: bool = False) \
         -> tuple[list[Piece], list[str]]:
     """Who sends which rows to whom, and the paths with rows nobody holds. A rank's own rows are a local copy;
-    the rest go to the holder with the fewest bytes to send so far, a large range split over all of them.
-    `sole`: only the lowest rank holding some rows counts (holders never trained together may differ)."""
+    the rest go to the holder with the fewest bytes to send so far, a large range split over up to MAX_SOURCES
+    of them; a rank receives from at most MAX_SOURCES ranks while those hold what it wants, so that the next
+    newcomer's come from others. `sole`: only the lowest rank holding some rows counts (holders never trained
+    together may differ)."""
     load: dict[int, int] = {r: 0 for r in holds}
     pieces: list[Piece] = []
     missing: list[str] = []
     for dst in sorted(wants):
+        sources: list[int] = []  # the ranks `dst` receives from so far
         for path, want in wants[dst].items():
             holders = [(r, h[path]) for r, h in sorted(holds.items()) if path in h]
             for lo, hi, ranks in _cuts(want, holders):
@@ -170,8 +174,11 @@ def plan(wants: Mapping[int, Mapping[str, Block]], holds: Mapping[int, Mapping[s
                     pieces.append(Piece(path, dst, dst, lo, hi, 0))
                     continue
                 nbytes = (hi - lo) * want.row_bytes
-                parts = min(len(ranks), hi - lo) if nbytes >= SPLIT_BYTES else 1
+                known = [r for r in ranks if r in sources]
+                ranks = known if len(sources) >= MAX_SOURCES and known else ranks
+                parts = min(len(ranks), MAX_SOURCES, hi - lo) if nbytes >= SPLIT_BYTES else 1
                 ranks = sorted(ranks, key=lambda r: (load[r], r))[:parts]
+                sources += [r for r in ranks if r not in sources]
                 for i, src in enumerate(ranks):
                     a, b = lo + (hi - lo) * i // parts, lo + (hi - lo) * (i + 1) // parts
                     pieces.append(Piece(path, src, dst, a, b, (b - a) * want.row_bytes))

@@ -74,6 +74,7 @@ class Session:
     def __init__(self, addr: str, rank: int = 0, local_rank: int = 0, node: str = "",
                  round_id: int = 0, welcome: bool = False) -> None:
         self.rank, self.local_rank, self.node, self.round = rank, local_rank, node, round_id
+        self.abort_signal: int | None = None  # trainer_shim.abort: the daemon may send it while a peer is lost
         self.dropped = 0
         self.sent = 0
         self.last_request_id: str | None = None  # the request the last true should_* answer acted on
@@ -115,7 +116,8 @@ class Session:
         self._last = time.perf_counter()
         self._send(self._frame(WorkerOp.hello, {"rank": rank, "local_rank": self.local_rank, "pid": os.getpid(),
                                                 "round": round_id, "in_place": in_place, "waiting": waiting,
-                                                **({"welcome": True} if welcome else {})}))
+                                                **({"welcome": True} if welcome else {}),
+                                                **({"abort_signal": self.abort_signal} if self.abort_signal else {})}))
 
     def _await_welcome(self) -> None:
         """Before the first step: a drain agreed in this round while this rank was starting is its own too (it

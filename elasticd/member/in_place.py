@@ -7,7 +7,9 @@ where it would only spawn; the worker channel feeds `on_hello`, `on_left`, `on_j
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -54,12 +56,15 @@ class InPlace:
         self.left: dict[int, dict[str, Any]] = {}  # pid -> its `left` (the step it holds), until it joins again
         self.joined: dict[int, dict[str, Any]] = {}  # pid -> its `joined` in the current round
         self.failed_round = 0  # the last round whose failure was reported (one report per round)
+        self.abort_signals: dict[int, int] = {}  # pid -> the signal that aborts its group (its `hello` said)
         self.resizing = False  # between an in-place round's arrival and its workers' publication
 
     # -- what the workers say ------------------------------------------------------------------------
     def on_hello(self, pid: int, body: dict[str, Any]) -> None:
         if body.get("in_place") is True:
             self.capable.add(pid)
+        if isinstance(body.get("abort_signal"), int) and body.get("in_place") is True:
+            self.abort_signals[pid] = int(body["abort_signal"])
         if body.get("waiting") is True:  # pre-started: out of any group, like a survivor that has left
             self.left[pid] = body
             group = self.node.group
@@ -86,6 +91,7 @@ class InPlace:
         self.capable.discard(pid)
         self.left.pop(pid, None)
         self.joined.pop(pid, None)
+        self.abort_signals.pop(pid, None)
 
     def end_hung(self, rank: int) -> None:
         """A hung in-place worker is stopped at once: its peers, blocked in a collective with it, then fail at
@@ -95,6 +101,14 @@ class InPlace:
         for worker in group.running if group else []:
             if worker.rank == rank and worker.proc.pid in self.capable:
                 signal_worker(worker.proc.pid, signal.SIGKILL)
+
+    def abort(self, pid: int) -> None:
+        """A worker that may be blocked in a collective with a lost peer: its group is aborted now (the shim's
+        abort signal, to that process alone) instead of at the group's timeout (trainer_shim/abort.py)."""
+        sig = self.abort_signals.get(pid)
+        if sig is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
     def ready(self) -> bool:
         """Every live worker of this node can resize in place (the step agreement's `in_place`)."""
@@ -152,6 +166,7 @@ class InPlace:
             if worker.proc.pid not in self.left:  # a crash or a loss: nobody agreed a step; leave at once
                 self.send(worker.proc.pid, WorkerOp.resize, {"request_id": new_id(), "at_step": None,
                                                              "round": body["round"]})
+                self.abort(worker.proc.pid)
         deadline = time.monotonic() + self.node.cfg.grace_s + LEAVE_SLACK_S
         while time.monotonic() < deadline and any(w.exit_code is None and w.proc.pid not in self.left
                                                   for w in survivors):

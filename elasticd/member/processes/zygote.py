@@ -89,6 +89,7 @@ def become_worker_session(ready_fd: int) -> None:
     _die_with(signal.SIGKILL)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)  # the zygote's own; the worker's is free for its script (and the shim's abort)
     os.write(ready_fd, b"1")
     os.close(ready_fd)
 
