@@ -1,7 +1,7 @@
 """In-place resize benchmark: one job, three ways, in one run — elasticd in place, elasticd's restart, torchrun.
 
 The job is examples/train_shim.py (2 nodes x 2 workers on 127.0.0.1, --step-time 0.02, a checkpoint every 10
-steps), run as:
+steps; --script hsdp: examples/train_fsdp.py, a transformer sharded by HSDP), run as:
   in-place  elasticd (zygote), the script's default: survivors keep their processes (trainer_shim.Elastic)
   restart   elasticd (zygote), the same script with --no-in-place: every change stops and forks every worker
   torchrun  torchrun --rdzv-backend c10d --rdzv-conf last_call_timeout=1 (tuned), --max-restarts 5
@@ -15,7 +15,7 @@ drain or scale: those rows say n/a. Per event:
   ckpt_read   whether the new world's rank 0 started from a checkpoint file (elasticd: a `checkpoint_skipped`
               aside, we read `start_step` of a fresh process)
 Usage: resize.py [--repeat 1] [--systems in-place,restart,torchrun,in-place-base] [--base-tree DIR]
-                 [--out bench/results/resize.json]
+                 [--state-mb MB] [--events join,drain,...] [--out bench/results/resize.json]
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from procs import (
     write_report,
 )
 
-SCRIPT = ROOT / "examples" / "train_shim.py"
+SCRIPTS = {"ddp": "train_shim.py", "hsdp": "train_fsdp.py"}  # --script: the job (train_fsdp.py: --mesh hsdp)
 SYSTEMS = ["in-place", "restart", "torchrun"]
 EVENTS = ["join", "drain", "scale", "sigterm_leave", "rejoin", "worker_crash", "node_sigkill"]
 TARGETS = {"join": 0.15, "drain": 0.15, "scale": 0.15, "sigterm_leave": 0.15, "rejoin": 0.15, "worker_crash": 0.5,
@@ -95,8 +95,15 @@ class Job:
             self.cond.notify_all()
 
     def cmd(self, node: str) -> list[str]:
-        script = [str(SCRIPT), "--steps", "1000000", "--ckpt-dir", str(self.tmp / "ckpt"), "--ckpt-every", "10",
-                  "--step-time", str(self.args.step_time), "--batch", "16", "--micro", "8", "--log-every", "1"]
+        # A -base system runs the other checkout's copy of the script: the script puts its own checkout first on
+        # sys.path, so this tree's would import this tree's trainer_shim.
+        name = SCRIPTS[self.args.script]
+        path = Path(self.args.base_tree) / "examples" / name if self.system.endswith(BASE) else ROOT / "examples" / name
+        ckpt_every = "0" if self.args.state_mb else "10"  # a state of 1 GB is not saved every 10 steps
+        script = [str(path), "--steps", "1000000", "--ckpt-dir", str(self.tmp / "ckpt"), "--ckpt-every", ckpt_every,
+                  "--step-time", str(self.args.step_time), "--batch", "16", "--micro", "8",
+                  *(["--log-every", "1"] if self.args.script == "ddp" else []),
+                  *(["--state-mb", str(self.args.state_mb)] if self.args.state_mb else [])]
         if self.kind == "restart":
             script.append("--no-in-place")
         common = ["--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-endpoint", f"127.0.0.1:{self.port}",
@@ -144,7 +151,7 @@ class Job:
         """The node's live workers now (elasticd: from its latest `workers_started` event, never stale)."""
         if self.system == "torchrun":
             return [p.pid for p in tree(self.nodes[node].proc.pid)[1:]
-                    if "train_shim.py" in " ".join(p.cmdline())]
+                    if SCRIPTS[self.args.script] in " ".join(p.cmdline())]
         started = self.started(node)
         return [pid for pid in started.get("pids", []) if psutil.pid_exists(pid)]
 
@@ -179,6 +186,8 @@ def lifetime(system: str, rep: int, args: argparse.Namespace, logdir: Path) -> d
         a_pids = set(job.worker_pids("a"))
 
         def event(name: str, world: int, act: Any) -> None:
+            if name not in args.events.split(","):
+                return
             t_ev = time.time()
             how = act()
             if how == "n/a":
@@ -249,7 +258,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [f"## In-place resize vs restart vs torchrun-tuned ({result['platform']}, {os.cpu_count()} cores, "
              f"load {result['loadavg'][0]:.2f} {result['loadavg'][1]:.2f} {result['loadavg'][2]:.2f})", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for ev in EVENTS:
+    for ev in [e for e in EVENTS if e in result["args"]["events"].split(",")]:
         cells = table[ev]
         ip, rs = cells.get("in-place", {}).get("stall_s"), cells.get("restart", {}).get("stall_s")
         ratio = f"{rs / ip:.1f}x" if ip and rs else "-"
@@ -267,6 +276,11 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=90.0, help="seconds per event")
     parser.add_argument("--step-time", type=float, default=0.02)
     parser.add_argument("--base-tree", default="", help="the checkout that the `-base` systems run")
+    parser.add_argument("--state-mb", type=int, default=0, help="each rank's state carries this many MB more "
+                        "(train_shim.py --state-mb): what a heal moves")
+    parser.add_argument("--events", default=",".join(EVENTS), help="the events to run, in their order")
+    parser.add_argument("--script", choices=sorted(SCRIPTS), default="ddp", help="ddp: examples/train_shim.py; "
+                        "hsdp: examples/train_fsdp.py (a sharded transformer, in place only since this tree)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "resize.json"))
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, on_signal)

@@ -47,6 +47,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=24, help="global batch of sequences over all ranks")
     parser.add_argument("--micro", type=int, default=12, help="largest micro-batch per rank")
     parser.add_argument("--step-time", type=float, default=0.0, help="extra sleep per step (seconds)")
+    parser.add_argument("--no-in-place", action="store_true", help="restart on every membership change instead "
+                        "(each new process loads the newest checkpoint)")
     parser.add_argument("--steps-file", default="", help="tests: once this file exists, the number in it replaces "
                         "--steps (a test ends the job at a step it picks)")
     parser.add_argument("--digest-log", default="", help="tests: rank 0 appends `round step digest` of the whole "
@@ -99,6 +101,8 @@ class World:
     opt: torch.optim.Optimizer
     gb: GlobalBatch
     rank, size = 0, 1
+    mesh: tuple[int, int] = (1, 1)
+    shown = -1  # the round whose world line rank 0 printed
 
 
 def main() -> int:
@@ -123,9 +127,7 @@ def main() -> int:
         w.model, w.rank, w.size = model, rank, size
         w.opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         w.gb = GlobalBatch.fit(args.batch, size, args.micro)
-        if rank == 0:
-            print(f"world_size={size} mesh={shape} round={elastic.round} start_step={elastic.step} "
-                  f"consumed={sampler.consumed} pid={os.getpid()} t={time.time():.4f}", flush=True)
+        w.mesh = shape
 
     def get_state() -> dict:
         model, optim = get_state_dict(w.model, w.opt)
@@ -135,10 +137,15 @@ def main() -> int:
         set_state_dict(w.model, w.opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
     elastic = trainer_shim.Elastic(session, state_dict=get_state, load_state_dict=set_state, on_world=on_world,
-                                   sampler=sampler, sharded=True, checkpoint_dir=args.ckpt_dir)
+                                   sampler=sampler, sharded=True, checkpoint_dir=args.ckpt_dir,
+                                   in_place=not args.no_in_place)
     elastic.init()
 
     def train_step(step: int) -> None:
+        if w.rank == 0 and w.shown != elastic.round:  # the world's line once its state is healed
+            w.shown = elastic.round
+            print(f"world_size={w.size} round={elastic.round} start_step={step - 1} mesh={w.mesh} "
+                  f"consumed={sampler.consumed} pid={os.getpid()} t={time.time():.4f}", flush=True)
         if args.digest_log:  # before the step changes anything: a peer lost in the gather loses nothing
             log_digest(args.digest_log, f"{elastic.round} {step - 1}", w)
         w.opt.zero_grad(set_to_none=True)
@@ -161,6 +168,10 @@ def main() -> int:
 
     while elastic.step < last_step(args):
         step = elastic.run_step(train_step)
+        if session.should_stop(step):  # a drain on the restart path: save at the agreed step, then leave
+            elastic.save(session.last_request_id)
+            session.drained(step, session.last_request_id)
+            break
         if session.should_checkpoint(step) or (args.ckpt_every and step % args.ckpt_every == 0):
             elastic.save()
         if args.step_time > 0:

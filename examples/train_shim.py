@@ -44,6 +44,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--async-ckpt", action="store_true", help="periodic saves on a background thread")
     parser.add_argument("--sample-log", default="", help="folder: each rank appends `step epoch ids` per step, "
                         "and a digest of its state per world to digests.log")
+    parser.add_argument("--state-mb", type=int, default=0, help="benchmarks: this many MB more state per rank, "
+                        "kept and healed like the model's (bench/resize.py --state-mb)")
     parser.add_argument("--no-in-place", action="store_true", help="restart on every membership change instead")
     parser.add_argument("--fail-resize", action="store_true", help="tests: the rebuild raises on an in-place resize")
     return parser.parse_args()
@@ -127,12 +129,16 @@ def main() -> int:
                   f"consumed={sampler.consumed} micro={w.gb.micro_batch} accum={w.gb.accum_steps} "
                   f"pid={os.getpid()} t={time.time():.4f}", flush=True)
 
+    ballast = torch.full((args.state_mb << 18,), 1.0, device=device)  # float32: 2**18 per MB
+
     def get_state() -> dict:
-        return {"model": model.state_dict(), "opt": opt.state_dict()}
+        return {"model": model.state_dict(), "opt": opt.state_dict(), **({"ballast": ballast} if args.state_mb else {})}
 
     def set_state(state: dict) -> None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
+        if args.state_mb and state["ballast"].data_ptr() != ballast.data_ptr():
+            ballast.copy_(state["ballast"])
 
     elastic = trainer_shim.Elastic(session, state_dict=get_state, load_state_dict=set_state, on_world=on_world,
                                    sampler=sampler, backend=backend, in_place=not args.no_in_place)

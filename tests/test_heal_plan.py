@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer_shim.heal import SPLIT_BYTES, Block, fill, flatten, plan
+from trainer_shim.heal import NOTHING, SPLIT_BYTES, Block, Offer, fill, flatten, plan, settle
 
 pytestmark = pytest.mark.quick
 
@@ -77,3 +77,15 @@ def test_a_state_flattens_to_paths_and_fills_back() -> None:
     assert sorted(tensors) == ["/'model'/'w'", "/'opt'/'state'/0/'step'"]
     again = fill(skeleton, {p: t * 2 for p, t in tensors.items()})
     assert again["opt"]["state"][0]["step"].item() == 6.0 and again["n"] == 4 and again["opt"]["lr"] == [0.1]
+
+
+def test_after_a_crash_the_freshest_step_every_shard_has_is_restored_not_the_checkpoint() -> None:
+    # HSDP, 2 shards: rank 0 finished step 11 (its shard 0), its peer died; the other replica (2, 3) is at 10.
+    s0, s1 = shard(10, 0, 5), shard(10, 5, 10)
+    offers = [Offer(11, True, {"w": s0}, {"w": s0}), None, Offer(10, True, {"w": s0}, {"w": s0}),
+              Offer(10, True, {"w": s1}, {"w": s1})]
+    settled = settle(offers)
+    assert settled.step == 10 and not settled.missing and settled.source == 2
+    assert {(p.src, p.dst) for p in settled.pieces} == {(2, 0), (2, 2), (3, 3)}  # rank 0 goes back to step 10
+    lost = [Offer(11, True, {"w": s0}, {"w": s0}), Offer(NOTHING, True, {}, {"w": s1})]  # shard 1's only holder died
+    assert settle(lost).missing == ["w"]

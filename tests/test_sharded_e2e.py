@@ -90,6 +90,7 @@ def test_hsdp_job_resizes_in_place_and_a_lost_node_heals_from_its_replica(tmp_pa
         frozen = [b.proc.pid, *pids_of(job, "b")]
         frozen_done = change(2, lambda: [os.kill(pid, signal.SIGSTOP) for pid in frozen])
         assert frozen_done["timeline"]["left"] < 2.0, frozen_done["timeline"]
+        print("a frozen node's resize, s since its loss was declared:", frozen_done["timeline"])
         b.kill_with_workers()
         b.wait_exit(10)
         b = job.start("b", FSDP, *args, wait=False)

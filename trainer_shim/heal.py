@@ -154,15 +154,12 @@ def _cuts(want: Block, holders: list[tuple[int, Block]]) -> Iterator[tuple[int, 
 def plan(wants: Mapping[int, Mapping[str, Block]], holds: Mapping[int, Mapping[str, Block]], sole: bool = False) \
         -> tuple[list[Piece], list[str]]:
     """Who sends which rows to whom, and the paths with rows nobody holds. A rank's own rows are a local copy;
-    the rest go to the holder with the fewest bytes to send so far, a large range split over up to MAX_SOURCES
-    of them; a rank receives from at most MAX_SOURCES ranks while those hold what it wants, so that the next
-    newcomer's come from others. `sole`: only the lowest rank holding some rows counts (holders never trained
-    together may differ)."""
+    the rest go to the holder with the fewest bytes to send so far, a large range split over all of them.
+    `sole`: only the lowest rank holding some rows counts (holders never trained together may differ)."""
     load: dict[int, int] = {r: 0 for r in holds}
     pieces: list[Piece] = []
     missing: list[str] = []
     for dst in sorted(wants):
-        sources: list[int] = []  # the ranks `dst` receives from so far
         for path, want in wants[dst].items():
             holders = [(r, h[path]) for r, h in sorted(holds.items()) if path in h]
             for lo, hi, ranks in _cuts(want, holders):
@@ -174,11 +171,8 @@ def plan(wants: Mapping[int, Mapping[str, Block]], holds: Mapping[int, Mapping[s
                     pieces.append(Piece(path, dst, dst, lo, hi, 0))
                     continue
                 nbytes = (hi - lo) * want.row_bytes
-                known = [r for r in ranks if r in sources]
-                ranks = known if len(sources) >= MAX_SOURCES and known else ranks
                 parts = min(len(ranks), MAX_SOURCES, hi - lo) if nbytes >= SPLIT_BYTES else 1
                 ranks = sorted(ranks, key=lambda r: (load[r], r))[:parts]
-                sources += [r for r in ranks if r not in sources]
                 for i, src in enumerate(ranks):
                     a, b = lo + (hi - lo) * i // parts, lo + (hi - lo) * (i + 1) // parts
                     pieces.append(Piece(path, src, dst, a, b, (b - a) * want.row_bytes))
@@ -291,20 +285,14 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
                  None if wants is None else {p: block_of(t)[1] for p, t in wants.items()})
     offers: list[Offer | None] = [None] * dist.get_world_size()
     dist.all_gather_object(offers, mine)
-    freshest = max(o.step for o in offers if o is not None)
-    source = min(r for r, o in enumerate(offers) if o is not None and o.step == freshest)
-    top: list[Any] = [skeleton, {p: (b.full(), t.device.type) for p, (t, b) in have.items()}] \
-        if rank == source else [None, None]
-    dist.broadcast_object_list(top, src=source, device=comm_device)
-    full = {p: b for p, (b, _) in top[1].items()}
-    at = {r: o for r, o in enumerate(offers) if o is not None and o.step == freshest != NOTHING}
-    sole = not any(o.vouched for o in at.values())
-    holders = {r: o.holds for r, o in at.items() if o.vouched or sole}
-    asks = {r: _asks(o, full, r in holders and not sole) for r, o in enumerate(offers) if o is not None}
-    pieces, missing = plan(asks, holders, sole) if holders else ([], ["*"])  # "*": no live rank holds any state
-    result = Healed(freshest, source, top[0], missing=missing)
-    if missing:
+    settled = settle(offers)
+    top: list[Any] = [skeleton, {p: t.device.type for p, (t, _) in have.items()}] \
+        if rank == settled.source else [None, None]
+    dist.broadcast_object_list(top, src=settled.source, device=comm_device)
+    result = Healed(settled.step, settled.source, top[0], missing=settled.missing)
+    if settled.missing:
         return result, {}
+    pieces, full, asks = settled.pieces, settled.full, settled.asks
     # Rows into new memory last: the receiver touches that memory while the rest arrives (docs: "Healing").
     pieces.sort(key=lambda p: offers[p.dst].fresh(p.path, full[p.path]))  # type: ignore[union-attr]
     filled = _targets(asks[rank], wants or {}, held, top[1], comm_device) if asks[rank] else {}
@@ -315,6 +303,40 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
     return result, filled
 
 
+@dataclass
+class Settled:
+    """The step a heal restores, the lowest rank holding it (whose structure every rank takes), and the plan."""
+
+    step: int
+    source: int
+    full: dict[str, Block]  # each tensor's whole block, by path
+    asks: dict[int, dict[str, Block]]
+    pieces: list[Piece]
+    missing: list[str]
+
+
+def settle(offers: list[Offer | None]) -> Settled:
+    """The freshest step whose whole state the live ranks hold, and its plan. After a crash in a sharded job one
+    rank may have finished a step its peers had not (its shard at S+1, the rest only at S): step S, which
+    every shard has, is restored rather than the checkpoint. With no complete step: the freshest, with what is
+    missing ("*": no rank holds anything)."""
+    steps = sorted({o.step for o in offers if o is not None and o.step != NOTHING}, reverse=True)
+    first: Settled | None = None
+    for step in steps:
+        at = {r: o for r, o in enumerate(offers) if o is not None and o.step == step}
+        sole = not any(o.vouched for o in at.values())
+        holders = {r: o.holds for r, o in at.items() if o.vouched or sole}
+        source = min(at)
+        full = {p: b.full() for p, b in at[source].holds.items()}
+        asks = {r: _asks(o, full, r in holders and not sole) for r, o in enumerate(offers) if o is not None}
+        pieces, missing = plan(asks, holders, sole)
+        found = Settled(step, source, full, asks, pieces, missing)
+        if not missing:
+            return found
+        first = first or found
+    return first or Settled(NOTHING, 0, {}, {}, [], ["*"])
+
+
 def _asks(offer: Offer, full: dict[str, Block], holder: bool) -> dict[str, Block]:
     if offer.wants is not None:
         return {p: offer.wants.get(p, b) for p, b in full.items()}
@@ -322,7 +344,7 @@ def _asks(offer: Offer, full: dict[str, Block], holder: bool) -> dict[str, Block
 
 
 def _targets(asks: Mapping[str, Block], wants: Mapping[str, torch.Tensor], held: Mapping[str, torch.Tensor],
-             specs: Mapping[str, tuple[Block, str]], comm_device: torch.device) -> dict[str, torch.Tensor]:
+             devices: Mapping[str, str], comm_device: torch.device) -> dict[str, torch.Tensor]:
     """Where this rank's rows go: its new shard, its own tensor of the same shape (received in place), or a
     new tensor on the device the source's was on (CUDA tensors on this rank's device)."""
     out: dict[str, torch.Tensor] = {}
@@ -335,6 +357,6 @@ def _targets(asks: Mapping[str, Block], wants: Mapping[str, torch.Tensor], held:
                 and own.dtype == block.dtype:
             out[path] = own
             continue
-        device = comm_device if specs[path][1] == "cuda" else torch.device("cpu")
+        device = comm_device if devices[path] == "cuda" else torch.device("cpu")
         out[path] = torch.empty(block.shape, dtype=block.dtype, device=device)  # touched by `move`
     return out

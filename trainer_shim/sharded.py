@@ -79,11 +79,15 @@ def save_sharded(state: dict[str, Any], directory: str, step: int, keep: int = 2
 
 
 def load_sharded(state: dict[str, Any], directory: str) -> int | None:
-    """Collective: loads the newest complete sharded checkpoint into `state` in place; its step, or None."""
+    """Collective: loads the newest complete sharded checkpoint into `state` in place; its step, or None. Rank
+    0's listing decides, so that every rank reads the same one (a save's rename may land between two listings)."""
     found = list_sharded(directory)
-    if not found:
+    newest: list[Any] = [found[-1] if found else None]
+    if not _solo():
+        dist.broadcast_object_list(newest, src=0)
+    if newest[0] is None:
         return None
-    step, path = found[-1]
+    step, path = newest[0]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, checkpoint_id=path, no_dist=_solo())
