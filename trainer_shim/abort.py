@@ -38,6 +38,7 @@ def watch(abort: Callable[[], None]) -> int | None:
 
 
 def _read(fd: int, abort: Callable[[], None]) -> None:
+    assert ABORT_SIGNAL is not None  # watch() starts this thread only where it is
     while True:
         try:
             data = os.read(fd, 64)

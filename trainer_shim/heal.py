@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 SPLIT_BYTES = 4 << 20  # a missing block at least this large is split over the ranks holding it
@@ -130,7 +130,7 @@ def block_of(t: torch.Tensor) -> tuple[torch.Tensor, Block]:
         raise HealError(f"a DTensor sharded along {len(split)} dims ({t.placements}) cannot be healed by rows")
     if not shape:
         return local, Block(shape, t.dtype, 0, 0, 1)
-    dim = split[0] if split else next((p.dim for p in t.placements if p.is_shard()), 0)
+    dim = split[0] if split else next((p.dim for p in t.placements if isinstance(p, Shard)), 0)
     return local, Block(shape, t.dtype, dim, int(offset[dim]), int(offset[dim]) + int(local.shape[dim]))
 
 
