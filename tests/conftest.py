@@ -17,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 LONGEST_FIRST = ("test_etcd_failover.py", "test_job_wide_signal.py", "test_fuzz.py", "test_chaos.py",
                  "test_slurm_cluster.py",
                  "test_membership.py", "test_shim_e2e.py", "test_resize_hosts.py", "test_resize_e2e.py",
-                 "test_shim_example.py", "test_relay_e2e.py", "test_two_hosts.py", "test_start_errors.py",
+                 "test_shim_example.py", "test_sharded_e2e.py", "test_relay_e2e.py", "test_two_hosts.py",
+                 "test_start_errors.py",
                  "test_steering.py", "test_resize_generation.py", "test_integrations.py", "test_stragglers_e2e.py",
                  "test_goodput_e2e.py", "test_scenario_e2e.py")
 QUICK_ONLY = ("a test marked `quick` started a process ({what}): the quick lane runs no daemon, no subprocess and "
