@@ -59,7 +59,7 @@ def assert_close(got: dict, want: dict) -> None:
 def test_hsdp_job_resizes_in_place_and_a_lost_node_heals_from_its_replica(tmp_path: Path) -> None:
     job = Job(tmp_path, nnodes="1:2", nproc=2)
     args = ("--steps", "100000", "--steps-file", str(tmp_path / "stop"), "--ckpt-dir", str(tmp_path / "ckpt"),
-            "--digest-log", str(tmp_path / "digests.log"), "--step-time", "0.05")
+            "--digest-log", str(tmp_path / "digests.log"), "--step-time", "0.1")
     heals = []
     try:
         job.start("a", FSDP, *args)
@@ -116,7 +116,7 @@ def test_hsdp_job_resizes_in_place_and_a_lost_node_heals_from_its_replica(tmp_pa
 def test_fsdp_job_reshards_in_memory_and_falls_back_to_its_checkpoint_when_a_shard_is_lost(tmp_path: Path) -> None:
     job = Job(tmp_path, nnodes="1:2", nproc=2)
     args = ("--steps", "100000", "--steps-file", str(tmp_path / "stop"), "--ckpt-dir", str(tmp_path / "ckpt"),
-            "--digest-log", str(tmp_path / "digests.log"), "--step-time", "0.05", "--mesh", "fsdp",
+            "--digest-log", str(tmp_path / "digests.log"), "--step-time", "0.1", "--mesh", "fsdp",
             "--ckpt-every", "10")
     try:
         job.start("a", FSDP, *args)

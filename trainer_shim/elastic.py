@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer_shim.abort import watch
@@ -61,6 +62,13 @@ def lost_peer(exc: RuntimeError) -> bool:
     """A collective failed because a peer died or went silent: NCCL raises `DistBackendError` (a `DistError`),
     gloo a plain RuntimeError that names its own source file. Any other RuntimeError is the script's."""
     return isinstance(exc, dist.DistError) or "gloo" in str(exc)
+
+
+def lost_in_save(exc: BaseException) -> bool:
+    """A DCP save failed because a peer is gone: the collective's own error, or one DCP gathered from a rank."""
+    if isinstance(exc, CheckpointException):
+        return any(isinstance(e, RuntimeError) and lost_peer(e) for e, _ in exc.failures.values())
+    return isinstance(exc, RuntimeError) and lost_peer(exc)
 
 
 def _seed(seed: int, step: int, rank: int) -> int:
@@ -234,8 +242,8 @@ class Elastic:
         try:
             return save_sharded(self._checkpoint_state(), self.checkpoint_dir, self.step, self.keep, session,
                                 request_id)
-        except RuntimeError as exc:
-            if not (self.in_place and lost_peer(exc)):
+        except (RuntimeError, CheckpointException) as exc:
+            if not (self.in_place and lost_in_save(exc)):
                 raise
             error = _reason(exc)
         self._resize(error)

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+SMALL_BYTES = 1 << 20  # pieces under this between the same two ranks travel as one message (a model's many norms)
 SPLIT_BYTES = 4 << 20  # a missing block at least this large is split over the ranks holding it
 MAX_SOURCES = 2  # over at most this many: more senders into one receiver only contend for its copy-out
 TOUCH_THREADS = 8  # at most this many threads zero a newcomer's new memory
@@ -64,6 +65,7 @@ class Piece:
     lo: int
     hi: int
     nbytes: int
+    dtype: torch.dtype = torch.float32
 
 
 @dataclass
@@ -168,14 +170,14 @@ def plan(wants: Mapping[int, Mapping[str, Block]], holds: Mapping[int, Mapping[s
                     missing.append(path)
                     continue
                 if dst in ranks:
-                    pieces.append(Piece(path, dst, dst, lo, hi, 0))
+                    pieces.append(Piece(path, dst, dst, lo, hi, 0, want.dtype))
                     continue
                 nbytes = (hi - lo) * want.row_bytes
                 parts = min(len(ranks), MAX_SOURCES, hi - lo) if nbytes >= SPLIT_BYTES else 1
                 ranks = sorted(ranks, key=lambda r: (load[r], r))[:parts]
                 for i, src in enumerate(ranks):
                     a, b = lo + (hi - lo) * i // parts, lo + (hi - lo) * (i + 1) // parts
-                    pieces.append(Piece(path, src, dst, a, b, (b - a) * want.row_bytes))
+                    pieces.append(Piece(path, src, dst, a, b, (b - a) * want.row_bytes, want.dtype))
                     load[src] += (b - a) * want.row_bytes
     return pieces, sorted(set(missing))
 
@@ -197,40 +199,75 @@ def move(pieces: list[Piece], me: int, held: Mapping[str, tuple[torch.Tensor, Bl
         -> tuple[int, int, int]:
     """Run this rank's part of the plan: (received, sent, senders). Every send and the receives into existing
     tensors are posted at once; the tensors in `new` (memory never touched) are zeroed meanwhile, which costs
-    their page faults while the wire is busy instead of inside the receive, and their receives follow."""
+    their page faults while the wire is busy instead of inside the receive, and their receives follow. Small
+    pieces between two ranks go as one message per dtype (`SMALL_BYTES`), tagged after the others."""
     now: list[dist.P2POp] = []
     later: list[dist.P2POp] = []
-    staged: list[tuple[torch.Tensor, torch.Tensor]] = []  # (received buffer, its destination) to copy after
+    staged: list[tuple[torch.Tensor, list[torch.Tensor]]] = []  # (received buffer, where its parts go) for after
     received = sent = 0
     senders: set[int] = set()
+    bundles: dict[tuple[int, int, torch.dtype], list[Piece]] = {}
     for tag, piece in enumerate(pieces):
-        if piece.src == me and piece.dst == me:
-            src, dst = _rows(*held[piece.path], piece.lo, piece.hi), _rows(*into[piece.path], piece.lo, piece.hi)
-            if src.data_ptr() != dst.data_ptr():
-                dst.copy_(src)
-        elif piece.src == me:
+        if piece.src == piece.dst:
+            if piece.src == me:
+                src, dst = _rows(*held[piece.path], piece.lo, piece.hi), _rows(*into[piece.path], piece.lo, piece.hi)
+                if src.data_ptr() != dst.data_ptr():
+                    dst.copy_(src)
+            continue
+        if piece.nbytes < SMALL_BYTES:  # every rank groups every piece alike: the tags agree
+            bundles.setdefault((piece.src, piece.dst, piece.dtype), []).append(piece)
+            continue
+        if me not in (piece.src, piece.dst):
+            continue
+        if piece.src == me:
             now.append(dist.P2POp(dist.isend, _wire(_rows(*held[piece.path], piece.lo, piece.hi), comm_device),
                                   piece.dst, tag=tag))
             sent += piece.nbytes
-        elif piece.dst == me:
-            dst = _rows(*into[piece.path], piece.lo, piece.hi)
-            direct = dst.is_contiguous() and dst.device == comm_device and dst.dtype != torch.bool
-            buf = dst if direct else torch.empty(dst.shape, dtype=dst.dtype, device=comm_device)
-            if not direct:
-                staged.append((buf, dst))
-            op = dist.P2POp(dist.irecv, buf.view(torch.uint8) if buf.dtype == torch.bool else buf, piece.src, tag=tag)
-            (later if piece.path in new and comm_device.type != "cuda" else now).append(op)
-            received += piece.nbytes
-            senders.add(piece.src)
+            continue
+        dst = _rows(*into[piece.path], piece.lo, piece.hi)
+        direct = dst.is_contiguous() and dst.device == comm_device and dst.dtype != torch.bool
+        buf = dst if direct else torch.empty(dst.shape, dtype=dst.dtype, device=comm_device)
+        if not direct:
+            staged.append((buf, [dst]))
+        op = dist.P2POp(dist.irecv, buf.view(torch.uint8) if buf.dtype == torch.bool else buf, piece.src, tag=tag)
+        (later if piece.path in new and comm_device.type != "cuda" else now).append(op)
+        received += piece.nbytes
+        senders.add(piece.src)
+    for tag, ((src_rank, dst_rank, _), group) in enumerate(bundles.items(), start=len(pieces)):
+        if me == src_rank:
+            flat = torch.cat([_wire(_rows(*held[p.path], p.lo, p.hi), comm_device).reshape(-1) for p in group])
+            now.append(dist.P2POp(dist.isend, flat, dst_rank, tag=tag))
+            sent += sum(p.nbytes for p in group)
+        elif me == dst_rank:
+            parts = [_rows(*into[p.path], p.lo, p.hi) for p in group]
+            wire = torch.uint8 if parts[0].dtype == torch.bool else parts[0].dtype
+            flat = torch.empty(sum(t.numel() for t in parts), dtype=wire, device=comm_device)
+            now.append(dist.P2POp(dist.irecv, flat, src_rank, tag=tag))
+            staged.append((flat, parts))
+            received += sum(p.nbytes for p in group)
+            senders.add(src_rank)
     works = _start(now, comm_device)
     if later:
         _touch([into[path][0] for path in new])
         works += _start(later, comm_device)
     for work in works:
         work.wait()
-    for buf, dst in staged:
-        dst.copy_(buf)
+    for buf, parts in staged:
+        _scatter(buf, parts)
     return received, sent, len(senders)
+
+
+def _scatter(buf: torch.Tensor, parts: list[torch.Tensor]) -> None:
+    """A received buffer's contents into its destinations, in order (one destination: the buffer is its copy)."""
+    if len(parts) == 1 and buf.numel() == parts[0].numel() and buf.dtype == parts[0].dtype:
+        parts[0].copy_(buf.view(parts[0].shape))
+        return
+    offset = 0
+    for part in parts:
+        n = part.numel()
+        chunk = buf[offset:offset + n]
+        part.copy_((chunk.view(torch.bool) if part.dtype == torch.bool else chunk).view(part.shape))
+        offset += n
 
 
 def _touch(tensors: list[torch.Tensor]) -> None:
