@@ -138,7 +138,10 @@ class Elastic:
             self.backend = "gloo"
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         ready = time.time()
-        self._rebind()
+        try:
+            self._rebind()
+        except HealError as exc:  # no state to start from (a lost shard and no checkpoint): a line, not a traceback
+            raise SystemExit(f"elastic: rank {self.rank}: {exc}") from None
         if isinstance(self.session, Session):
             if self.in_place:
                 self.session.rejoin(self.rank, self.round, in_place=True)

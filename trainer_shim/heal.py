@@ -201,73 +201,71 @@ def move(pieces: list[Piece], me: int, held: Mapping[str, tuple[torch.Tensor, Bl
     tensors are posted at once; the tensors in `new` (memory never touched) are zeroed meanwhile, which costs
     their page faults while the wire is busy instead of inside the receive, and their receives follow. Small
     pieces between two ranks go as one message per dtype (`SMALL_BYTES`), tagged after the others."""
-    now: list[dist.P2POp] = []
-    later: list[dist.P2POp] = []
-    staged: list[tuple[torch.Tensor, list[torch.Tensor]]] = []  # (received buffer, where its parts go) for after
-    received = sent = 0
-    senders: set[int] = set()
+    posts = _Posts(comm_device)
     bundles: dict[tuple[int, int, torch.dtype], list[Piece]] = {}
     for tag, piece in enumerate(pieces):
-        if piece.src == piece.dst:
-            if piece.src == me:
-                src, dst = _rows(*held[piece.path], piece.lo, piece.hi), _rows(*into[piece.path], piece.lo, piece.hi)
-                if src.data_ptr() != dst.data_ptr():
-                    dst.copy_(src)
-            continue
-        if piece.nbytes < SMALL_BYTES:  # every rank groups every piece alike: the tags agree
+        if piece.src == piece.dst == me:
+            src, dst = _rows(*held[piece.path], piece.lo, piece.hi), _rows(*into[piece.path], piece.lo, piece.hi)
+            if src.data_ptr() != dst.data_ptr():
+                dst.copy_(src)
+        elif piece.src != piece.dst and piece.nbytes < SMALL_BYTES:  # every rank groups alike: the tags agree
             bundles.setdefault((piece.src, piece.dst, piece.dtype), []).append(piece)
-            continue
-        if me not in (piece.src, piece.dst):
-            continue
-        if piece.src == me:
-            now.append(dist.P2POp(dist.isend, _wire(_rows(*held[piece.path], piece.lo, piece.hi), comm_device),
-                                  piece.dst, tag=tag))
-            sent += piece.nbytes
-            continue
-        dst = _rows(*into[piece.path], piece.lo, piece.hi)
-        direct = dst.is_contiguous() and dst.device == comm_device and dst.dtype != torch.bool
-        buf = dst if direct else torch.empty(dst.shape, dtype=dst.dtype, device=comm_device)
-        if not direct:
-            staged.append((buf, [dst]))
-        op = dist.P2POp(dist.irecv, buf.view(torch.uint8) if buf.dtype == torch.bool else buf, piece.src, tag=tag)
-        (later if piece.path in new and comm_device.type != "cuda" else now).append(op)
-        received += piece.nbytes
-        senders.add(piece.src)
+        elif piece.src == me:
+            posts.send([_rows(*held[piece.path], piece.lo, piece.hi)], piece.dst, tag, piece.nbytes)
+        elif piece.dst == me:
+            posts.receive([_rows(*into[piece.path], piece.lo, piece.hi)], piece.src, tag, piece.nbytes,
+                          later=piece.path in new and comm_device.type != "cuda")
     for tag, ((src_rank, dst_rank, _), group) in enumerate(bundles.items(), start=len(pieces)):
+        nbytes = sum(p.nbytes for p in group)
         if me == src_rank:
-            flat = torch.cat([_wire(_rows(*held[p.path], p.lo, p.hi), comm_device).reshape(-1) for p in group])
-            now.append(dist.P2POp(dist.isend, flat, dst_rank, tag=tag))
-            sent += sum(p.nbytes for p in group)
+            posts.send([_rows(*held[p.path], p.lo, p.hi) for p in group], dst_rank, tag, nbytes)
         elif me == dst_rank:
-            parts = [_rows(*into[p.path], p.lo, p.hi) for p in group]
-            wire = torch.uint8 if parts[0].dtype == torch.bool else parts[0].dtype
-            flat = torch.empty(sum(t.numel() for t in parts), dtype=wire, device=comm_device)
-            now.append(dist.P2POp(dist.irecv, flat, src_rank, tag=tag))
-            staged.append((flat, parts))
-            received += sum(p.nbytes for p in group)
-            senders.add(src_rank)
-    works = _start(now, comm_device)
-    if later:
+            posts.receive([_rows(*into[p.path], p.lo, p.hi) for p in group], src_rank, tag, nbytes, later=False)
+    works = _start(posts.now, comm_device)
+    if posts.later:
         _touch([into[path][0] for path in new])
-        works += _start(later, comm_device)
+        works += _start(posts.later, comm_device)
     for work in works:
         work.wait()
-    for buf, parts in staged:
+    for buf, parts in posts.staged:
         _scatter(buf, parts)
-    return received, sent, len(senders)
+    return posts.received, posts.sent, len(posts.senders)
+
+
+class _Posts:
+    """One rank's sends and receives of a heal, before they are started; counts what they move."""
+
+    def __init__(self, comm_device: torch.device) -> None:
+        self.comm_device = comm_device
+        self.now: list[dist.P2POp] = []
+        self.later: list[dist.P2POp] = []  # receives into new memory, after it is touched
+        self.staged: list[tuple[torch.Tensor, list[torch.Tensor]]] = []  # (buffer, where its parts go), after
+        self.received = self.sent = 0
+        self.senders: set[int] = set()
+
+    def send(self, parts: list[torch.Tensor], peer: int, tag: int, nbytes: int) -> None:
+        wire = [_wire(t, self.comm_device) for t in parts]
+        flat = wire[0] if len(wire) == 1 else torch.cat([t.reshape(-1) for t in wire])
+        self.now.append(dist.P2POp(dist.isend, flat, peer, tag=tag))
+        self.sent += nbytes
+
+    def receive(self, parts: list[torch.Tensor], peer: int, tag: int, nbytes: int, later: bool) -> None:
+        one = parts[0]
+        if len(parts) == 1 and one.is_contiguous() and one.device == self.comm_device and one.dtype != torch.bool:
+            buf = one  # straight into the destination
+        else:
+            wire = torch.uint8 if one.dtype == torch.bool else one.dtype
+            buf = torch.empty(sum(t.numel() for t in parts), dtype=wire, device=self.comm_device)
+            self.staged.append((buf, parts))
+        (self.later if later else self.now).append(dist.P2POp(dist.irecv, buf, peer, tag=tag))
+        self.received += nbytes
+        self.senders.add(peer)
 
 
 def _scatter(buf: torch.Tensor, parts: list[torch.Tensor]) -> None:
-    """A received buffer's contents into its destinations, in order (one destination: the buffer is its copy)."""
-    if len(parts) == 1 and buf.numel() == parts[0].numel() and buf.dtype == parts[0].dtype:
-        parts[0].copy_(buf.view(parts[0].shape))
-        return
-    offset = 0
-    for part in parts:
-        n = part.numel()
-        chunk = buf[offset:offset + n]
+    """A received flat buffer's contents into its destinations, in order."""
+    for part, chunk in zip(parts, buf.split([t.numel() for t in parts]), strict=True):
         part.copy_((chunk.view(torch.bool) if part.dtype == torch.bool else chunk).view(part.shape))
-        offset += n
 
 
 def _touch(tensors: list[torch.Tensor]) -> None:
