@@ -18,11 +18,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.api import CheckpointException
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer_shim.abort import watch
@@ -41,7 +41,6 @@ from trainer_shim.generation import (
 from trainer_shim.heal import NOTHING, Healed, HealError, fill, flatten, heal
 from trainer_shim.noop import NullSession
 from trainer_shim.session import Session
-from trainer_shim.sharded import full_shards, list_sharded, load_sharded, save_sharded
 from trainer_shim.step_timing import CollectiveWait
 
 GENERATION_WAIT_S = 120.0  # after leaving, how long to wait for the next generation before giving up
@@ -66,9 +65,15 @@ def lost_peer(exc: RuntimeError) -> bool:
 
 def lost_in_save(exc: BaseException) -> bool:
     """A DCP save failed because a peer is gone: the collective's own error, or one DCP gathered from a rank."""
-    if isinstance(exc, CheckpointException):
-        return any(isinstance(e, RuntimeError) and lost_peer(e) for e, _ in exc.failures.values())
-    return isinstance(exc, RuntimeError) and lost_peer(exc)
+    return any(isinstance(e, RuntimeError) and lost_peer(e) for e in _sharded().save_errors(exc))
+
+
+def _sharded() -> ModuleType:
+    """trainer_shim.sharded, imported where a sharded script first needs it: its DCP import (~45 ms) stays out
+    of every other worker's start."""
+    from trainer_shim import sharded
+
+    return sharded
 
 
 def _seed(seed: int, step: int, rank: int) -> int:
@@ -197,7 +202,7 @@ class Elastic:
         target: dict[str, torch.Tensor] = {}
         structure = flatten(self._snapshot(), target)
         if self._held is None:  # a new process: its fresh model is step 0's only if there is no checkpoint
-            fresh = not (self.checkpoint_dir and list_sharded(self.checkpoint_dir))
+            fresh = not (self.checkpoint_dir and _sharded().list_sharded(self.checkpoint_dir))
             self._held = (self.step if fresh else NOTHING, target if fresh else {}, structure)
         step, held, skeleton = self._held
         self._held = None
@@ -214,7 +219,7 @@ class Elastic:
 
     def _load_checkpoint(self, reason: str) -> dict[str, Any]:
         state = self._checkpoint_state()
-        if not self.checkpoint_dir or load_sharded(state, self.checkpoint_dir) is None:
+        if not self.checkpoint_dir or _sharded().load_sharded(state, self.checkpoint_dir) is None:
             raise HealError(f"{reason}, and no checkpoint in {self.checkpoint_dir or '(no checkpoint_dir)'}")
         state["sampler"] = state["sampler"] or None
         return state
@@ -229,7 +234,7 @@ class Elastic:
         tensors: dict[str, torch.Tensor] = {}
         skeleton = flatten(self._snapshot(), tensors)
         if graceful:
-            tensors = full_shards(tensors)
+            tensors = _sharded().full_shards(tensors)
         self._held = (self.step, tensors, skeleton)
 
     def _checkpoint_state(self) -> dict[str, Any]:
@@ -242,10 +247,11 @@ class Elastic:
         if not self.checkpoint_dir:
             raise ValueError("Elastic.save needs checkpoint_dir")
         session = self.session if isinstance(self.session, Session) else None
+        sharded = _sharded()
         try:
-            return save_sharded(self._checkpoint_state(), self.checkpoint_dir, self.step, self.keep, session,
-                                request_id)
-        except (RuntimeError, CheckpointException) as exc:
+            return sharded.save_sharded(self._checkpoint_state(), self.checkpoint_dir, self.step, self.keep, session,
+                                        request_id)
+        except (RuntimeError, sharded.CheckpointException) as exc:
             if not (self.in_place and lost_in_save(exc)):
                 raise
             error = _reason(exc)

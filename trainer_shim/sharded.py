@@ -11,8 +11,10 @@ from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from trainer_shim.checkpoint import Reporter, SaveResult, fsync_dir
+from trainer_shim.heal import replicated
 
 _NAME = re.compile(r"^sharded-(\d{8,})$")
 
@@ -97,6 +99,11 @@ def load_sharded(state: dict[str, Any], directory: str) -> int | None:
 def full_shards(tensors: dict[str, Any]) -> dict[str, Any]:
     """Collective: each DTensor that no other rank holds a copy of (no replicate dim) gathered whole, the rest as
     they are. Every rank must pass the same paths in the same order (they come from the same state_dict)."""
-    from trainer_shim.heal import replicated  # heal imports DTensor machinery only sharded scripts need
-
     return {p: t if replicated(t) else t.full_tensor() for p, t in tensors.items()}
+
+
+def save_errors(exc: BaseException) -> list[BaseException]:
+    """The errors behind a failed DCP call: those DCP gathered from its ranks, or the error itself."""
+    if isinstance(exc, CheckpointException):
+        return [error for error, _ in exc.failures.values()]
+    return [exc]

@@ -178,4 +178,3 @@ class Resizer:
         self.fall_back = reason
         self.emit(EventKind.resize_failed, generation=cur.round_id, round=cur.round_id, reason=reason)
         return True
-
