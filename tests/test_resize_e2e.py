@@ -41,6 +41,15 @@ def epoch_counts(folder: Path) -> dict[int, Counter[int]]:
     return counts
 
 
+def first_world(job: Job, node: str, script: Path, args: tuple[str, ...], world: int) -> set[int]:
+    """Start the job's first node and wait until its first world trains: that node's worker pids."""
+    job.start(node, script, *args)
+    first = job.wait_event("round_started", lambda e: e["world_size"] == world)
+    job.wait_event("first_step", since=first["seq"])
+    wait_for(lambda: len(pids_of(job, node)) == job.nproc)
+    return pids_of(job, node)
+
+
 def resized(job: Job, world: int, since: int) -> dict:
     """The in-place round of that world size after `since`, once its `resize` event closed its timeline."""
     started = job.wait_event("round_started", lambda e: e["world_size"] == world, since=since)
@@ -62,11 +71,7 @@ def test_survivors_keep_their_processes_through_joins_drains_scale_leaves_and_cr
     job = Job(tmp_path, nnodes="1:2", nproc=2)
     args = (*ARGS, "--ckpt-dir", str(tmp_path / "ckpt"), "--sample-log", str(samples))
     try:
-        job.start("a", SHIM, *args)
-        first = job.wait_event("round_started", lambda e: e["world_size"] == 2)
-        job.wait_event("first_step", since=first["seq"])
-        wait_for(lambda: len(pids_of(job, "a")) == 2)
-        a_pids = pids_of(job, "a")
+        a_pids = first_world(job, "a", SHIM, args, 2)
 
         mark = job.seq()
         b = job.start("b", SHIM, *args)  # b joins: a's ranks leave at one step and meet b's (pre-started) ones

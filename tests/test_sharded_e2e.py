@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 from harness import ROOT, Job
-from test_resize_e2e import kept, pids_of, resized
-from test_shim_e2e import cli, wait_for
+from test_resize_e2e import first_world, kept, pids_of, resized
+from test_shim_e2e import cli
 
 FSDP = ROOT / "examples" / "train_fsdp.py"
 
@@ -60,11 +60,7 @@ def test_hsdp_job_resizes_in_place_and_a_lost_node_heals_from_its_replica(tmp_pa
             "--digest-log", str(tmp_path / "digests.log"), "--step-time", "0.2")
     heals = []
     try:
-        job.start("a", FSDP, *args)
-        first = job.wait_event("round_started", lambda e: e["world_size"] == 2)
-        job.wait_event("first_step", since=first["seq"])
-        wait_for(lambda: len(pids_of(job, "a")) == 2)
-        a_pids = pids_of(job, "a")
+        a_pids = first_world(job, "a", FSDP, args, 2)
 
         def change(world: int, act) -> dict:
             mark = job.seq()
