@@ -71,9 +71,9 @@ def lost_in_save(exc: BaseException) -> bool:
 def _sharded() -> ModuleType:
     """trainer_shim.sharded, imported where a sharded script first needs it: its DCP import (~45 ms) stays out
     of every other worker's start."""
-    from trainer_shim import sharded
+    import trainer_shim.sharded
 
-    return sharded
+    return trainer_shim.sharded
 
 
 def _seed(seed: int, step: int, rank: int) -> int:
