@@ -52,7 +52,7 @@ def add_verb_parser(sub: argparse._SubParsersAction, command: Command) -> None:
         if a.flags:
             p.add_argument(*a.flags, dest=a.name, action=a.action, default=a.default, help=a.help, **typed)
         else:
-            p.add_argument(a.name, action=a.action, help=a.help, **typed)
+            p.add_argument(a.name, action=a.action, help=a.help, **typed, **({"nargs": "?"} if a.optional else {}))
     if command.steer:
         p.add_argument("--dry-run", action="store_true", help="say what would happen; change nothing")
         p.add_argument("--force", action="store_true", help="override an interlock")
@@ -90,8 +90,13 @@ def run_verb(ns: argparse.Namespace) -> int:
     with Client(control, ns.timeout, credentials) as client:
         try:
             result = client.call(op, **args)
+            command = REGISTRY[op]
             if not getattr(ns, "follow", False):  # `events --follow` goes on to stream what happens next
-                print(json.dumps(result, indent=1) if ns.json else REGISTRY[op].render(result))
+                print(json.dumps(result, indent=1) if ns.json else command.render(result))
+                return 0
+            if command.follow is not None:
+                for line in command.follow(client.call, args, result):
+                    print(line, flush=True)
                 return 0
             for past in result["events"]:
                 print(json.dumps(past) if ns.json else event(past), flush=True)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from elasticd.commands.port import JobPort
+from elasticd.commands.port import JobPort, NodePort
 from elasticd.commands.render import plain
 from elasticd.wire.protocol import arg
 
@@ -14,6 +14,9 @@ Body = dict[str, Any]
 Reader = Callable[[JobPort, Body], Body]
 Planner = Callable[[JobPort, Body], Body]
 Applier = Callable[[JobPort, Body, Body], Body]
+NodeReader = Callable[[NodePort, Body], Awaitable[Body]]
+Caller = Callable[..., Body]  # the CLI's client.call(op, **args)
+Follower = Callable[[Caller, Body, Body], Iterator[str]]  # (call, request, first reply) -> lines to print
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,7 @@ class Arg:
     field: str = ""  # the request field; "" for `name`
     to_request: Callable[[Any], Any] | None = None  # the CLI value as the daemon wants it
     cli_only: bool = False  # the CLI itself acts on it (--follow); the daemon never sees it
+    optional: bool = False  # a positional argument that may be left out
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,9 @@ class Command:
     """A control verb, declared once: the daemon runs it, the CLI parses and prints it, the console binds it.
 
     A verb that looks has `read`. A verb that steers has `plan` (its checks and interlocks, then what it
-    would do; a dry run stops there) and `apply` (the change; its reply gets the plan added).
+    would do; a dry run stops there) and `apply` (the change; its reply gets the plan added). A verb that looks at
+    one node's own workers has `on_node`: any daemon takes it, and the node named in its `node` argument answers
+    (daemon/node_queries.py). `follow` is what `--follow` prints after the first reply.
     """
 
     name: str
@@ -56,14 +62,16 @@ class Command:
     read: Reader | None = None
     plan: Planner | None = None
     apply: Applier | None = None
+    on_node: NodeReader | None = None
     args: tuple[Arg, ...] = ()
     render: Callable[[Body], str] = plain
     console: tuple[ConsoleAction, ...] = ()
+    follow: Follower | None = None
 
     def __post_init__(self) -> None:
-        shape = (self.read is not None, self.plan is not None, self.apply is not None)
-        if shape not in ((True, False, False), (False, True, True)):
-            raise TypeError(f"verb {self.name}: give either read, or plan and apply")
+        shape = (self.read is not None, self.plan is not None, self.apply is not None, self.on_node is not None)
+        if shape not in ((True, False, False, False), (False, True, True, False), (False, False, False, True)):
+            raise TypeError(f"verb {self.name}: give either read, or plan and apply, or on_node")
 
     @property
     def steer(self) -> bool:
@@ -71,6 +79,7 @@ class Command:
         return self.plan is not None
 
     def run(self, c: JobPort, body: Body) -> Body:
+        """A job-wide verb at the coordinator (an `on_node` verb is run by daemon/node_queries.py)."""
         if self.read is not None:
             return self.read(c, body)
         assert self.plan is not None and self.apply is not None

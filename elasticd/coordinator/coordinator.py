@@ -240,9 +240,12 @@ class Coordinator:
             return
         self.state, self.reason, self.ended_at = state, reason, now
         self.pending = self.transitions.current = None
-        self.emit(EventKind.job_end, state=state, reason=reason)
+        cause = self.probe.root_cause() if state == JobState.failed else None
+        why: dict[str, Any] = {"root_cause": cause, "consequences": [f.body() for f in self.probe.consequences]} \
+            if cause else {}
+        self.emit(EventKind.job_end, state=state, reason=reason, **why)
         self.emit(EventKind.goodput, **self.goodput.state(), report=self.goodput.report(now))
-        self.send_all([n.node_id for n in self.alive()], MeshOp.job_end, {"state": state, "reason": reason})
+        self.send_all([n.node_id for n in self.alive()], MeshOp.job_end, {"state": state, "reason": reason, **why})
 
     # ---- time ---------------------------------------------------------------------------------
     def tick(self, now: float) -> None:

@@ -10,7 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from elasticd.coordinator.core import CoordinatorCore, PendingRound
-from elasticd.wire.names import Cause, JobState, MeshOp
+from elasticd.wire.diagnosis import Failure
+from elasticd.wire.names import Cause, EventKind, JobState, MeshOp
+
+MAX_CONSEQUENCES = 16  # echoes of one failure named in events and the job's end; the rest are counted
 
 
 class ProbeCore(CoordinatorCore, Protocol):
@@ -41,12 +44,16 @@ class FailureProbe:
         self.core = core
         self.lose_closed = lose_closed  # members whose connection closed are lost at once: they never answer
         self.suspect: Suspect | None = None
+        self.root: Failure | None = None  # the first failure of the newest round that failed: its root cause
+        self.consequences: list[Failure] = []  # the failures of that round that followed it
+        self.echoes = 0  # all of them, named or not
 
     def worker_failed(self, node_id: str, body: dict[str, Any], now: float) -> None:
         core = self.core
         rnd = core.round
         if rnd is None or body.get("round") != rnd.round_id or core.state != JobState.running:
             return
+        self.name_cause(Failure.from_body(node_id, body))
         if core.pending is not None or self.suspect is not None:
             return  # this round is already being replaced; its later failures are echoes
         others = {n for n in rnd.node_ids() if n not in (node_id, core.cfg.node_id)}
@@ -54,6 +61,30 @@ class FailureProbe:
         core.send_all(sorted(others), MeshOp.probe, {"round": rnd.round_id})  # a copy: answers shrink the set
         self.lose_closed(others, now)
         self.confirm_failure(now)
+
+    def name_cause(self, failure: Failure) -> None:
+        """The first failure of a round is its root cause; the ranks that fail after it (in a collective with it, or
+        after a lost node) are its consequences, named in their events but never as a cause."""
+        core = self.core
+        if self.root is not None and self.root.round == failure.round:
+            self.echoes += 1
+            if len(self.consequences) < MAX_CONSEQUENCES:
+                self.consequences.append(failure)
+                core.emit(EventKind.worker_failed, node=failure.node, **event_fields(failure), root_cause=False,
+                          consequence_of={"node": self.root.node, "rank": self.root.rank})
+            return
+        if core.pending is not None:  # the round is already being replaced: a lost node, an operator's change
+            core.emit(EventKind.worker_failed, node=failure.node, **event_fields(failure), root_cause=False,
+                      consequence_of={"reason": core.pending.detail})
+            return
+        self.root, self.consequences, self.echoes = failure, [], 0
+        core.emit(EventKind.worker_failed, node=failure.node, **event_fields(failure), root_cause=True)
+
+    def root_cause(self) -> dict[str, Any] | None:
+        """The newest failed round's root cause, as `status` and the job's end carry it."""
+        if self.root is None:
+            return None
+        return {**self.root.body(), "consequences": self.echoes}
 
     def pong(self, node_id: str, now: float) -> None:
         if self.suspect is not None:
@@ -77,3 +108,8 @@ class FailureProbe:
                      f"({core.restarts[Cause.failure]} failure restart(s) used)", now)
             return
         core.schedule(cause, detail, float(suspect.report.get("detected", now)), due=now)  # a failed round is dead
+
+
+def event_fields(failure: Failure) -> dict[str, Any]:
+    """A failure as its event carries it: the node is the event's own."""
+    return {k: v for k, v in failure.body().items() if k != "node" and v is not None and v != "" and v is not False}

@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from elasticd.coordinator.core import CoordinatorCore
 from elasticd.coordinator.goodput import GoodputLedger
+from elasticd.coordinator.probes import FailureProbe
 from elasticd.coordinator.relay_plan import RelayPlan
 from elasticd.coordinator.round_progress import timeline
 from elasticd.coordinator.stragglers import Stragglers
@@ -25,6 +26,7 @@ class StatusSource(CoordinatorCore, Protocol):
     status_extra: Callable[[], dict[str, Any]]  # --rdzv-backend etcd: epoch, etcd health
     goodput: GoodputLedger
     stragglers: Stragglers
+    probe: FailureProbe
 
     @property
     def tally(self) -> NodeTally: ...
@@ -49,5 +51,6 @@ def job_status(c: StatusSource, now: float, offset: int = 0, limit: int | None =
         "nodes": [n.public(now) for n in page], "nodes_total": len(ordered), "nodes_offset": offset,
         "node_counts": c.tally.groups(), "relays": len(c.relays.groups),
         "seq": c.events.seq, "goodput": c.goodput.share(now), "stragglers": dict(c.stragglers.named),
+        "root_cause": c.probe.root_cause(),
         **c.status_extra(),
     }

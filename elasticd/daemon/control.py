@@ -15,6 +15,7 @@ import zmq.asyncio
 from elasticd import __version__
 from elasticd.commands.registry import REGISTRY
 from elasticd.coordinator.coordinator import Coordinator
+from elasticd.daemon.node_queries import NodeQueries, is_node_query
 from elasticd.job.config import JobConfig, StartError
 from elasticd.job.events import EventLog
 from elasticd.keys.auth import Gatekeeper, NodeKeys, serve_curve
@@ -49,6 +50,7 @@ class ControlHost(Protocol):
     events: EventLog
     node: NodeAgent
     endpoints: dict[str, str]
+    queries: NodeQueries
 
     @property
     def coordinator(self) -> Coordinator | None: ...
@@ -120,6 +122,7 @@ class ControlPlane:
 
     def heartbeat(self) -> None:
         self.expire_forwards()
+        self.d.queries.expire(time.time())
         c = self.d.coordinator
         body = {"state": self.d.node.state, "round": self.d.node.round_id,
                 "job_state": c.state if c else None, "coordinator": c is not None}
@@ -174,6 +177,9 @@ class ControlPlane:
         if command.steer:
             self.d.node_event(EventKind.command_received, op=env.op, by=who,
                               args={k: v for k, v in env.body.items() if k != "client"})
+        if command.on_node is not None and self.d.queries.ask(
+                env.op, env.body, lambda body: self.send(ident, reply(env, self.d.cfg.node_id, body))):
+            return  # answered here, or carried to the node it names; else forwarded like any verb
         if self.d.coordinator is not None:
             self.send(ident, reply(env, self.d.cfg.node_id, self.own_view(env.op, self.execute(env))))
             return
@@ -235,6 +241,12 @@ class ControlPlane:
     def on_forwarded(self, sender: str, env: Envelope) -> None:
         """Coordinator side: run a member's forwarded request and send the answer back."""
         op = env.op.removeprefix(CTL_PREFIX)
+        if is_node_query(op):
+            try:
+                self.d.queries.ask(op, env.body, lambda body: self.d.answer_forward(sender, env.op, body, env.id))
+            except ProtocolError as err:
+                self.d.answer_forward(sender, env.op, err.as_body(), env.id)
+            return
         body = (self.execute(Envelope("req", op, env.body, id=env.id)) if op in REGISTRY
                 else ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {op!r}").as_body())
         self.d.answer_forward(sender, env.op, body, env.id)

@@ -26,6 +26,7 @@ from elasticd.daemon.etcd_session import etcd_client
 from elasticd.daemon.exporter import MetricsExporter, bind_host_of
 from elasticd.daemon.failover import Failover, candidate_mesh
 from elasticd.daemon.leaving import Leave
+from elasticd.daemon.node_queries import NodeQueries
 from elasticd.daemon.worker_services import WorkerServices
 from elasticd.job.config import JobConfig, StartError
 from elasticd.job.events import EventLog
@@ -37,7 +38,7 @@ from elasticd.member.worker_channel import WorkerChannel
 from elasticd.mesh.coordinator_mesh import CoordinatorMesh
 from elasticd.mesh.member_mesh import MemberMesh
 from elasticd.mesh.relay import Relay
-from elasticd.wire.names import CTL_PREFIX, EventKind, JobState, MeshOp, NodeState
+from elasticd.wire.names import CTL_PREFIX, EventKind, JobState, MeshOp, NodeState, NodeStatus
 from elasticd.wire.protocol import Envelope
 
 log = logging.getLogger("elasticd")
@@ -65,8 +66,11 @@ class Daemon:
         self.plane: ControlPlane | None = None  # the operator sockets, bound in start()
         self.channel = WorkerChannel(self.ctx, cfg, self.node)
         self.node.output_step = self.channel.on_output_step  # --metrics-from-output feeds the shim's metrics path
+        self.queries = NodeQueries(cfg.node_id, self.node.output, self.send_to_node, self.to_coord, self.status_of,
+                                   lambda: self.coordinator is not None, self.spawn)
         self.member = Member(cfg, self.node, self.channel, self.to_coord, self, self.events, self.publish_event,
-                             self.on_forwarded_reply, connect_timeout_s, is_coordinator=False, link=CurrentLink(self))
+                             self.on_forwarded_reply, connect_timeout_s, is_coordinator=False, link=CurrentLink(self),
+                             on_node_query=self.queries.on_query)
         self.keys: NodeKeys | None = None
         self.gate: Gatekeeper | None = None
         self.services = WorkerServices(cfg, self.ctx, self.host, self.node)
@@ -248,6 +252,8 @@ class Daemon:
         if env.type in ("req", "rep") and env.op.startswith(CTL_PREFIX):
             if self.plane is not None:
                 self.plane.on_forwarded(sender, env)
+        elif env.op == MeshOp.node_answer:
+            self.queries.on_answer(env.body)
         elif self.failover is not None:
             self.failover.receive(sender, env)  # fenced: held while our lease is unconfirmed
         elif self.coordinator is not None:
@@ -256,6 +262,11 @@ class Daemon:
     def to_member(self, env: Envelope) -> None:
         """The coordinator's word (or the answer to a forwarded request) for our own member."""
         self.member.receive(env)
+
+    def status_of(self, node_id: str) -> NodeStatus | None:
+        """A node as our coordinator sees it; None when unknown (or we hold no coordinator)."""
+        record = self.coordinator.nodes.get(node_id) if self.coordinator is not None else None
+        return record.status if record is not None else None
 
     def on_connection_closed(self, node_id: str) -> None:
         if self.coordinator is not None:

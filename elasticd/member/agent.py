@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from elasticd.job.config import STOP_SLACK_S, JobConfig, stop_barrier_s
 from elasticd.member.beats import BeatDiff, PortPool
+from elasticd.member.failures import failure_of
 from elasticd.member.gpu import GpuSampler
 from elasticd.member.in_place import InPlace
 from elasticd.member.output_metrics import compile_pattern, parse_line
@@ -20,10 +21,13 @@ from elasticd.member.processes.spawner import Spawner
 from elasticd.member.processes.workers import Worker, WorkerGroup
 from elasticd.member.rank_reports import RankReports
 from elasticd.member.store.round_store import RoundStore, StoreError
+from elasticd.member.worker_output import WorkerOutput
 from elasticd.wire.assignment import RoundAssignment
+from elasticd.wire.diagnosis import Failure
 from elasticd.wire.names import EventKind, JobState, MeshOp, NodeState
 
 log = logging.getLogger("elasticd")
+ROUNDS_KEPT = 16  # rounds whose workers `logs` still finds in memory (older ones: by their log file)
 ToCoordinator = Callable[[MeshOp, dict[str, Any]], None]
 NodeEvent = Callable[..., None]  # (EventKind, **fields): a node-side event for the job log
 
@@ -65,6 +69,8 @@ class NodeAgent:
         self.beats = BeatDiff()  # what the coordinator already holds: heartbeats carry only the rest
         self.ports = PortPool()
         self.in_place = InPlace(self)  # in-place rounds: shim workers kept through membership changes
+        self.groups: deque[WorkerGroup] = deque(maxlen=ROUNDS_KEPT)  # the newest rounds' workers, for `logs`
+        self.output = WorkerOutput(cfg, lambda: self.groups)  # `logs` and `stacks`, answered here
 
     def register_body(self) -> dict[str, Any]:
         self.beats.reset()  # a new record at the coordinator: the next heartbeat carries everything again
@@ -143,6 +149,7 @@ class NodeAgent:
         on_line = self.on_worker_line if self.output_pattern else None
         self.group = WorkerGroup(self.cfg, round_id, assignment.body, {**self.worker_env, **store_env},
                                  self.on_worker_exit, self.spawner, on_line, kept)
+        self.groups.append(self.group)
         if not await self.wait_for_go(round_id, in_place=assignment.in_place):
             return  # a newer round replaced this one while its old workers were being stopped
         self.in_place.publish(self.group, kept, assignment.body)  # the survivors join first: they wait on nothing
@@ -227,8 +234,7 @@ class NodeAgent:
         if worker.rank in self.drained_ranks:
             self.check_drained()  # it saved and said so: how its teardown ends is no failure
         elif worker.exit_code != 0:
-            self.report_failure(worker, f"worker rank {worker.rank} on node {self.cfg.node_id} exited with "
-                                f"{describe_exit(worker.exit_code)} (log: {worker.log_path})")
+            self.send_failure(failure_of(worker, self.cfg.node_id, group.round_id))
         elif not group.running and all(w.exit_code == 0 for w in group.workers):
             self.to_coord(MeshOp.node_done, {"round": group.round_id})
         elif self._exit_watch is None:
@@ -262,9 +268,36 @@ class NodeAgent:
         if self.group is not None and self.group.kill_worker(rank):
             self.event(EventKind.worker_killed, rank=rank, reason="operator drill")
 
-    def report_failure(self, worker: Worker | None, reason: str, hang: bool = False) -> None:
-        self.to_coord(MeshOp.worker_failed, {"round": self.round_id, "reason": reason, "detected": time.time(),
-                                        "rank": worker.rank if worker else None, "hang": hang})
+    def report_failure(self, worker: Worker | None, reason: str, hang: bool = False, rank: int | None = None) -> None:
+        """A failure with no exit behind it (a spawn, a store, a lost process, a hang): its reason says what."""
+        self.send_failure(Failure(self.cfg.node_id, worker.rank if worker else rank, self.round_id,
+                                  pid=worker.proc.pid if worker else 0, at=time.time(), hang=hang, reason=reason))
+
+    def report_hangs(self, hung: dict[int, float]) -> None:
+        """Ranks that made no step for --hang-timeout (rank -> seconds): this node's stacks first (where each hung),
+        then the failures that stop them."""
+        self._background(self._report_hangs(hung))
+
+    async def _report_hangs(self, hung: dict[int, float]) -> None:
+        group = self.group
+        dumps = {d.rank: d for d in await asyncio.gather(*(self.output.dump(w) for w in group.running))} \
+            if group else {}
+        dumped = sorted(d.rank for d in dumps.values() if d.text)  # the rest: `elasticd stacks` reads their last dump
+        # A rank waiting in a collective waits for another: the one that is not is reported first, the root cause.
+        for rank in sorted(hung, key=lambda r: in_collective(dumps[r].where) if r in dumps else True):
+            dump = dumps.get(rank)
+            note = dump.note if dump is not None else "its process is not this node's to signal"
+            self.event(EventKind.worker_hung, rank=rank, silent_s=round(hung[rank], 1),
+                       **({"stack": dump.body()} if dump is not None and dump.text else {}),
+                       **({"stacks_note": note} if note else {}), stacks_of=dumped)
+            where = f", blocked at {dump.where}" if dump is not None and dump.where else ""
+            self.report_failure(None, f"worker rank {rank} on node {self.cfg.node_id} made no step for "
+                                f"{hung[rank]:.1f}s (hang timeout {self.cfg.hang_timeout_s:.0f}s){where}", hang=True,
+                                rank=rank)
+            self.in_place.end_hung(rank)
+
+    def send_failure(self, failure: Failure) -> None:
+        self.to_coord(MeshOp.worker_failed, {**failure.body(), "detected": failure.at or time.time()})
 
     async def end(self, state: str, reason: str) -> None:
         self.state, self.reason = NodeState.ending, reason
@@ -277,12 +310,6 @@ def event_body(kind: EventKind, **fields: Any) -> dict[str, Any]:
     return {"kind": kind, "ts": time.time(), **fields}
 
 
-def describe_exit(code: int | None) -> str:
-    if code is None:
-        return "no exit code"
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
+def in_collective(where: str) -> bool:
+    """A stack whose innermost frame is torch.distributed's: waiting for a peer rather than stuck on its own."""
+    return where.startswith(("distributed_c10d.py", "c10d_logger.py"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
@@ -11,6 +12,7 @@ from typing import Any, Protocol
 from elasticd.job.config import JobConfig
 from elasticd.job.events import EventLog
 from elasticd.member.agent import NodeAgent, ToCoordinator
+from elasticd.member.failures import failure_summary
 from elasticd.member.worker_channel import WorkerChannel
 from elasticd.wire.names import CTL_PREFIX, MeshOp, NodeState, WorkerOp
 from elasticd.wire.protocol import Envelope, ErrorCode
@@ -48,7 +50,8 @@ class Member:
     def __init__(self, cfg: JobConfig, node: NodeAgent, channel: WorkerChannel, to_coord: ToCoordinator,
                  life: Lifecycle, events: EventLog, publish: Callable[[dict[str, Any]], None],
                  on_forwarded_reply: Callable[[Envelope], None], connect_timeout_s: float,
-                 is_coordinator: bool, link: MeshLink) -> None:
+                 is_coordinator: bool, link: MeshLink,
+                 on_node_query: Callable[[dict[str, Any]], None] = lambda _body: None) -> None:
         self.cfg = cfg
         self.node = node
         self.channel = channel
@@ -78,8 +81,7 @@ class Member:
             MeshOp.left: lambda body: self.exit_job(str(body.get("reason", "the coordinator let it go"))),
             MeshOp.round: lambda body: life.spawn(node.apply_round(body)),
             MeshOp.go: lambda body: node.go(int(body["round"])),
-            MeshOp.job_end: lambda body: life.spawn(life.finish(str(body.get("state", "failed")),
-                                                                str(body.get("reason", "")))),
+            MeshOp.job_end: self.on_job_end,
             MeshOp.probe: lambda body: to_coord(MeshOp.pong, {"round": body.get("round")}),
             MeshOp.step_query: lambda body: to_coord(MeshOp.step_report, {
                 "op_id": body.get("op_id"), **node.rank_reports.step_answer(node.round_id),
@@ -89,6 +91,7 @@ class Member:
             MeshOp.resize_workers: lambda body: channel.request(WorkerOp.resize, body),
             MeshOp.kill_worker: lambda body: life.spawn(node.kill_worker(int(body["rank"]))),
             MeshOp.relay: lambda body: link.route(str(body.get("via") or "")),
+            MeshOp.node_query: on_node_query,  # `logs`, `stacks`: daemon/node_queries.py
         }
 
     # ---- the coordinator's messages -------------------------------------------------------------
@@ -104,6 +107,13 @@ class Member:
         handler = self.handlers.get(env.op)
         if handler is not None:
             handler(env.body)
+
+    def on_job_end(self, body: dict[str, Any]) -> None:
+        """The job is over; one that failed for good prints torchrun's root-cause table on every node."""
+        summary = failure_summary(" ".join(self.cfg.entry[:2]), body)
+        if summary:
+            print(summary, file=sys.stderr, flush=True)
+        self.life.spawn(self.life.finish(str(body.get("state", "failed")), str(body.get("reason", ""))))
 
     def on_welcome(self, body: dict[str, Any]) -> None:
         if body.get("ok"):

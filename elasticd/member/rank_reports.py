@@ -78,12 +78,12 @@ class RankReports:
         return {str(rank): r for rank, r in self._by_rank.items() if r.get("round") == round_id}
 
     def silent(self, round_id: int, now: float, limit_s: float) -> list[tuple[int, float]]:
-        """(rank, seconds) of the round's shim ranks with no step for longer than `limit_s` (a hang, perhaps)."""
+        """(rank, seconds) of the round's ranks with no step for longer than `limit_s` (a hang, perhaps)."""
         found = []
         for rank, report in self._by_rank.items():
             silent = now - report.get("last_step_at", now)
-            # a plain script's prints are no heartbeat: only the shim's steps say a rank is alive
-            if report.get("round") == round_id and report.get("source") != OUTPUT and silent > limit_s:
+            # a shim's steps, or a plain script's step lines (--metrics-from-output): either stopping is a hang
+            if report.get("round") == round_id and silent > limit_s:
                 found.append((rank, silent))
         return found
 

@@ -173,16 +173,15 @@ class WorkerChannel:
         return True
 
     def check_hangs(self, now: float) -> None:
-        limit = self.cfg.hang_timeout_s
-        for rank, silent in self.node.rank_reports.silent(self.node.round_id, now, limit):
+        hung = {}
+        for rank, silent in self.node.rank_reports.silent(self.node.round_id, now, self.cfg.hang_timeout_s):
             key = (rank, self.node.round_id)
             if self.node.state == NodeState.running and key not in self.hung_reported \
                     and rank not in self.node.drained_ranks:
                 self.hung_reported.add(key)
-                self.node.event(EventKind.worker_hung, rank=rank, silent_s=round(silent, 1))
-                self.node.report_failure(None, f"worker rank {rank} on node {self.cfg.node_id} made no step "
-                                         f"for {silent:.1f}s (hang timeout {limit:.0f}s)", hang=True)
-                self.node.in_place.end_hung(rank)
+                hung[rank] = silent
+        if hung:
+            self.node.report_hangs(hung)
 
     def close(self) -> None:
         if self.sock is not None:

@@ -44,6 +44,7 @@ class MeshOp(StrEnum):
     pong = "pong"
     resize_failed = "resize_failed"  # an in-place resize failed on that node: restart instead
     warm = "warm"  # a joiner's pre-started workers are up and wait for their generation
+    node_answer = "node_answer"  # a node's answer to a `node_query`: {id, body}
     # coordinator -> member
     welcome = "welcome"
     unknown = "unknown"
@@ -58,6 +59,7 @@ class MeshOp(StrEnum):
     resize_workers = "resize_workers"  # shim ranks leave their group at the agreed step, keeping their process
     kill_worker = "kill_worker"
     relay = "relay"  # where the member sends from now on: its relay's endpoint, or "" for the coordinator
+    node_query = "node_query"  # an operator's question only that node can answer (`logs`, `stacks`): {id, op, args}
 
 
 class TunnelOp(StrEnum):
@@ -154,6 +156,7 @@ class EventKind(StrEnum):
     workers_started = "workers_started"
     workers_stopped = "workers_stopped"
     worker_exited = "worker_exited"
+    worker_failed = "worker_failed"  # a rank's failure, its error and whether it is the round's root cause
     worker_exit_timeout = "worker_exit_timeout"
     worker_killed = "worker_killed"
     worker_hung = "worker_hung"

@@ -16,12 +16,17 @@ from typing import Any
 import psutil
 
 from elasticd.job.config import JobConfig
-from elasticd.member.processes.spawner import Spawner, WorkerProcess
+from elasticd.member.processes.output import OutputLines
+from elasticd.member.processes.spawner import ForkedWorker, Spawner, WorkerProcess
+from elasticd.member.processes.stack_dumps import STACKS_FILE_ENV
+
+READ_CHUNK = 64 * 1024
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # torch's @record writes the exception there, as under torchrun
 
 
 @dataclass
 class Worker:
-    """One local worker of a round: its ranks, its process and its log."""
+    """One local worker of a round: its ranks, its process, its log and what it leaves for diagnosis."""
 
     local_rank: int
     rank: int
@@ -29,10 +34,25 @@ class Worker:
     log_path: Path
     started: float
     exit_code: int | None = None
+    exited_at: float = 0.0
     stopping: bool = False
     ps: psutil.Process | None = None
-    tail: list[str] = field(default_factory=list)
+    output: OutputLines = field(default_factory=OutputLines)
     watch: asyncio.Task[None] | None = None  # reads its output and reports its exit; moves with it to a new round
+
+    @property
+    def folder(self) -> Path:
+        """Its own folder beside its log, as torchrun gives each local rank one: error.json, stacks.txt."""
+        return self.log_path.parent / str(self.local_rank)
+
+    @property
+    def error_file(self) -> Path:
+        return self.folder / "error.json"
+
+    @property
+    def stacks_file(self) -> Path | None:
+        """Where it dumps its stacks on STACKS_SIGNAL: only a worker the zygote forked arranged that."""
+        return self.folder / "stacks.txt" if isinstance(self.proc, ForkedWorker) else None
 
     @property
     def status(self) -> str:
@@ -117,6 +137,19 @@ class WorkerGroup:
         env.update(self.extra_env)
         return env
 
+    def diagnosis_env(self, folder: Path) -> dict[str, str]:
+        """Where a worker leaves its error (torch's @record), its stacks, and NCCL's Flight Recorder trace."""
+        folder.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # a stale one from a worker of an earlier job in this folder
+            (folder / "error.json").unlink()
+        env = {ERROR_FILE_ENV: str(folder / "error.json"), STACKS_FILE_ENV: str(folder / "stacks.txt")}
+        ours = {**os.environ, **self.cfg.env}
+        for key, value in (("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000"), ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
+                           ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", str(folder / "nccl_trace_rank_"))):
+            if key not in ours:  # the user's own settings win
+                env[key] = value
+        return env
+
     async def spawn(self) -> None:
         log_dir = Path(self.cfg.log_dir) / self.cfg.job_id / self.cfg.node_id / f"round-{self.round_id:04d}"
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -125,7 +158,8 @@ class WorkerGroup:
         free = [slot for slot in range(len(self.assignment["ranks"])) if slot not in taken]
         for local_rank, rank in zip(free, ranks, strict=False):
             log_path = log_dir / f"rank-{rank}.log"
-            proc = await self.spawner.spawn(self.cfg.entry, self.env_for(local_rank, rank), os.getcwd())
+            env = {**self.env_for(local_rank, rank), **self.diagnosis_env(log_dir / str(local_rank))}
+            proc = await self.spawner.spawn(self.cfg.entry, env, os.getcwd())
             worker = Worker(local_rank, rank, proc, log_path, time.time())
             with contextlib.suppress(psutil.Error):
                 worker.ps = psutil.Process(proc.pid)
@@ -133,24 +167,36 @@ class WorkerGroup:
             worker.watch = asyncio.create_task(self._watch(worker))
 
     async def _watch(self, worker: Worker) -> None:
-        prefix, rank = b"", None
-        shown = self.cfg.console_ranks is None or worker.local_rank in self.cfg.console_ranks  # --redirects & co
+        """Copy its output to its log in chunks (a 10 MB line or binary bytes pass as is), then report its exit."""
         assert worker.proc.stdout is not None
-        with open(worker.log_path, "ab") as log_file:
-            async for line in worker.proc.stdout:
-                log_file.write(line)
-                log_file.flush()
-                text = line.decode(errors="replace").rstrip()
-                worker.tail = [*worker.tail[-19:], text]
-                if self.on_line is not None:
-                    self.on_line(worker, text)
-                if shown:
-                    if worker.rank != rank:  # a worker kept through an in-place resize takes its new rank
-                        rank, prefix = worker.rank, f"[{self.cfg.node_id}:{worker.rank}] ".encode()
-                    sys.stdout.buffer.write(prefix + line)
-                    sys.stdout.flush()
+        log_file = None
+        with contextlib.suppress(OSError):  # its log folder removed: its output still reaches `logs` and the console
+            log_file = open(worker.log_path, "ab")  # noqa: SIM115 - open for the worker's life, closed below
+        while chunk := await worker.proc.stdout.read(READ_CHUNK):
+            if log_file is not None:
+                try:
+                    log_file.write(chunk)
+                    log_file.flush()
+                except OSError:  # a full disk costs the log, never the watch
+                    pass
+            self._lines(worker, worker.output.feed(chunk))
+        if log_file is not None:
+            with contextlib.suppress(OSError):
+                log_file.close()
+        self._lines(worker, worker.output.flush())
         worker.exit_code = await worker.proc.wait()
+        worker.exited_at = time.time()
         self.on_exit(worker)
+
+    def _lines(self, worker: Worker, lines: list[tuple[bytes, str]]) -> None:
+        if self.on_line is not None:
+            for _raw, text in lines:
+                self.on_line(worker, text)
+        if lines and (self.cfg.console_ranks is None or worker.local_rank in self.cfg.console_ranks):  # --redirects
+            prefix = f"[{self.cfg.node_id}:{worker.rank}] ".encode()  # a worker kept in place shows its new rank
+            sys.stdout.buffer.write(b"".join(prefix + raw if raw.endswith(b"\n") else prefix + raw + b"\n"
+                                             for raw, _text in lines))
+            sys.stdout.flush()
 
     @property
     def running(self) -> list[Worker]:

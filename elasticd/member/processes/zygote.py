@@ -20,9 +20,10 @@ import signal
 import socket
 import sys
 import traceback
+import types
 from typing import Any
 
-from elasticd.member.processes import proctitle
+from elasticd.member.processes import proctitle, stack_dumps
 
 _PR_SET_PDEATHSIG = 1
 
@@ -107,6 +108,7 @@ def run_worker(request: dict[str, Any]) -> int:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     os.environ.clear()
     os.environ.update(request["env"])
+    stack_dumps.arrange(request["env"])  # `elasticd stacks` and a hang's event read where the script is
     entry = request["entry"]
     # Before the script runs: from its first line on, ps and pkill -f see it, not the zygote.
     proctitle.set_title(proctitle.worker_title(sys.executable, entry, os.environ, proctitle.title_limit()))
@@ -127,10 +129,19 @@ def run_worker(request: dict[str, Any]) -> int:
             return exc.code or 0
         print(exc.code, file=sys.stderr)
         return 1
-    except BaseException:
-        traceback.print_exc()
+    except BaseException as exc:
+        traceback.print_exception(type(exc), exc, _script_frames(exc.__traceback__))
         return 1
     return 0
+
+
+def _script_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """The traceback from the script's first frame: the zygote's and runpy's own frames say nothing of the error."""
+    while tb is not None and tb.tb_next is not None and (
+            tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__) or "<frozen runpy>" in
+            tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return tb
 
 
 def _match_thread_settings() -> None:

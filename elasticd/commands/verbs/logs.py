@@ -1,0 +1,75 @@
+"""`logs NODE [RANK]`: what a node's workers printed, answered by that node's daemon (--follow for new lines)."""
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from elasticd.commands.port import NodePort
+from elasticd.commands.verb import Arg, Caller, Command
+from elasticd.wire.protocol import ErrorCode, ProtocolError, arg
+
+FOLLOW_POLL_S = 0.25
+
+
+def optional_int(args: dict[str, Any], name: str) -> int | None:
+    value = arg(args, name, int, None)
+    if value is not None and not 0 <= value < 2**53:
+        raise ProtocolError(ErrorCode.BAD_ARGUMENT, f"argument '{name}' must be a whole number ≥ 0")
+    return value
+
+
+async def on_node(port: NodePort, args: dict[str, Any]) -> dict[str, Any]:
+    since = optional_int(args, "since")
+    rank = optional_int(args, "rank")
+    if since is not None and rank is None:
+        raise ProtocolError(ErrorCode.BAD_ARGUMENT, "'since' reads one rank's log: give 'rank' too")
+    return port.output(rank, optional_int(args, "round"), optional_int(args, "tail") or 0, since)
+
+
+def render(result: dict[str, Any]) -> str:
+    """One rank: its lines. Several: each under a header naming the rank, its process and its state."""
+    ranks = result.get("ranks", [])
+    out: list[str] = []
+    for entry in ranks:
+        if len(ranks) > 1:
+            code = "" if entry.get("exit_code") is None else f", exit code {entry['exit_code']}"
+            out.append(f"── rank {entry.get('rank')} (pid {entry.get('pid')}, {entry.get('state')}{code}) "
+                       f"{entry.get('path')} ──")
+        out.extend(lines_of(entry))
+    return "\n".join(out)
+
+
+def lines_of(entry: dict[str, Any]) -> list[str]:
+    notes = [f"(log: {entry['note']})"] if entry.get("note") else []
+    skipped = [f"(… {entry['skipped']} bytes skipped: output faster than a follower reads …)"] \
+        if entry.get("skipped") else []
+    return [*notes, *skipped, *entry.get("lines", [])]
+
+
+def follow(call: Caller, request: dict[str, Any], first: dict[str, Any]) -> Iterator[str]:
+    """Print the tail, then poll for lines past its offset, one rank at a time, until the node stops answering."""
+    yield render(first)
+    entries = first.get("ranks", [])
+    if len(entries) != 1:
+        yield "(--follow follows one rank: give RANK)"
+        return
+    rank, offset = entries[0]["rank"], entries[0].get("offset", 0)
+    ask = {"node": request["node"], "rank": rank, "round": first.get("round")}
+    while True:
+        time.sleep(FOLLOW_POLL_S)
+        reply = call("logs", **ask, since=offset)
+        entry = reply["ranks"][0]
+        offset = entry.get("offset", offset)
+        yield from lines_of(entry)
+
+
+COMMANDS = [Command(
+    "logs", "a worker's output: logs NODE [RANK] [--tail N] [--round R] [--follow]", order=35, on_node=on_node,
+    render=render, follow=follow,
+    args=(Arg("node", "node id"),
+          Arg("rank", "global rank (default: every rank of the node)", type=int, optional=True),
+          Arg("tail", "the last N lines (at most 1000)", type=int, flags=("--tail", "-n"), default=20),
+          Arg("round", "a round that ended (default: the node's newest)", type=int, flags=("--round",)),
+          Arg("follow", "go on printing new lines, about 4 times a second", type=None, flags=("--follow", "-f"),
+              default=False, action="store_true", cli_only=True)),
+)]

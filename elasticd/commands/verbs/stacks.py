@@ -1,0 +1,30 @@
+"""`stacks NODE [RANK]`: every thread's Python stack of a node's live ranks, taken without stopping them."""
+
+from typing import Any
+
+from elasticd.commands.port import NodePort
+from elasticd.commands.verb import Arg, Command
+from elasticd.commands.verbs.logs import optional_int
+
+
+async def on_node(port: NodePort, args: dict[str, Any]) -> dict[str, Any]:
+    return await port.stacks(optional_int(args, "rank"))
+
+
+def render(result: dict[str, Any]) -> str:
+    out = []
+    for dump in result.get("ranks", []):
+        where = f" at {dump['where']}" if dump.get("where") else ""
+        out.append(f"── rank {dump.get('rank')} (pid {dump.get('pid')}){where} ──")
+        if dump.get("note"):
+            out.append(f"({dump['note']})")
+        if dump.get("text"):
+            out.append(dump["text"])
+    return "\n".join(out) or "(no workers)"
+
+
+COMMANDS = [Command(
+    "stacks", "Python stacks of a node's ranks, taken live: stacks NODE [RANK]", order=36, on_node=on_node,
+    render=render, args=(Arg("node", "node id"),
+                         Arg("rank", "global rank (default: every rank of the node)", type=int, optional=True)),
+)]

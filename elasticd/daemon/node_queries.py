@@ -1,0 +1,104 @@
+"""A question only one node can answer (`logs`, `stacks`): answered here, or carried to that node over the mesh.
+
+A member asked about another node forwards the request to the coordinator as any verb (`ctl.<op>`); the
+coordinator sends `node_query` to the node and relays its `node_answer` (docs/protocol.md, "Node queries").
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from elasticd.commands.port import NodePort
+from elasticd.commands.registry import REGISTRY
+from elasticd.wire.names import MeshOp, NodeStatus
+from elasticd.wire.protocol import ErrorCode, ProtocolError, arg, new_id
+
+log = logging.getLogger("elasticd")
+QUERY_TIMEOUT_S = 4.0  # under a forwarding member's own 5 s, so its client hears why
+MAX_PENDING = 1000  # questions in flight at the coordinator; past that, refused (50 followers poll 4 times a second)
+Answer = Callable[[dict[str, Any]], None]
+Send = Callable[[str, MeshOp, dict[str, Any]], None]
+NodeStatusOf = Callable[[str], NodeStatus | None]  # the coordinator's view of a node; None: unknown, or no coordinator
+
+
+def is_node_query(op: str) -> bool:
+    command = REGISTRY.get(op)
+    return command is not None and command.on_node is not None
+
+
+class NodeQueries:
+    """Runs node queries on this node's workers, and, at the coordinator, routes them to the node they name."""
+
+    def __init__(self, node_id: str, port: NodePort, send_to_node: Send, to_coord: Callable[[MeshOp, dict[str, Any]],
+                 None], status_of: NodeStatusOf, is_coordinator: Callable[[], bool],
+                 spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:
+        self.node_id, self.port = node_id, port
+        self.send_to_node, self.to_coord = send_to_node, to_coord
+        self.status_of, self.is_coordinator, self.spawn = status_of, is_coordinator, spawn
+        self.pending: dict[str, tuple[Answer, float, str]] = {}  # query id -> (answer, due, node)
+
+    def ask(self, op: str, args: dict[str, Any], answer: Answer) -> bool:
+        """Answer now or route to the node; False when this member must forward it to the coordinator first."""
+        target = arg(args, "node", str)
+        if target == self.node_id:
+            self.spawn(self.answer_here(op, args, answer))
+            return True
+        if not self.is_coordinator():
+            return False
+        status = self.status_of(target)
+        if status is None:
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"no node '{target}' in this job")
+        if status != NodeStatus.alive:
+            raise ProtocolError(ErrorCode.NOT_RUNNING, f"node '{target}' is {status}: its daemon no longer answers "
+                                "(its logs stay on its host, under --log-dir)")
+        if len(self.pending) >= MAX_PENDING:
+            raise ProtocolError(ErrorCode.REFUSED, f"{len(self.pending)} node queries in flight; try again shortly")
+        qid = new_id()
+        self.pending[qid] = (answer, time.time() + QUERY_TIMEOUT_S, target)
+        self.send_to_node(target, MeshOp.node_query, {"id": qid, "op": op, "args": args})
+        return True
+
+    async def answer_here(self, op: str, args: dict[str, Any], answer: Answer) -> None:
+        answer(await self.run(op, args))
+
+    async def run(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        command = REGISTRY.get(op)
+        if command is None or command.on_node is None:
+            return ProtocolError(ErrorCode.UNKNOWN_OP, f"{op!r} is no node query").as_body()
+        try:
+            return await command.on_node(self.port, args)
+        except ProtocolError as err:
+            return err.as_body()
+        except Exception as exc:  # a reader's bug must not take the daemon down
+            log.exception("node query %s failed", op)
+            return ProtocolError(ErrorCode.INTERNAL, f"{op} failed on node {self.node_id}: {exc!r}").as_body()
+
+    # ---- the mesh's side ---------------------------------------------------------------------
+    def on_query(self, body: dict[str, Any]) -> None:
+        """Member side: the coordinator carries a question for us; the answer goes back the same way."""
+        qid, op, args = body.get("id"), body.get("op"), body.get("args")
+        if not isinstance(qid, str) or not isinstance(op, str) or not isinstance(args, dict):
+            return  # malformed: the asker's timeout says so
+
+        async def answer() -> None:
+            self.to_coord(MeshOp.node_answer, {"id": qid, "body": await self.run(op, args)})
+
+        self.spawn(answer())
+
+    def on_answer(self, body: dict[str, Any]) -> None:
+        """Coordinator side: a node answered; its asker hears it (a late answer finds nobody, and is dropped)."""
+        entry = self.pending.pop(str(body.get("id")), None)
+        reply = body.get("body")
+        if entry is not None:
+            entry[0](reply if isinstance(reply, dict) else ProtocolError(
+                ErrorCode.INTERNAL, f"node {entry[2]} sent a malformed answer").as_body())
+
+    def expire(self, now: float) -> None:
+        for qid, (answer, due, node) in list(self.pending.items()):
+            if now > due:
+                del self.pending[qid]
+                answer(ProtocolError(ErrorCode.TIMEOUT, f"node {node} did not answer within "
+                                     f"{QUERY_TIMEOUT_S:.0f} s").as_body())
