@@ -144,7 +144,7 @@ class WorkerGroup:
             (folder / "error.json").unlink()
         env = {ERROR_FILE_ENV: str(folder / "error.json"), STACKS_FILE_ENV: str(folder / "stacks.txt")}
         ours = {**os.environ, **self.cfg.env}
-        for key, value in (("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000"), ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
+        for key, value in (("TORCH_FR_BUFFER_SIZE", "2000"), ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
                            ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", str(folder / "nccl_trace_rank_"))):
             if key not in ours:  # the user's own settings win
                 env[key] = value
