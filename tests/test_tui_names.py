@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from tui.details import event_fields, format_seconds, short_path, significant
+from elasticd.commands.render import format_seconds, short_path, significant
+from tui.details import event_fields
 from tui.names import ELLIPSIS, common_domain, short_names
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`

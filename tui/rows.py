@@ -8,8 +8,9 @@ from typing import Any
 
 from rich.text import Text
 
-from tui.details import event_fields, format_seconds, short_path
-from tui.details import span as span_text
+from elasticd.commands.render import format_seconds, short_path
+from elasticd.commands.render import span as span_text
+from tui.details import event_fields
 from tui.liveness import SPARK_WIDTH, format_age, format_bytes, sparkline
 from tui.model import JobModel, NodeView
 

@@ -16,8 +16,8 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from elasticd.commands.render import GPU_COLUMNS, gpu_cells, has_gpu
-from tui.details import event_fields, short_path
+from elasticd.commands.render import GPU_COLUMNS, gpu_cells, has_gpu, short_path
+from tui.details import event_fields
 from tui.liveness import format_age, format_bytes
 from tui.model import JobModel
 from tui.rows import Row, name_width
