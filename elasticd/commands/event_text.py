@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -174,7 +175,8 @@ def checkpoint_saved(b: Body) -> str:
 def key_refused(b: Body) -> str:
     who = f"key {b.word('key')}" if b.has("key") and b.fields.get("key") != "-" else "a connection"
     more = f"; {b.count('suppressed')} more since its last report" if number(b.fields.get("suppressed")) else ""
-    return f"refused {who} from {b.word('peer')} on {b.word('domain')} at {b.word('stage')}: {b.text('reason')}{more}"
+    why = f"{b.text('reason')}, {b.word('stage')} stage"
+    return f"refused {who} from {b.word('peer')} on {b.word('domain')} ({why}){more}"
 
 
 def command_received(b: Body) -> str:
@@ -272,3 +274,9 @@ def describe(event: dict[str, Any], name: Name = str) -> str:
     except Exception:  # a sentence's bug on a record it did not expect: the record's fields still read
         text = generic(body)
     return clip(" ".join(text.split()), SENTENCE_CHARS)
+
+
+def line(event: dict[str, Any]) -> str:
+    """`HH:MM:SS #seq [node] kind sentence`: one job event as `events` prints it and `events --follow` streams it."""
+    stamp = time.strftime("%H:%M:%S", time.localtime(float(event.get("ts", 0))))
+    return f"{stamp} #{event.get('seq')} [{event.get('node')}] {event.get('kind')} {describe(event)}".rstrip()

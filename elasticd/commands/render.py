@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 ELLIPSIS = "…"
@@ -89,11 +88,3 @@ def gpu_cells(gpu: dict[str, Any] | None) -> list[str]:
     return [str(gpu.get("index")), known("util_percent", "{:.0f}"), format_bytes(gpu.get("proc_mem_bytes")),
             dev_mem, known("temp_c", "{:.0f}C"), known("power_w", "{:.0f}W")]
 
-
-def event(e: dict[str, Any]) -> str:
-    """One job event on one line, as `events` prints it and `events --follow` streams it."""
-    stamp = time.strftime("%H:%M:%S", time.localtime(float(e.get("ts", 0))))
-    skip = {"seq", "ts", "kind", "node"}
-    details = " ".join(f"{k}={json.dumps(v) if isinstance(v, dict | list) else v}"
-                       for k, v in e.items() if k not in skip)
-    return f"{stamp} #{e.get('seq')} [{e.get('node')}] {e.get('kind')} {details}".rstrip()
