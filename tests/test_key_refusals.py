@@ -71,8 +71,7 @@ def test_an_unknown_key_is_refused_at_once_and_the_refusal_is_an_event(keyed) ->
     assert f"refused key {fingerprint_of(eve)} from 127.0.0.1 on control (Unknown key)" in job.daemons["a"].output()
     shown = cli(job, "events", "--kind", "key_refused", "--key", str(ops), "--server-key", server)
     assert shown.returncode == 0, shown.stderr
-    assert "key_refused" in shown.stdout and "peer=127.0.0.1" in shown.stdout
-    assert f"key={fingerprint_of(eve)}" in shown.stdout
+    assert f"key_refused refused key {fingerprint_of(eve)} from 127.0.0.1 on control (Unknown key" in shown.stdout
     assert "refused our key" not in shown.stderr
 
 

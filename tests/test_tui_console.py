@@ -69,8 +69,8 @@ async def test_events_read_like_a_person_wrote_them() -> None:
         await pilot.press("colon", *"events", "enter")
         await pilot.pause()
         text = screen_text(app)
-        assert "duration=0.800 s" in text and "ranks=0-1" in text and "bytes=45.8M" in text
-        assert "0.800000" not in text
+        assert "saved step 200: 45.8M in 0.8 s" in text and "started ranks 0-1 of world 4" in text
+        assert "0.800000" not in text and "{" not in text
 
 
 async def test_log_scale_toggles_and_rounds_are_marked_on_the_steps() -> None:
@@ -114,4 +114,4 @@ async def test_node_detail_names_the_node_shortly_and_formats_its_events() -> No
         await _open_node(pilot)
         text = screen_text(app)
         assert "node gpu-node-017.example.internal · host" in text  # room enough: the whole id
-        assert "duration=0.800 s" in text and "…/logs/demo/" in text
+        assert "45.8M in 0.8 s" in text and "…/logs/demo/" in text

@@ -1,4 +1,4 @@
-"""Short node names (tui/names.py) and event fields for people (tui/details.py): pure functions."""
+"""Short node names (tui/names.py): pure functions."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import random
 
 import pytest
 
-from tui.details import event_fields, format_seconds, short_path, significant
 from tui.names import ELLIPSIS, common_domain, short_names
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
@@ -68,28 +67,3 @@ def test_names_never_collide_on_random_clusters() -> None:
         names = short_names(ids, width)
         assert set(names) == set(ids) and distinct(names), (ids, width, names)
         assert all(len(names[i]) <= len(i) for i in ids)  # a cut name is never longer than its id
-
-
-def test_durations_keep_three_significant_digits() -> None:
-    assert [significant(v) for v in (0.049312345, 0.8, 12.345, 1234.5, 99.96)] == ["0.0493", "0.800", "12.3", "1234",
-                                                                                   "100"]
-    assert format_seconds(0.049312345) == "0.0493 s" and format_seconds(None) == "-"
-
-
-def test_long_paths_keep_the_file_name_and_the_distinguishing_tail() -> None:
-    path = "/mnt/shared/checkpoints/experiments/llama-7b-run-42/step-000200/rank-00017.pt"
-    assert short_path(path) == "…/step-000200/rank-00017.pt"
-    assert short_path("/ckpt/step-200/rank-3.pt") == "/ckpt/step-200/rank-3.pt"
-    assert short_path("/x/" + "a" * 60 + ".pt", 20).endswith("aaa.pt")
-
-
-def test_event_fields_read_like_a_person_wrote_them() -> None:
-    event = {"seq": 9, "ts": 1.0, "kind": "checkpoint_saved", "node": HOSTS[0], "rank": 3, "step": 200,
-             "path": "/mnt/shared/checkpoints/experiments/llama-7b-run-42/step-000200/rank-00017.pt",
-             "bytes": 48_000_000, "duration_s": 0.049312345}
-    assert event_fields(event) == ("rank=3 step=200 path=…/step-000200/rank-00017.pt bytes=45.8M "
-                                   "duration=0.0493 s")
-    names = short_names(HOSTS, 13)
-    drained = {"kind": "drain_complete", "op_id": "x", "nodes": HOSTS[:2], "timed_out": False, "duration_s": 12.3456}
-    assert event_fields(drained, names.__getitem__) == ("op_id=x nodes=gpu-node-017…,gpu-node-018… timed_out=False "
-                                                        "duration=12.3 s")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
 
 from rich.text import Text
 
-from tui.details import event_fields, format_seconds, short_path
-from tui.details import span as span_text
+from elasticd.commands.event_fields import timeline_text
+from elasticd.commands.event_text import describe
+from elasticd.commands.render import format_seconds, short_path
+from elasticd.commands.render import span as span_text
 from tui.liveness import SPARK_WIDTH, format_age, format_bytes, sparkline
 from tui.model import JobModel, NodeView
 
@@ -147,17 +148,6 @@ def checkpoint_rows(model: JobModel, names: Names, pattern: str = "") -> list[Ro
     return rows
 
 
-def timeline_text(timeline: dict[str, Any]) -> str:
-    """detect 0.00 → rendezvous 0.10 → … → first_step 2.31 (seconds from detection)."""
-    return " → ".join(f"{p} {float(timeline[p]):.2f}" for p in PHASES if p in timeline)
-
-
-def event_details(event: dict[str, Any], names: Names) -> str:
-    if event.get("timeline"):
-        return f"round {event.get('round')} ({event.get('cause')}): {timeline_text(event['timeline'])}s"
-    return event_fields(event, lambda node_id: names.get(node_id, node_id))
-
-
 def event_rows(model: JobModel, names: Names, pattern: str = "", limit: int = 500) -> list[Row]:
     import time as _time
 
@@ -169,7 +159,7 @@ def event_rows(model: JobModel, names: Names, pattern: str = "", limit: int = 50
         stamp = _time.strftime("%H:%M:%S", _time.gmtime(float(event.get("ts", 0))))
         node_id = str(event.get("node", ""))
         cells: list[Text | str] = [str(event.get("seq", "")), stamp, names.get(node_id, node_id),
-                                   Text(kind, style=style), event_details(event, names)[:160]]
+                                   Text(kind, style=style), describe(event, lambda n: names.get(n, n))[:160]]
         if matches(pattern, node_id, *cells):
             rows.append((str(event.get("seq", len(rows))), cells))
         if len(rows) >= limit:
@@ -185,8 +175,8 @@ def history_rows(model: JobModel, names: Names) -> list[Row]:
                            for m in every[:MEMBERS_SHOWN])
         if len(every) > MEMBERS_SHOWN:  # a line shows a few dozen at most: 2,048 would cost every frame
             members += f" … +{len(every) - MEMBERS_SHOWN}"
-        timeline = {k: float(v) - float(rnd["timeline"].get("detect", 0)) for k, v in rnd.get("timeline", {}).items()
-                    if k in PHASES}
+        marks = rnd.get("timeline", {})
+        timeline = {p: float(marks[p]) - float(marks.get("detect", 0)) for p in PHASES if p in marks}
         rows.append((str(rnd.get("round_id")), [str(rnd.get("round_id")), str(rnd.get("cause", "")),
                                                 str(rnd.get("world_size", "")), members, timeline_text(timeline)]))
     return rows

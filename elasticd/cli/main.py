@@ -16,8 +16,8 @@ from elasticd.cli.keys import add_keys_parser, run_keys
 from elasticd.cli.scheduler import remove_job_keys
 from elasticd.cli.start import add_start_parser, config_from_args
 from elasticd.client import Client, ClientError, Credentials, Endpoints, discover
+from elasticd.commands.event_text import line
 from elasticd.commands.registry import REGISTRY
-from elasticd.commands.render import event
 from elasticd.commands.verb import Command
 from elasticd.job import logsink
 from elasticd.job.config import ConfigError
@@ -99,7 +99,7 @@ def run_verb(ns: argparse.Namespace) -> int:
                     print(line, flush=True)
                 return 0
             for past in result["events"]:
-                print(json.dumps(past) if ns.json else event(past), flush=True)
+                print(json.dumps(past) if ns.json else line(past), flush=True)
             if any(past.get("kind") == EventKind.job_end for past in result["events"]):
                 return 0  # the job is over: nothing more will happen
             hello = client.call("hello")
@@ -107,7 +107,7 @@ def run_verb(ns: argparse.Namespace) -> int:
             kinds = args.get("kinds")
             for frame in client.subscribe(pub):
                 if frame.type == "ev" and (not kinds or frame.kind in kinds):
-                    print(json.dumps(frame.body) if ns.json else event(frame.body), flush=True)
+                    print(json.dumps(frame.body) if ns.json else line(frame.body), flush=True)
                 if frame.type == "ev" and frame.kind == EventKind.job_end:
                     return 0
         except ClientError as err:

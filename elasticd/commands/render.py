@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
+
+ELLIPSIS = "…"
+PATH_WIDTH = 40
 
 
 def plain(result: dict[str, Any]) -> str:
@@ -29,6 +31,42 @@ def format_bytes(count: float | None) -> str:
     return f"{value:.1f}T"
 
 
+def significant(value: float, digits: int = 3) -> str:
+    """0.049312345 -> 0.0493, 0.8 -> 0.800, 1234.5 -> 1234 (no exponent for the sizes events carry)."""
+    if value == 0 or abs(value) >= 10 ** (digits - 1):
+        return f"{value:.0f}"
+    if abs(value) < 1e-4:
+        return f"{value:.{digits - 1}e}"
+    return f"{value:#.{digits}g}".rstrip(".")  # '#' keeps the zeros of 0.800; 99.96 gives '100.'
+
+
+def format_seconds(value: float | None) -> str:
+    return "-" if value is None else f"{significant(float(value))} s"
+
+
+def span(ranks: list[int]) -> str:
+    """0-3 for a contiguous run, else 0,2,5."""
+    if not ranks:
+        return "-"
+    contiguous = ranks[-1] - ranks[0] == len(ranks) - 1
+    return f"{ranks[0]}-{ranks[-1]}" if contiguous and len(ranks) > 1 else ",".join(map(str, ranks))
+
+
+def short_path(path: str, width: int = PATH_WIDTH) -> str:
+    """The file name and as many parent folders as fit: `…/step-200/rank-3.pt`; a long file name keeps its end."""
+    if len(path) <= width:
+        return path
+    parts = path.split("/")
+    tail = parts[-1]
+    for part in reversed(parts[:-1]):
+        if len(part) + 1 + len(tail) + 2 > width:  # room for "…/" in front
+            break
+        tail = f"{part}/{tail}"
+    if len(tail) + 2 > width:  # the file name alone is too long: keep its end (extension, step, rank)
+        return ELLIPSIS + tail[len(tail) - width + 1:]
+    return f"{ELLIPSIS}/{tail}"
+
+
 GPU_COLUMNS = ("gpu", "util%", "gpu mem", "dev mem", "temp", "power")
 
 
@@ -50,11 +88,3 @@ def gpu_cells(gpu: dict[str, Any] | None) -> list[str]:
     return [str(gpu.get("index")), known("util_percent", "{:.0f}"), format_bytes(gpu.get("proc_mem_bytes")),
             dev_mem, known("temp_c", "{:.0f}C"), known("power_w", "{:.0f}W")]
 
-
-def event(e: dict[str, Any]) -> str:
-    """One job event on one line, as `events` prints it and `events --follow` streams it."""
-    stamp = time.strftime("%H:%M:%S", time.localtime(float(e.get("ts", 0))))
-    skip = {"seq", "ts", "kind", "node"}
-    details = " ".join(f"{k}={json.dumps(v) if isinstance(v, dict | list) else v}"
-                       for k, v in e.items() if k not in skip)
-    return f"{stamp} #{e.get('seq')} [{e.get('node')}] {e.get('kind')} {details}".rstrip()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from elasticd.commands.port import JobPort, RoundView
+from elasticd.commands.render import span
 from elasticd.wire.names import OUTPUT, After, Cause, JobState, Role, TransitionKind
 from elasticd.wire.protocol import ErrorCode, ProtocolError
 
@@ -59,11 +60,6 @@ def without_stragglers(c: JobPort, leaving: list[str], planned: dict[str, Any]) 
     return {**planned, "stragglers": named, "gain_s_per_step": gain,
             "summary": f"{planned['summary']}; the straggler {', '.join(named)} goes: about {gain:.3f}s less per "
                        f"{step:.3f}s step (~{gain / step:.0%} faster steps)" if step else planned["summary"]}
-
-
-def span(ranks: list[int]) -> str:
-    contiguous = len(ranks) > 1 and ranks[-1] - ranks[0] == len(ranks) - 1
-    return f"{ranks[0]}-{ranks[-1]}" if contiguous else ",".join(map(str, ranks))
 
 
 def check_leave(c: JobPort, nodes: list[str], force: bool) -> None:

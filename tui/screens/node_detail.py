@@ -16,8 +16,8 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from elasticd.commands.render import GPU_COLUMNS, gpu_cells, has_gpu
-from tui.details import event_fields, short_path
+from elasticd.commands.event_text import describe
+from elasticd.commands.render import GPU_COLUMNS, gpu_cells, has_gpu, short_path
 from tui.liveness import format_age, format_bytes
 from tui.model import JobModel
 from tui.rows import Row, name_width
@@ -98,7 +98,7 @@ class NodeDetailScreen(Screen[None]):
         self.query_one("#node-events", Static).update(self.recent_events(names))
 
     def recent_events(self, names: dict[str, str]) -> Text:
-        """The node's last few events, newest first, their fields formatted for reading."""
+        """The node's last few events, newest first, each as a sentence."""
         found: list[dict[str, Any]] = []
         for event in reversed(self.model.events):
             if event.get("node") == self.node_id:
@@ -109,7 +109,7 @@ class NodeDetailScreen(Screen[None]):
         for event in found:
             stamp = time.strftime("%H:%M:%S", time.gmtime(float(event.get("ts", 0))))
             text.append(f"{stamp} ", style="dim").append(f"{event.get('kind')} ", style="cyan")
-            text.append(event_fields(event, lambda node_id: names.get(node_id, node_id)) + "\n")
+            text.append(describe(event, lambda node_id: names.get(node_id, node_id)) + "\n")
         text.rstrip()
         return text if found else text.append("none", style="dim")
 

@@ -4,8 +4,8 @@ import math
 import time
 from typing import Any
 
+from elasticd.commands.event_text import line
 from elasticd.commands.port import JobPort
-from elasticd.commands.render import event
 from elasticd.commands.verb import Arg, Command
 from elasticd.wire.protocol import ErrorCode, ProtocolError, arg
 
@@ -30,7 +30,7 @@ def since_ts(seconds_ago: float) -> float:
 
 
 def render(result: dict[str, Any]) -> str:
-    return "\n".join(event(e) for e in result["events"]) or "(no events)"
+    return "\n".join(line(e) for e in result["events"]) or "(no events)"
 
 
 COMMANDS = [Command(
