@@ -95,8 +95,8 @@ def run_verb(ns: argparse.Namespace) -> int:
                 print(json.dumps(result, indent=1) if ns.json else command.render(result))
                 return 0
             if command.follow is not None:
-                for line in command.follow(client.call, args, result):
-                    print(line, flush=True)
+                for text in command.follow(client.call, args, result):
+                    print(text, flush=True)
                 return 0
             for past in result["events"]:
                 print(json.dumps(past) if ns.json else line(past), flush=True)

@@ -27,6 +27,7 @@ from elasticd.wire.diagnosis import Failure
 from elasticd.wire.names import EventKind, JobState, MeshOp, NodeState
 
 log = logging.getLogger("elasticd")
+COLLECTIVE_HANG_WAIT_S = 2.0  # a rank hung in a collective waits this long for the stuck rank's node to report
 ROUNDS_KEPT = 16  # rounds whose workers `logs` still finds in memory (older ones: by their log file)
 ToCoordinator = Callable[[MeshOp, dict[str, Any]], None]
 NodeEvent = Callable[..., None]  # (EventKind, **fields): a node-side event for the job log
@@ -283,6 +284,13 @@ class NodeAgent:
         dumps = {d.rank: d for d in await asyncio.gather(*(self.output.dump(w) for w in group.running))} \
             if group else {}
         dumped = sorted(d.rank for d in dumps.values() if d.text)  # the rest: `elasticd stacks` reads their last dump
+        if dumps and all(in_collective(dumps[r].where) for r in hung if r in dumps):
+            # Every hung rank here waits in a collective for another: the rank stuck on its own, on some node, is
+            # the root cause, and its node reports without waiting. Ours wait; a round that replaced this one
+            # meanwhile makes them its consequences, with nothing to say.
+            await asyncio.sleep(COLLECTIVE_HANG_WAIT_S)
+            if self.group is not group:
+                return
         # A rank waiting in a collective waits for another: the one that is not is reported first, the root cause.
         for rank in sorted(hung, key=lambda r: in_collective(dumps[r].where) if r in dumps else True):
             dump = dumps.get(rank)

@@ -159,7 +159,6 @@ class EventKind(StrEnum):
     worker_failed = "worker_failed"  # a rank's failure, its error and whether it is the round's root cause
     worker_exit_timeout = "worker_exit_timeout"
     worker_killed = "worker_killed"
-    worker_failed = "worker_failed"  # a rank's failure, its error and whether it is the round's root cause
     worker_hung = "worker_hung"
     worker_left = "worker_left"  # a shim rank left its process group after a collective error (a peer died)
     checkpoint_saved = "checkpoint_saved"
