@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 # files, 129, 102, 99, 91, 69, 68, 58, 55, 50, 44, 41, 41, 38, 36, 36, 35, 27, 23, 22, 20, 19, 15, 14, 13): among
 # its four workers, a long file begun last runs alone at the end.
 LONGEST_FIRST = ("test_sharded_e2e.py", "test_etcd_failover.py", "test_job_wide_signal.py", "test_chaos.py",
-                 "test_slurm_cluster.py", "test_fuzz.py", "test_shim_e2e.py", "test_membership.py", "test_diagnosis_hosts.py",
+                 "test_slurm_cluster.py", "test_fuzz.py", "test_shim_e2e.py", "test_membership.py",
+                 "test_diagnosis_hosts.py",
                  "test_resize_e2e.py", "test_shim_example.py", "test_sharded_fsdp_e2e.py", "test_scenario_e2e.py",
                  "test_kubernetes.py", "test_two_hosts.py", "test_integrations.py", "test_etcd_partition.py",
                  "test_resize_generation.py", "test_resize_hosts.py", "test_relay_e2e.py", "test_start_errors.py",
