@@ -24,11 +24,13 @@ def test_a_line_states_step_loss_and_epoch_or_nothing() -> None:
     assert parse_line(compile_pattern(r"loss (?P<loss>\S+)"), "loss 1e-3") == {"loss": 0.001}
 
 
-def test_a_plain_script_shows_step_and_loss_and_is_never_taken_for_a_hung_shim(tmp_path: Path) -> None:
-    job = Job(tmp_path, nnodes="1:1", nproc=2, extra=["--metrics-from-output", PLAIN_LINE, "--hang-timeout", "1"])
+def test_a_plain_script_shows_step_and_loss_and_is_not_hung_while_its_step_lines_flow(tmp_path: Path) -> None:
+    # Its step lines are its heartbeat (a hang when they stop: tests/test_diagnosis_hosts.py); rank 1 prints
+    # none, and a rank that never printed a step line is never judged.
+    job = Job(tmp_path, nnodes="1:1", nproc=2, extra=["--metrics-from-output", PLAIN_LINE, "--hang-timeout", "5"])
     try:
         a = job.start("a", PLAIN, "--steps", "100000", "--snapshot", str(tmp_path / "snap.pt"), "--step-time", "0.6")
-        a.wait_line(r"\[a:0\] step=4 ")  # several steps, each slower than the hang timeout
+        a.wait_line(r"\[a:0\] step=4 ")
 
         def rank0() -> dict[str, Any]:  # train_plain.py prints on rank 0 only
             return next((r for r in cli(job, "metrics")["ranks"] if r["rank"] == 0), {})
