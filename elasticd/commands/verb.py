@@ -8,7 +8,7 @@ from typing import Any
 
 from elasticd.commands.port import JobPort, NodePort
 from elasticd.commands.render import plain
-from elasticd.wire.protocol import arg
+from elasticd.wire.protocol import ErrorCode, ProtocolError, arg
 
 Body = dict[str, Any]
 Reader = Callable[[JobPort, Body], Body]
@@ -82,6 +82,9 @@ class Command:
         """A job-wide verb at the coordinator (an `on_node` verb is run by daemon/node_queries.py)."""
         if self.read is not None:
             return self.read(c, body)
+        if self.on_node is not None:  # a routing mistake, never the coordinator's to answer
+            raise ProtocolError(ErrorCode.BAD_MESSAGE, f"{self.name} is answered by the node it names, "
+                                "not by the coordinator")
         assert self.plan is not None and self.apply is not None
         plan = self.plan(c, body)  # its checks and interlocks refuse a dry run as they would the real one
         if arg(body, "dry_run", bool, False):
