@@ -36,6 +36,7 @@ class DaemonProc:
     def __init__(self, args: list[str], cwd: Path, env: dict[str, str], prefix: list[str] | None = None) -> None:
         self.proc = subprocess.Popen(
             [*(prefix or []), sys.executable, "-m", "elasticd.cli", "start", *args], cwd=cwd, env=env, text=True,
+            errors="replace",  # a worker's binary output, echoed by its daemon, is read like any other
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         self.lines: list[str] = []
         self.cond = threading.Condition()

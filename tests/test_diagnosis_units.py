@@ -35,6 +35,16 @@ def test_lines_are_bounded_and_a_ten_megabyte_line_passes_in_pieces() -> None:
     assert len(out.recent) == RECENT_LINES and out.recent[-1] == f"line {RECENT_LINES * 3 - 1}"
 
 
+def test_a_follower_of_a_deleted_log_gets_the_lines_past_its_offset_from_memory() -> None:
+    out = OutputLines()
+    out.feed(b"one\ntwo\nthr")
+    offset = out.bytes  # where a follower stood: mid-line
+    assert out.since(offset) == []
+    out.feed(b"ee\nfour\n")
+    assert out.since(offset) == ["three", "four"]  # the line being written then comes whole
+    assert out.since(out.bytes) == [] and out.since(0) == ["one", "two", "three", "four"]
+
+
 def test_the_last_traceback_printed_is_the_error() -> None:
     out = OutputLines()
     for chunk in (b"step 1\n", TRACEBACK.replace("bad batch 7", "first").encode(), b"step 2\n", TRACEBACK.encode(),

@@ -97,8 +97,14 @@ class NodeQueries:
                 ErrorCode.INTERNAL, f"node {entry[2]} sent a malformed answer").as_body())
 
     def expire(self, now: float) -> None:
+        """Questions past their time, or to a node that has since left or been lost, are answered with why."""
         for qid, (answer, due, node) in list(self.pending.items()):
-            if now > due:
+            status = self.status_of(node)
+            if status is not None and status != NodeStatus.alive:
+                del self.pending[qid]
+                answer(ProtocolError(ErrorCode.NOT_RUNNING, f"node '{node}' {status} before it answered "
+                                     "(its logs stay on its host, under --log-dir)").as_body())
+            elif now > due:
                 del self.pending[qid]
                 answer(ProtocolError(ErrorCode.TIMEOUT, f"node {node} did not answer within "
                                      f"{QUERY_TIMEOUT_S:.0f} s").as_body())

@@ -82,7 +82,7 @@ class WorkerOutput:
                 else:
                     entry.update(self.follow(handle, size, since))
         except OSError as err:  # deleted or unreadable: what the daemon still holds in memory
-            held = list(worker.output.recent)[-tail:] if worker is not None and tail else []
+            held = held_lines(worker, tail, since)
             entry.update(lines=held, offset=worker.output.bytes if worker else 0, source="memory",
                          note=f"log file unreadable ({err.strerror or err}); {len(held)} recent line(s) from memory")
         return entry
@@ -125,14 +125,24 @@ class WorkerOutput:
         return StackDump(worker.rank, worker.proc.pid, main_thread_where(text), text, note)
 
 
+def held_lines(worker: Worker | None, tail: int, since: int | None) -> list[str]:
+    """What the daemon holds in memory for a reader: the lines past a follower's offset, or the last `tail`."""
+    if worker is None:
+        return []
+    if since is not None:
+        return worker.output.since(since)
+    return list(worker.output.recent)[-tail:] if tail else []
+
+
 def split(data: bytes, whole_first: bool) -> list[str]:
-    """Readable lines; without `whole_first` the first is a piece of a line, and dropped."""
+    """Readable lines; without `whole_first` the first is the end of a line begun earlier, shown after `…`."""
     lines = data.split(b"\n")
     if lines and not lines[-1]:
         lines.pop()
-    if not whole_first and lines:
-        lines = lines[1:]
-    return [readable(line) for line in lines]
+    texts = [readable(line) for line in lines]
+    if not whole_first and texts:
+        texts[0] = f"…{texts[0]}"  # the end of a longer line (a 10 MB line's last 256 KB): said, not dropped
+    return texts
 
 
 def without_launcher(dump: str) -> str:

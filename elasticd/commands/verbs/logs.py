@@ -39,8 +39,9 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def lines_of(entry: dict[str, Any]) -> list[str]:
-    notes = [f"(log: {entry['note']})"] if entry.get("note") else []
+def lines_of(entry: dict[str, Any], said: str = "") -> list[str]:
+    """The entry's lines after its note (unless `said` already, as a follower's last poll did) and any skip."""
+    notes = [f"(log: {entry['note']})"] if entry.get("note") and entry["note"] != said else []
     skipped = [f"(… {entry['skipped']} bytes skipped: output faster than a follower reads …)"] \
         if entry.get("skipped") else []
     return [*notes, *skipped, *entry.get("lines", [])]
@@ -53,14 +54,15 @@ def follow(call: Caller, request: dict[str, Any], first: dict[str, Any]) -> Iter
     if len(entries) != 1:
         yield "(--follow follows one rank: give RANK)"
         return
-    rank, offset = entries[0]["rank"], entries[0].get("offset", 0)
+    rank, offset, said = entries[0]["rank"], entries[0].get("offset", 0), entries[0].get("note", "")
     ask = {"node": request["node"], "rank": rank, "round": first.get("round")}
     while True:
         time.sleep(FOLLOW_POLL_S)
         reply = call("logs", **ask, since=offset)
         entry = reply["ranks"][0]
         offset = entry.get("offset", offset)
-        yield from lines_of(entry)
+        yield from lines_of(entry, said)
+        said = entry.get("note", "")
 
 
 COMMANDS = [Command(

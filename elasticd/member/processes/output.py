@@ -26,7 +26,9 @@ class OutputLines:
 
     def __init__(self) -> None:
         self.recent: deque[str] = deque(maxlen=RECENT_LINES)
+        self.ends: deque[int] = deque(maxlen=RECENT_LINES)  # where each recent line ends in the output
         self.bytes = 0  # every byte seen: the log file's size, when nothing else writes it
+        self._noted = 0  # bytes of the output split into lines so far
         self.traceback: list[str] = []  # the last complete one
         self._pending = b""
         self._reading: list[str] | None = None  # a traceback being printed
@@ -52,7 +54,9 @@ class OutputLines:
 
     def note(self, raw: bytes) -> tuple[bytes, str]:
         text = readable(raw)
+        self._noted += len(raw)
         self.recent.append(text)
+        self.ends.append(self._noted)
         if text == TRACEBACK_HEAD:
             self.end_traceback()
             self._reading = [text]
@@ -62,6 +66,10 @@ class OutputLines:
             if text and not text[:1].isspace():  # `ValueError: …`: the exception line ends it
                 self.end_traceback()
         return raw, text
+
+    def since(self, offset: int) -> list[str]:
+        """The recent lines that end after byte `offset`: a follower's next lines when the log file is gone."""
+        return [text for text, end in zip(self.recent, self.ends, strict=True) if end > offset]
 
     def end_traceback(self) -> None:
         if self._reading is not None and len(self._reading) > 1:
