@@ -29,6 +29,15 @@ def gpu_of(rank: int) -> dict[str, Any] | None:
 ROUND_2_STEP = 120  # rank 3 failed here: round 2 restarts the workers
 
 
+ROOT_CAUSE = {"node": "b", "rank": 3, "round": 1, "exit_code": 1, "signal": "", "pid": 2002, "at": NOW - 540,
+              "error": {"type": "ValueError", "message": "bad batch", "where": "train.py:42 in step",
+                        "file": "/job/train.py", "line": 42, "source": "output",
+                        "traceback": 'Traceback (most recent call last):\n  File "/job/train.py", line 42, in step\n'
+                                     "ValueError: bad batch"},
+              "hang": False, "reason": "rank 3 exited 1", "log": "/nonexistent/logs/demo/b/round-0001/rank-3.log",
+              "error_file": "", "consequences": 1}  # status.root_cause: rank 3's failure ended round 1
+
+
 def fixed_clock() -> float:
     return NOW
 
@@ -113,7 +122,8 @@ class FakeLink:
         return {"ok": True, "job_id": "demo", "state": "running", "reason": "", "round": 2, "world_size": 4,
                 "min_nodes": 1, "max_nodes": 3, "target": 2, "coordinator": "a",
                 "restarts": {"failure": 1, "membership": 0, "operator": 0, "hang": 0}, "max_restarts": 3,
-                "last_recovery": timeline(3.4), "rank_map": rank_map, "nodes": nodes, "seq": 17}
+                "last_recovery": timeline(3.4), "rank_map": rank_map, "nodes": nodes, "seq": 17,
+                "root_cause": ROOT_CAUSE}
 
     def op_events(self, args: dict[str, Any]) -> dict[str, Any]:
         return {"ok": True, "events": history_events(), "seq": 17}

@@ -1,4 +1,4 @@
-"""Node detail: the node's worker processes, its recent events and the last lines of each worker's log."""
+"""Node detail: the node's workers, its root cause, its recent events and the last lines of each worker's log."""
 
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ class NodeDetailScreen(Screen[None]):
     BINDINGS = [Binding("escape", "app.pop_screen", "Back", id="detail.back")]
     DEFAULT_CSS = """
     NodeDetailScreen #detail-title { padding: 0 1; text-style: bold; background: $primary-darken-2; }
+    NodeDetailScreen #detail-cause { padding: 0 1; text-style: bold; color: $error; }
     NodeDetailScreen #workers, NodeDetailScreen #gpus { height: auto; max-height: 12; }
     NodeDetailScreen #node-events { height: auto; padding: 0 1; border-bottom: solid $primary-darken-2; }
     """
@@ -66,6 +67,7 @@ class NodeDetailScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield Static(id="detail-title")
+        yield Static(id="detail-cause")
         yield SyncedTable(WORKER_COLUMNS, id="workers")
         yield SyncedTable(GPU_TABLE_COLUMNS, id="gpus")
         yield Static(id="node-events")
@@ -85,6 +87,10 @@ class NodeDetailScreen(Screen[None]):
         self.query_one("#detail-title", Static).update(
             f"node {name} · host {node.host or '?'} · {node.role}/{node.daemon_state or node.status} · "
             f"{self.model.node_liveness(node)} {format_age(self.model.heartbeat_age(node))}")
+        cause = self.model.recent_cause(self.node_id)
+        cause_line = self.query_one("#detail-cause", Static)
+        cause_line.display = cause is not None
+        cause_line.update(cause.summary if cause is not None else "")
         rows: list[Row] = [(str(w.get("pid")), [str(w.get("rank")), str(w.get("local_rank")), pid_cell(w, node.kept),
                  Text(str(w.get("state")), style="green" if w.get("state") == "running" else "red"),
                  "-" if w.get("exit_code") is None else str(w.get("exit_code")),
