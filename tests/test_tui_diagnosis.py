@@ -1,4 +1,4 @@
-"""The console's diagnosis on the fake job: the root cause on its node's row and in its detail."""
+"""The console's diagnosis on the fake job: tails through `logs`, the root cause on its row and in its detail."""
 
 from __future__ import annotations
 
@@ -9,10 +9,17 @@ from textual.widgets import Static
 
 from tui.app import ElasticApp
 from tui.diagnosis import RootCause
-from tui.fake import ROOT_CAUSE
+from tui.fake import ROOT_CAUSE, FakeLink
 from tui.screens.node_detail import NodeDetailScreen
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
+
+
+def daemon(app: ElasticApp) -> FakeLink:
+    """The fake daemon the console asks node queries through."""
+    link = app.session.link(app.session.active)
+    assert isinstance(link, FakeLink)
+    return link
 
 
 def shown(app: ElasticApp, selector: str) -> str:
@@ -20,13 +27,35 @@ def shown(app: ElasticApp, selector: str) -> str:
 
 
 async def open_detail(pilot: Pilot, *keys: str) -> ElasticApp:
-    """Node detail of the node under the cursor after `keys`."""
+    """Node detail of the node under the cursor after `keys`, its tails read."""
     app: ElasticApp = pilot.app  # type: ignore[assignment]
     await settle(pilot)
     await pilot.press(*keys, "enter")
     await until(pilot, lambda: isinstance(app.screen, NodeDetailScreen), what="node detail")
-    await pilot.pause()
+    await until(pilot, lambda: "(pid" in shown(app, "#tails") or "(no output" in shown(app, "#tails"), what="tails")
     return app
+
+
+@pytest.mark.asyncio
+async def test_node_detail_reads_the_tails_through_the_logs_verb() -> None:
+    async with fake_app().run_test(size=SIZE) as pilot:
+        app = await open_detail(pilot)
+        tails = shown(app, "#tails")
+        # the fake's log paths exist on no host: these lines came from the node's answer
+        assert "── rank 1 (pid 1004, running) ──" in tails and "[rank 1] step 240 loss" in tails
+        assert "[rank 0] step 160" not in tails and "[rank 0] step 170" in tails  # the last 8 lines
+        assert ("logs", {"node": "a", "tail": 8}) in daemon(app).calls
+
+
+@pytest.mark.asyncio
+async def test_node_detail_says_why_a_node_gives_no_tails() -> None:
+    async with fake_app().run_test(size=SIZE) as pilot:
+        app = await open_detail(pilot, "down", "down")  # c: a standby, no workers
+        assert shown(app, "#tails") == "(no output from node c: node c has no workers in round 2)"
+        await pilot.press("escape")
+        daemon(app).silent.add("a")
+        app = await open_detail(pilot, "up", "up")
+        assert shown(app, "#tails") == "(no output from node a: node a did not answer within 4 s)"
 
 
 @pytest.mark.asyncio

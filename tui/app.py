@@ -319,7 +319,7 @@ class ElasticApp(App[None]):
     @on(SyncedTable.RowSelected, "#nodes")
     def open_node(self, event: SyncedTable.RowSelected) -> None:
         if not is_placeholder(event.key):
-            self.push_screen(NodeDetailScreen(self.model, event.key))
+            self.push_screen(NodeDetailScreen(self.session, event.key))
 
     def on_nodes_view_rows_shown(self, message: NodesView.RowsShown) -> None:
         self.session.show_rows(message.first, message.count)

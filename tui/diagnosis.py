@@ -1,9 +1,11 @@
-"""A round's root cause, typed from the daemon's `status`, said briefly for a table cell or in one line."""
+"""A round's root cause and a rank's output, typed from the daemon's replies and drawn as rich Text."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from rich.text import Text
 
 from elasticd.wire.diagnosis import Failure
 
@@ -59,3 +61,61 @@ class RootCause:
         if self.consequences:
             text += f"; {self.consequences} more failure(s) followed it"
         return text
+
+
+@dataclass(frozen=True)
+class RankOutput:
+    """One rank's entry of a `logs` reply: its process, and the lines read up to byte `offset` of its log."""
+
+    rank: int | None
+    pid: int | None = None
+    state: str = ""
+    exit_code: int | None = None
+    path: str = ""
+    note: str = ""
+    skipped: int = 0
+    offset: int = 0
+    lines: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> RankOutput:
+        lines = body.get("lines")
+        return cls(whole(body.get("rank")), whole(body.get("pid")), str(body.get("state") or ""),
+                   whole(body.get("exit_code")), str(body.get("path") or ""), str(body.get("note") or ""),
+                   whole(body.get("skipped")) or 0, whole(body.get("offset")) or 0,
+                   [str(line) for line in lines] if isinstance(lines, list) else [])
+
+    @property
+    def title(self) -> str:
+        """`rank 1 (pid 1004, running)`, with the exit code of one that ended."""
+        code = "" if self.exit_code is None else f", exit code {self.exit_code}"
+        return f"rank {self.rank} (pid {self.pid}, {self.state or '?'}{code})"
+
+    def text_lines(self) -> list[Text]:
+        """What the log said, after why it comes from memory and how much a slow reader skipped."""
+        notes = [Text(f"(log: {self.note})", style="dim")] if self.note else []
+        if self.skipped:
+            notes.append(Text(f"(… {self.skipped} bytes skipped: the output ran faster than this console reads …)",
+                              style="yellow"))
+        return [*notes, *(Text(line) for line in self.lines)]
+
+
+def entries(reply: dict[str, Any]) -> list[dict[str, Any]]:
+    """A `logs` reply's per-rank records; anything else in the list is left out."""
+    ranks = reply.get("ranks")
+    return [entry for entry in ranks if isinstance(entry, dict)] if isinstance(ranks, list) else []
+
+
+def rank_outputs(reply: dict[str, Any]) -> list[RankOutput]:
+    return [RankOutput.from_body(entry) for entry in entries(reply)]
+
+
+def tails_text(reply: dict[str, Any]) -> Text:
+    """Each rank's last lines under a header naming it: node detail's tails."""
+    text = Text()
+    for entry in rank_outputs(reply):
+        text.append(f"── {entry.title} ──\n", style="bold cyan")
+        for line in entry.text_lines() or [Text("(no output yet)", style="dim")]:
+            text.append_text(line).append("\n")
+    text.rstrip()
+    return text or Text("(no workers reported)", style="dim")
