@@ -1,4 +1,4 @@
-"""A round's root cause and a rank's output, typed from the daemon's replies and drawn as rich Text."""
+"""A round's root cause, a rank's output and its stacks, typed from the daemon's replies and drawn as rich Text."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.text import Text
 
-from elasticd.wire.diagnosis import Failure
+from elasticd.wire.diagnosis import Failure, StackDump
 
 
 def whole(value: Any) -> int | None:
@@ -101,7 +101,7 @@ class RankOutput:
 
 
 def entries(reply: dict[str, Any]) -> list[dict[str, Any]]:
-    """A `logs` reply's per-rank records; anything else in the list is left out."""
+    """A `logs` or `stacks` reply's per-rank records; anything else in the list is left out."""
     ranks = reply.get("ranks")
     return [entry for entry in ranks if isinstance(entry, dict)] if isinstance(ranks, list) else []
 
@@ -119,3 +119,24 @@ def tails_text(reply: dict[str, Any]) -> Text:
             text.append_text(line).append("\n")
     text.rstrip()
     return text or Text("(no workers reported)", style="dim")
+
+
+def dumps_of(reply: dict[str, Any]) -> list[StackDump]:
+    """The `stacks` reply's dumps; a malformed entry is left out."""
+    return [StackDump(body["rank"], whole(body.get("pid")) or 0, str(body.get("where") or ""),
+                      str(body.get("text") or ""), str(body.get("note") or ""))
+            for body in entries(reply) if whole(body.get("rank")) is not None]
+
+
+def stacks_text(reply: dict[str, Any]) -> Text:
+    """Each rank's dump under a header naming it and where its main thread is."""
+    text = Text()
+    for dump in dumps_of(reply):
+        where = f" at {dump.where}" if dump.where else ""
+        text.append(f"── rank {dump.rank} (pid {dump.pid}){where} ──\n", style="bold cyan")
+        if dump.note:
+            text.append(f"({dump.note})\n", style="dim")
+        if dump.text:
+            text.append(dump.text + "\n")
+    text.rstrip()
+    return text or Text("(no live ranks to dump)", style="dim")

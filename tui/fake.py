@@ -88,6 +88,14 @@ def printed(rank: int) -> list[str]:
     return [f"[rank {rank}] step {step} loss {loss_at(rank, step):.4f}" for step in range(160, 241, 10)]
 
 
+def stack(rank: int) -> dict[str, Any]:
+    """A rank's faulthandler dump as `stacks` returns it: each rank in `step`, a line apart."""
+    line = 17 + rank
+    return {"rank": rank, "pid": 1003 + rank, "where": f"train.py:{line} in step", "note": "",
+            "text": f'Current thread 0x00007f00000000{rank:02d} (most recent call first):\n'
+                    f'  File "/job/train.py", line {line} in step\n  File "/job/train.py", line 60 in main'}
+
+
 def goodput_report() -> dict[str, Any]:
     """The fake job's 600 s as `goodput` accounts them: start-up, rank 3's crash and the steps redone after it."""
     bins: list[dict[str, float]] = [{"training": 20.0} for _ in range(30)]
@@ -185,6 +193,10 @@ class FakeLink:
             lines = data[int(args["since"]) + skipped:].decode().splitlines()
         return {"rank": rank, "pid": 1003 + rank, "state": "running", "exit_code": None, "path": log_path(node, rank),
                 "source": "file", "note": "", "skipped": skipped, "lines": lines, "offset": len(data)}
+
+    def op_stacks(self, args: dict[str, Any]) -> dict[str, Any]:
+        node, ranks = self.queried(args)
+        return {"ok": True, "node": node, "round": 2, "ranks": [stack(rank) for rank in ranks]}
 
     def op_goodput(self, args: dict[str, Any]) -> dict[str, Any]:
         return goodput_report()

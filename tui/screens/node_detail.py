@@ -18,7 +18,8 @@ from textual.widgets import Footer, Static
 
 from elasticd.commands.event_text import describe
 from elasticd.commands.render import GPU_COLUMNS, gpu_cells, has_gpu, short_path
-from tui.diagnosis import tails_text
+from tui.actions import screen_bindings
+from tui.diagnosis import tails_text, whole
 from tui.feeds import IO_ERRORS, reason
 from tui.liveness import format_age, format_bytes
 from tui.rows import Row, name_width
@@ -35,7 +36,7 @@ RECENT_EVENTS = 5
 class NodeDetailScreen(Screen[None]):
     """Esc goes back; the tails refresh every second, read on the node through the daemon this console asks."""
 
-    BINDINGS = [Binding("escape", "app.pop_screen", "Back", id="detail.back")]
+    BINDINGS = [Binding("escape", "app.pop_screen", "Back", id="detail.back"), *screen_bindings("output", "stacks")]
     DEFAULT_CSS = """
     NodeDetailScreen #detail-title { padding: 0 1; text-style: bold; background: $primary-darken-2; }
     NodeDetailScreen #detail-cause { padding: 0 1; text-style: bold; color: $error; }
@@ -108,6 +109,14 @@ class NodeDetailScreen(Screen[None]):
             text.append(describe(event, lambda node_id: names.get(node_id, node_id)) + "\n")
         text.rstrip()
         return text if found else text.append("none", style="dim")
+
+    def cursor_rank(self) -> int | None:
+        """The rank of the worker under the workers table's cursor."""
+        pid = self.query_one("#workers", SyncedTable).cursor_key()
+        for worker in self.model.node(self.node_id).workers:
+            if str(worker.get("pid")) == pid:
+                return whole(worker.get("rank"))
+        return None
 
     @work(exclusive=True, group="tails", exit_on_error=False)
     async def read_tails(self) -> None:
