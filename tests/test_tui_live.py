@@ -1,4 +1,5 @@
-"""elastic-tui against real daemons (2 nodes, ticker worker): views, drain with confirm, cancel, read-only.
+"""elastic-tui against real daemons (2 nodes, ticker worker): views, a remote rank's output and stacks, drain with
+confirm, cancel, read-only.
 
 A test that asserts something did not happen first waits for a sign that it could have: every key answered
 with its notice, and every steering request the app started answered by the daemon.
@@ -16,11 +17,13 @@ from test_tui_support import SIZE, until
 from textual.message import Message
 from textual.notifications import Notify
 from textual.pilot import Pilot
-from textual.widgets import Button, Static
+from textual.widgets import Button, RichLog, Static
 
 from tui.app import ElasticApp
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.node_detail import NodeDetailScreen
+from tui.screens.rank_output import RankOutputScreen
+from tui.screens.stacks import StacksScreen
 
 pytestmark = pytest.mark.asyncio
 
@@ -68,6 +71,10 @@ def goodput_text(app: ElasticApp) -> str:
     return str(app.query_one("#goodput-table", Static).render())
 
 
+def stacks_text(app: ElasticApp) -> str:
+    return str(app.screen.query_one("#stacks", Static).render())
+
+
 def steering_answered(app: ElasticApp) -> bool:
     """No steering request of the app is in flight: whatever it sent, the daemon has answered."""
     return all(worker.is_finished for worker in app.workers if worker.group == "steer")
@@ -92,6 +99,27 @@ async def test_one_member_address_shows_the_whole_job_and_every_view(job: Job) -
         await pilot.press("escape")
         await pilot.press("slash", "b")
         await until(pilot, lambda: [k for k, _ in app.nodes_table.shown] == ["b"], what="filter to b")
+
+
+async def test_a_remote_ranks_output_and_stacks_come_through_another_daemon(job: Job) -> None:
+    app = ElasticApp({job.job_id: [job.daemons["b"].control]})
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: connected(app) and bool(app.model.nodes["a"].workers), what="both daemons live")
+        await cursor_to(pilot, app, "a")
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, NodeDetailScreen))
+        await pilot.press("f")
+        await until(pilot, lambda: isinstance(app.screen, RankOutputScreen))
+
+        def ticks() -> list[str]:
+            return [s.text for s in app.screen.query_one(RichLog).lines if s.text.startswith("tick=")]
+
+        await until(pilot, lambda: bool(ticks()), what="the first lines")
+        first = ticks()[-1]
+        await until(pilot, lambda: ticks()[-1] != first, what="lines written after the first read")
+        await pilot.press("s")
+        await until(pilot, lambda: isinstance(app.screen, StacksScreen) and "taking" not in stacks_text(app))
+        assert "── rank 0 (pid" in stacks_text(app) and "ticker.py" in stacks_text(app), stacks_text(app)
 
 
 async def test_cancel_changes_nothing(job: Job) -> None:

@@ -48,6 +48,8 @@ LOCAL: tuple[ActionSpec, ...] = (
     ActionSpec("view_goodput", "6", "View: goodput, lost time by cause over time", show=False),
     ActionSpec("next_job", "right_square_bracket", "Next job", show=False),
     ActionSpec("log_scale", "l", "Loss plot: log scale on or off", show=False),
+    ActionSpec("output", "f", "Output: follow a rank's log as it is written", show=False),
+    ActionSpec("stacks", "s", "Stacks: the Python stacks of the node's ranks, taken live", show=False),
 )
 
 
@@ -63,8 +65,17 @@ ACTIONS_BY_ID: dict[str, ActionSpec] = {spec.id: spec for spec in ACTIONS}
 STEERING_KEYS: dict[str, ActionSpec] = {spec.key: spec for spec in ACTIONS if spec.steers}
 
 
+def binding(spec: ActionSpec, action: str, show: bool) -> Binding:
+    """A key for an action, with the action's id so a keymap can remap it."""
+    return Binding(spec.key, action, spec.description.split(":")[0].split(" (")[0], show=show,
+                   key_display=spec.key_display, id=spec.id, tooltip=spec.description)
+
+
 def bindings() -> list[BindingType]:
-    """App bindings, each with an id so a keymap can remap it."""
-    return [Binding(spec.key, f"run('{spec.id}')", spec.description.split(":")[0].split(" (")[0],
-                    show=spec.show, key_display=spec.key_display, id=spec.id, tooltip=spec.description)
-            for spec in ACTIONS]
+    """The app's keys: every action of the registry."""
+    return [binding(spec, f"run('{spec.id}')", spec.show) for spec in ACTIONS]
+
+
+def screen_bindings(*action_ids: str) -> list[BindingType]:
+    """A screen's footer shows these actions (the main one hides them); the app runs them as it does its own."""
+    return [binding(ACTIONS_BY_ID[action_id], f"app.run('{action_id}')", True) for action_id in action_ids]

@@ -23,6 +23,8 @@ from tui.paging import is_placeholder
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.help import HelpScreen
 from tui.screens.node_detail import NodeDetailScreen
+from tui.screens.rank_output import RankOutputScreen
+from tui.screens.stacks import StacksScreen
 from tui.session import Connector, JobSession, live_link
 from tui.steering import NoTarget, SteerRequest, build_requests, execute, preview
 from tui.views import VIEW_NAMES, CheckpointsView, EventsView, GoodputView, LossView, NodesView, RanksView
@@ -228,6 +230,37 @@ class ElasticApp(App[None]):
         self.marks = set()
         self.redraw()
 
+    def do_output(self) -> None:
+        if isinstance(self.screen, RankOutputScreen):
+            return  # followed already
+        target = self.looked_at()
+        if target is None or target[1] is None:
+            self.notify("output: put the cursor on a node that runs workers, or on a rank in its detail",
+                        severity="warning")
+            return
+        self.push_screen(RankOutputScreen(self.session, target[0], target[1]))
+
+    def do_stacks(self) -> None:
+        target = self.looked_at()
+        if target is None:
+            self.notify("stacks: put the cursor on a node first", severity="warning")
+            return
+        rank = target[1] if isinstance(self.screen, RankOutputScreen) else None  # elsewhere: every rank of the node
+        self.push_screen(StacksScreen(self.session, target[0], rank))
+
+    def looked_at(self) -> tuple[str, int | None] | None:
+        """The node and rank on screen: a rank's output; node detail's node and the rank under its cursor; the
+        nodes view's cursor node and its first rank (the one kill_worker targets)."""
+        screen = self.screen
+        if isinstance(screen, RankOutputScreen):
+            return screen.node_id, screen.rank
+        if isinstance(screen, NodeDetailScreen):
+            return screen.node_id, screen.cursor_rank()
+        node = self.model.nodes.get(self.cursor_node() or "") if screen is self.main else None
+        if node is None:
+            return None
+        return node.node_id, node.ranks[0] if node.ranks else None
+
     def cursor_node(self) -> str | None:
         key = self.nodes_table.cursor_key() if self.view == "nodes" else None
         return None if key is None or is_placeholder(key) else key
@@ -319,7 +352,7 @@ class ElasticApp(App[None]):
     @on(SyncedTable.RowSelected, "#nodes")
     def open_node(self, event: SyncedTable.RowSelected) -> None:
         if not is_placeholder(event.key):
-            self.push_screen(NodeDetailScreen(self.model, event.key))
+            self.push_screen(NodeDetailScreen(self.session, event.key))
 
     def on_nodes_view_rows_shown(self, message: NodesView.RowsShown) -> None:
         self.session.show_rows(message.first, message.count)

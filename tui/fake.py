@@ -29,6 +29,15 @@ def gpu_of(rank: int) -> dict[str, Any] | None:
 ROUND_2_STEP = 120  # rank 3 failed here: round 2 restarts the workers
 
 
+ROOT_CAUSE = {"node": "b", "rank": 3, "round": 1, "exit_code": 1, "signal": "", "pid": 2002, "at": NOW - 540,
+              "error": {"type": "ValueError", "message": "bad batch", "where": "train.py:42 in step",
+                        "file": "/job/train.py", "line": 42, "source": "output",
+                        "traceback": 'Traceback (most recent call last):\n  File "/job/train.py", line 42, in step\n'
+                                     "ValueError: bad batch"},
+              "hang": False, "reason": "rank 3 exited 1", "log": "/nonexistent/logs/demo/b/round-0001/rank-3.log",
+              "error_file": "", "consequences": 1}  # status.root_cause: rank 3's failure ended round 1
+
+
 def fixed_clock() -> float:
     return NOW
 
@@ -70,6 +79,23 @@ def history_events() -> list[dict[str, Any]]:
     return events
 
 
+def log_path(node: str, rank: int) -> str:
+    return f"/nonexistent/logs/demo/{node}/round-0002/rank-{rank}.log"
+
+
+def printed(rank: int) -> list[str]:
+    """What a rank of round 2 printed: a line every ten steps."""
+    return [f"[rank {rank}] step {step} loss {loss_at(rank, step):.4f}" for step in range(160, 241, 10)]
+
+
+def stack(rank: int) -> dict[str, Any]:
+    """A rank's faulthandler dump as `stacks` returns it: each rank in `step`, a line apart."""
+    line = 17 + rank
+    return {"rank": rank, "pid": 1003 + rank, "where": f"train.py:{line} in step", "note": "",
+            "text": f'Current thread 0x00007f00000000{rank:02d} (most recent call first):\n'
+                    f'  File "/job/train.py", line {line} in step\n  File "/job/train.py", line 60 in main'}
+
+
 def goodput_report() -> dict[str, Any]:
     """The fake job's 600 s as `goodput` accounts them: start-up, rank 3's crash and the steps redone after it."""
     bins: list[dict[str, float]] = [{"training": 20.0} for _ in range(30)]
@@ -96,6 +122,9 @@ class FakeLink:
     def __init__(self, control: str, gpu: bool = False) -> None:
         self.control, self.gpu = control, gpu
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.printed = {rank: printed(rank) for rank in range(4)}  # each rank's log, as lines; tests add more
+        self.skip = 0  # bytes the next follow of a log skips, as a node does for a reader far behind
+        self.silent: set[str] = set()  # nodes that no longer answer node queries
 
     async def call(self, op: str, timeout_s: float | None = None, **args: Any) -> dict[str, Any]:
         self.calls.append((op, args))
@@ -113,7 +142,8 @@ class FakeLink:
         return {"ok": True, "job_id": "demo", "state": "running", "reason": "", "round": 2, "world_size": 4,
                 "min_nodes": 1, "max_nodes": 3, "target": 2, "coordinator": "a",
                 "restarts": {"failure": 1, "membership": 0, "operator": 0, "hang": 0}, "max_restarts": 3,
-                "last_recovery": timeline(3.4), "rank_map": rank_map, "nodes": nodes, "seq": 17}
+                "last_recovery": timeline(3.4), "rank_map": rank_map, "nodes": nodes, "seq": 17,
+                "root_cause": ROOT_CAUSE}
 
     def op_events(self, args: dict[str, Any]) -> dict[str, Any]:
         return {"ok": True, "events": history_events(), "seq": 17}
@@ -129,11 +159,44 @@ class FakeLink:
         def worker(node: str, local: int, rank: int) -> dict[str, Any]:
             return {"pid": 1003 + rank, "local_rank": local, "rank": rank, "state": "running", "exit_code": None,
                     "cpu_percent": 97.0, "rss": 512 * 1024 * 1024, "uptime_s": 300.0,
-                    "log": f"/nonexistent/logs/demo/{node}/round-0002/rank-{rank}.log", "round": 2,
+                    "log": log_path(node, rank), "round": 2,
                     **({"gpu": gpu_of(rank)} if self.gpu else {})}
 
         return {"ok": True, "nodes": {"a": [worker("a", 0, 0), worker("a", 1, 1)],
                                       "b": [worker("b", 0, 2), worker("b", 1, 3)], "c": []}}
+
+    def queried(self, args: dict[str, Any]) -> tuple[str, list[int]]:
+        """A node query's node and its ranks asked for, or the error its daemon would answer."""
+        node = str(args.get("node"))
+        if node not in NODES:
+            raise ClientError("not_found", f"no node '{node}' in this job")
+        if node in self.silent:
+            raise ClientError("timeout", f"node {node} did not answer within 4 s")
+        ranks = [rank for rank in NODES[node][1] if args.get("rank") in (None, rank)]
+        if not ranks:
+            what = "workers" if args.get("rank") is None else f"rank {args['rank']}"
+            raise ClientError("not_found", f"node {node} has no {what} in round 2")
+        return node, ranks
+
+    def op_logs(self, args: dict[str, Any]) -> dict[str, Any]:
+        node, ranks = self.queried(args)
+        return {"ok": True, "node": node, "round": 2, "ranks": [self.log(node, rank, args) for rank in ranks]}
+
+    def log(self, node: str, rank: int, args: dict[str, Any]) -> dict[str, Any]:
+        """The last `tail` lines, or those past byte `since` (after `skip` bytes, once)."""
+        data = "".join(f"{line}\n" for line in self.printed[rank]).encode()
+        skipped, tail = 0, int(args.get("tail") or 0)
+        if args.get("since") is None:
+            lines = self.printed[rank][-tail:] if tail else []
+        else:
+            skipped, self.skip = self.skip, 0
+            lines = data[int(args["since"]) + skipped:].decode().splitlines()
+        return {"rank": rank, "pid": 1003 + rank, "state": "running", "exit_code": None, "path": log_path(node, rank),
+                "source": "file", "note": "", "skipped": skipped, "lines": lines, "offset": len(data)}
+
+    def op_stacks(self, args: dict[str, Any]) -> dict[str, Any]:
+        node, ranks = self.queried(args)
+        return {"ok": True, "node": node, "round": 2, "ranks": [stack(rank) for rank in ranks]}
 
     def op_goodput(self, args: dict[str, Any]) -> dict[str, Any]:
         return goodput_report()

@@ -33,6 +33,11 @@ IO_ERRORS = (ClientError, zmq.ZMQError, OSError, *BAD_DATA)
 Changed = Callable[[], None]
 
 
+def reason(err: Exception) -> str:
+    """Why a call failed, as the daemon (or the client's timeout) put it."""
+    return err.reason if isinstance(err, ClientError) else str(err)
+
+
 async def poll_job(session: JobSession, changed: Changed, interval_s: float = POLL_INTERVAL_S) -> None:
     """Status every interval, workers and metrics less often; history and ranks on start and new rounds."""
     model, tick, history_loaded, ranks_round = session.model, 0, False, -1
@@ -58,7 +63,7 @@ async def poll_job(session: JobSession, changed: Changed, interval_s: float = PO
                 if tick % WORKERS_EVERY == 0 and not model.paged:
                     model.apply_workers(await session.call("workers"))
             except IO_ERRORS as err:
-                model.connection = f"reconnecting ({getattr(err, 'reason', err)})"
+                model.connection = f"reconnecting ({reason(err)})"
                 model.changed()
             start_followers(session, followers, changed, history_loaded, hub)
             if hub is not None and hub_task is not None and hub_task.done():  # like a follower: restarted

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tui.diagnosis import RootCause
 from tui.liveness import liveness
 from tui.names import short_names
 from tui.paging import PAGED_ABOVE, placeholder
@@ -100,6 +101,7 @@ class JobModel:
         self.ranks_by_node: dict[str, dict[int, RankView]] = {}  # node id -> rank -> its metrics
         self.node_order: dict[str, int] = {}  # node id -> position in `nodes` (nodes are never removed)
         self.stragglers: dict[str, dict[str, Any]] = {}  # node id -> what it costs the job per step (`straggler`)
+        self.root_cause: RootCause | None = None  # the newest failed round's first failure (`status`)
         self.goodput: dict[str, Any] = {}  # the `goodput` verb's last reply: lost time by cause, its timeline, nodes
         self.round_first_step: dict[int, int] = {}  # round -> the first step this console saw in it
         self.round_sizes: dict[int, int] = {}  # round -> world size, from round_started events
@@ -146,6 +148,7 @@ class JobModel:
         job.epoch = int(reply.get("epoch", 0))
         job.last_recovery, job.seq = dict(reply.get("last_recovery") or {}), int(reply.get("seq", 0))
         self.stragglers = {str(n): dict(f) for n, f in dict(reply.get("stragglers") or {}).items()}
+        self.root_cause = RootCause.from_body(reply.get("root_cause"))
         goodput = reply.get("goodput")
         job.goodput = float(goodput) if isinstance(goodput, int | float) and not isinstance(goodput, bool) else None
         rank_map = list(reply.get("rank_map", []))
@@ -360,6 +363,14 @@ class JobModel:
         newest = self.newest_checkpoint
         at = newest.checkpoint_at if newest is not None else None
         return None if at is None else max(0.0, self.clock() - at)
+
+    def recent_cause(self, node_id: str | None = None) -> RootCause | None:
+        """The root cause (naming `node_id`, if given) while its round is the current or the one before, the round
+        that replaced it: later the job has moved on."""
+        cause = self.root_cause
+        if cause is None or node_id not in (None, cause.failure.node) or cause.failure.round < self.job.round - 1:
+            return None
+        return cause
 
     def in_round(self, node: NodeView) -> bool:
         """Whether the node's workers train in the current round: only then are its step and rates live."""

@@ -21,9 +21,9 @@ ROLE_STYLE = {"active": "green", "standby": "cyan", "draining": "yellow", "cordo
 NODE_COLOURS = ("dodger_blue2", "dark_orange", "medium_purple", "spring_green3", "deep_pink3", "gold3",
                 "turquoise2", "salmon1")
 CKPT_STALE_S = 600.0
-NODE_COLUMNS = ("", "node", "host", "role/state", "wrk", "ranks", "step", "loss", "trend", "thr/s", "ckpt",
+NODE_COLUMNS = ("", "node", "host", "role/state", "cause", "wrk", "ranks", "step", "loss", "trend", "thr/s", "ckpt",
                 "heartbeat", "cpu%", "rss", "rst")
-NODE_WIDTHS = (1, 6, 12, 15, 3, 5, 6, 6, 10, 6, 6, 11, 4, 6, 3)
+NODE_WIDTHS = (1, 6, 12, 15, 0, 3, 5, 6, 6, 10, 6, 6, 11, 4, 6, 3)
 CKPT_COLUMNS = ("rank", "node", "saved step", "age", "size", "took", "path")
 EVENT_COLUMNS = ("seq", "time", "node", "kind", "details")
 PHASES = ("detect", "rendezvous", "stopped", "spawned", "first_step")
@@ -69,12 +69,14 @@ def node_row(model: JobModel, node: NodeView, marked: bool, names: Names) -> lis
     rss = sum(int(w.get("rss") or 0) for w in node.workers)
     role = node.role or "?"
     state = node.daemon_state or node.status
+    cause = model.recent_cause(node.node_id)
     return [
         Text("●" if marked else " ", style="bold yellow"),
         Text(names.get(node.node_id, node.node_id), style=f"bold {node_colour(model, node.node_id)}"),
         node.host or "-",
         Text(f"{role}/{state}", style=ROLE_STYLE.get(role, "")) + (
             Text(" SLOW", style="bold red") if node.node_id in model.stragglers else Text()),
+        Text(cause.brief, style="bold red", overflow="ellipsis") if cause else "",
         f"{running}/{len(node.workers)}" if node.workers else "-",
         span_text(node.ranks),
         str(max(steps)) if steps else "-",

@@ -17,6 +17,7 @@ from tui.paging import FIRST_PAGE, RowsShown
 
 CALL_TIMEOUT_S = 2.0
 STEER_TIMEOUT_S = 6.0
+NODE_QUERY_TIMEOUT_S = 6.0  # past a forwarding member's own 5 s: the reason (node lost, silent) comes back
 
 
 class DaemonLink(Protocol):
@@ -178,6 +179,12 @@ class JobSession:
             self.active = control
             return reply
         raise last or ClientError("timeout", f"no daemon of job {self.job_id} answered")
+
+    async def ask_node(self, op: str, **args: Any) -> dict[str, Any]:
+        """A node query (`logs`, `stacks`) through the active daemon, which carries it to the node named. Its
+        errors are that node's (lost, silent): final, with no failover and no fresh sockets. The status poll moves
+        `active` off a daemon that stops answering."""
+        return await self.link(self.active).call(op, timeout_s=NODE_QUERY_TIMEOUT_S, **args)
 
     # ---- paging a large job ------------------------------------------------------------------------
     def status_args(self) -> dict[str, int]:

@@ -12,23 +12,34 @@ from tui.rows import NAME_MIN, NODE_COLUMNS, NODE_WIDTHS, Names, node_cells, nod
 from tui.views.table import HEADER, PADDING, SyncedTable
 
 NAME_COLUMN = NODE_COLUMNS.index("node")
-OPTIONAL_COLUMNS = ("host", "rss", "cpu%", "trend", "rst")  # hidden in this order when node names need room
+CAUSE_COLUMN = NODE_COLUMNS.index("cause")
+OPTIONAL_COLUMNS = ("host", "rss", "cpu%", "trend", "rst")  # hidden in this order when names or a cause need room
+CAUSE_MIN, CAUSE_MAX = 16, 40  # a root cause's cell (node detail shows the whole line)
 
 
-def column_widths(width: int, longest: int) -> list[int]:
+def column_widths(width: int, longest: int, cause: int = 0) -> list[int]:
     """Content widths of the columns in `width` cells: the node column takes what is left, up to the longest
-    name; optional columns give way before a name is cut under NAME_MIN."""
+    name; optional columns give way before a name is cut under NAME_MIN. A root cause of `cause` cells takes
+    the room of more optional columns, never a name's (the row's identity), and is cut to what they free."""
     widths = list(NODE_WIDTHS)
     least = max(len("node"), min(longest, NAME_MIN))
 
     def others() -> int:
         return sum(w + 2 * PADDING for i, w in enumerate(widths) if w and i != NAME_COLUMN)
 
-    for name in OPTIONAL_COLUMNS:
-        if others() + least + 2 * PADDING <= width:
-            break
-        widths[NODE_COLUMNS.index(name)] = 0
+    def make_room(name: int) -> int:
+        """Hide optional columns until a name of `name` cells fits; how many cells the columns still lack."""
+        for column in OPTIONAL_COLUMNS:
+            if others() + name + 2 * PADDING <= width:
+                break
+            widths[NODE_COLUMNS.index(column)] = 0
+        return max(0, others() + name + 2 * PADDING - width)
+
+    make_room(least)
     widths[NAME_COLUMN] = max(least, min(longest, width - others() - 2 * PADDING))
+    if cause:
+        widths[CAUSE_COLUMN] = min(cause, CAUSE_MAX)
+        widths[CAUSE_COLUMN] = max(CAUSE_MIN, widths[CAUSE_COLUMN] - make_room(widths[NAME_COLUMN]))
     return widths
 
 
@@ -47,16 +58,19 @@ class NodesView(SyncedTable):
 
     def __init__(self) -> None:
         super().__init__(NODE_COLUMNS, NODE_WIDTHS, id="nodes")
-        self.fitted: tuple[tuple[int, int, int], Names] = ((0, -1, -1), {})
+        self.fitted: tuple[tuple[int, int, int, int], Names] = ((0, -1, -1, 0), {})
         self.last: tuple[JobModel, set[str], str] | None = None
         self.rows_shown = (0, 0)
 
     def names(self, model: JobModel) -> Names:
-        """Fit the columns to the width; names are cut again only when a node joins or the width changes."""
+        """Fit the columns to the width; names are cut again only when a node joins, the width changes or a root
+        cause comes or goes."""
         width = self.scrollable_content_region.width or self.app.size.width
-        key = (id(model), len(model.nodes), width)  # another job (`]`) is another model
+        cause = model.recent_cause()
+        cause_width = len(cause.brief) if cause is not None else 0
+        key = (id(model), len(model.nodes), width, cause_width)  # another job (`]`) is another model
         if key != self.fitted[0]:
-            widths = column_widths(width, max(map(len, model.nodes), default=0))
+            widths = column_widths(width, max(map(len, model.nodes), default=0), cause_width)
             names = model.short_names(widths[NAME_COLUMN])
             widths[NAME_COLUMN] = max([widths[NAME_COLUMN], *map(len, names.values())])  # grown to stay distinct
             self.fit(widths)

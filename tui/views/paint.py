@@ -11,6 +11,8 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 
+from tui.names import ELLIPSIS
+
 Cell = Text | str
 
 
@@ -82,8 +84,10 @@ class Painter:
             else:
                 plain = first_line(cell)
                 length = cell_len(plain)
-                if length > inner:
-                    plain, length = set_cell_size(plain, inner), inner
+                if length > inner:  # cut; a Text that asks for an ellipsis shows where
+                    ellipsis = isinstance(cell, Text) and cell.overflow == "ellipsis" and inner > 0
+                    plain = set_cell_size(plain, inner - 1) + ELLIPSIS if ellipsis else set_cell_size(plain, inner)
+                    length = inner
                 if plain:
                     style = look.text + self.style(cell.style) if isinstance(cell, Text) else look.text
                     add(plain, style + look.post if look.post else style)
