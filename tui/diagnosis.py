@@ -91,9 +91,9 @@ class RankOutput:
         code = "" if self.exit_code is None else f", exit code {self.exit_code}"
         return f"rank {self.rank} (pid {self.pid}, {self.state or '?'}{code})"
 
-    def text_lines(self) -> list[Text]:
-        """What the log said, after why it comes from memory and how much a slow reader skipped."""
-        notes = [Text(f"(log: {self.note})", style="dim")] if self.note else []
+    def text_lines(self, said: str = "") -> list[Text]:
+        """What the log said, after why it comes from memory (unless `said` already) and how much a reader skipped."""
+        notes = [Text(f"(log: {self.note})", style="dim")] if self.note and self.note != said else []
         if self.skipped:
             notes.append(Text(f"(… {self.skipped} bytes skipped: the output ran faster than this console reads …)",
                               style="yellow"))

@@ -46,6 +46,7 @@ class RankOutputScreen(Screen[None]):
     def __init__(self, session: JobSession, node_id: str, rank: int) -> None:
         super().__init__()
         self.session, self.node_id, self.rank = session, node_id, rank
+        self.said = ""  # the last note shown: a deleted log's note is said once, not at every read
 
     def compose(self) -> ComposeResult:
         yield Static(f"rank {self.rank} on node {self.node_id}", id="output-title")
@@ -78,8 +79,9 @@ class RankOutputScreen(Screen[None]):
         self.query_one("#output-title", Static).update(
             f"{output.title} on node {self.node_id} · round {message.round} · {output.path}")
         log = self.query_one(RichLog)
-        for line in output.text_lines():
+        for line in output.text_lines(self.said):
             log.write(line)
+        self.said = output.note
 
     def on_rank_output_screen_stopped(self, message: RankOutputScreen.Stopped) -> None:
         self.query_one(RichLog).write(Text(f"(no longer following: {message.reason})", style="bold yellow"))
