@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +30,14 @@ HANG_TIMEOUT_S = 10.0  # a loaded machine stalls a 0.1 s step for seconds: no fa
 class Trouble:
     """Node A on host 0 (the coordinator), node B on host 1, one gloo rank each; the operator on the root namespace."""
 
-    def __init__(self, lab: Lab, tmp: Path) -> None:
+    def __init__(self, lab: Lab, tmp: Path, shim: bool = False) -> None:
         self.lab, self.tmp = lab, tmp
         self.triggers = tmp / "triggers"
         self.triggers.mkdir()
+        self.script_args = ["--triggers", str(self.triggers), *(["--shim"] if shim else [])]
+        steps = [] if shim else ["--metrics-from-output", r"step (?P<step>\d+) loss (?P<loss>[\d.]+)"]
         self.job = Job(tmp, nnodes="2", nproc=1, max_restarts=1, rdzv_host=lab.addrs[0],
-                       extra=["--hang-timeout", str(HANG_TIMEOUT_S),
-                              "--metrics-from-output", r"step (?P<step>\d+) loss (?P<loss>[\d.]+)"])
+                       extra=["--hang-timeout", str(HANG_TIMEOUT_S), *steps])
         self.job.env = {k: v for k, v in self.job.env.items() if k not in IFNAMES}
         store = KeyStore(tmp / "keys")
         store.init()
@@ -45,7 +47,7 @@ class Trouble:
 
     def start(self, node: str, host: int) -> None:
         addr = self.lab.addrs[host]
-        self.job.start(node, TROUBLE, "--triggers", str(self.triggers), prefix=self.lab.run_in(host),
+        self.job.start(node, TROUBLE, *self.script_args, prefix=self.lab.run_in(host),
                        extra=["--keys", str(self.tmp / "keys"), "--control", f"tcp://{addr}:*",
                               "--pub", f"tcp://{addr}:*"])
 
@@ -73,16 +75,28 @@ def quote(arg: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def trouble(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trouble]:
-    with Lab(2) as lab:
-        job = Trouble(lab, tmp_path_factory.mktemp("trouble"))
-        try:
-            job.start(A, 0)
-            job.start(B, 1)
-            job.job.wait_event("first_step")
-            yield job
-        finally:
-            job.job.close()
+def lab() -> Iterator[Lab]:
+    with Lab(2) as hosts:
+        yield hosts
+
+
+@contextmanager
+def running(lab: Lab, tmp: Path, shim: bool = False) -> Iterator[Trouble]:
+    job = Trouble(lab, tmp, shim)
+    try:
+        job.start(A, 0)
+        job.start(B, 1)
+        job.job.wait_event("first_step")
+        yield job
+    finally:
+        job.job.close()
+
+
+@pytest.fixture(scope="module")
+def trouble(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trouble]:
+    """A plain script: its steps are its `step N loss X` lines (--metrics-from-output)."""
+    with running(lab, tmp_path_factory.mktemp("trouble")) as job:
+        yield job
 
 
 def test_the_operator_cannot_see_the_log_folder(trouble: Trouble) -> None:
@@ -150,6 +164,18 @@ def test_a_crash_names_its_root_cause_from_another_host_within_two_seconds(troub
 
 
 def test_a_hang_event_names_the_blocked_function(trouble: Trouble) -> None:
+    assert_hang_named(trouble)
+
+
+def test_a_shim_scripts_hang_event_names_the_blocked_function(lab: Lab, tmp_path: Path) -> None:
+    """The same hang in a script that reports its steps through trainer_shim, not by printing them."""
+    with running(lab, tmp_path, shim=True) as trouble:
+        printed = trouble.json("logs", B, "--tail", "50")["ranks"][0]["lines"]
+        assert not any(line.startswith("step ") for line in printed)  # its steps reach the daemon by the shim
+        assert_hang_named(trouble)
+
+
+def assert_hang_named(trouble: Trouble) -> None:
     seq = trouble.job.seq()
     (trouble.triggers / "hang-1").touch()
     hung = trouble.job.wait_event("worker_hung", lambda e: e.get("rank") == 1, since=seq, timeout=60)
