@@ -26,6 +26,8 @@ start=$(date +%s)
     || echo "resize.py failed ($?)"  # ~3.5 min: in place, restart, torchrun-tuned, one lifetime each
 "$PY" bench/daemon_overhead.py --out "$OUT/daemon_overhead.json" | tee "$OUT/daemon_overhead.log" \
     || echo "daemon_overhead.py failed ($?)"
+"$PY" bench/worker_output.py --out "$OUT/worker_output.json" | tee "$OUT/worker_output.log" \
+    || echo "worker_output.py failed ($?)"  # ~80 s: torchrun --tee beside elasticd, with followers
 if [ -f bench/shim_overhead.py ]; then
     "$PY" bench/shim_overhead.py 2>&1 | tee "$OUT/shim_overhead.txt" || echo "shim_overhead.py failed"
 fi
@@ -50,6 +52,8 @@ fi
     cat "$OUT/resize.md" 2>/dev/null || echo "(resize.py produced no table: see resize.log)"
     echo
     cat "$OUT/daemon_overhead.md" 2>/dev/null || echo "(daemon_overhead.py produced no table)"
+    echo
+    cat "$OUT/worker_output.md" 2>/dev/null || echo "(worker_output.py produced no table)"
     if [ -f "$OUT/shim_overhead.txt" ]; then
         echo; echo "### trainer_shim overhead (bench/shim_overhead.py)"; echo; echo '```'
         cat "$OUT/shim_overhead.txt"; echo '```'

@@ -21,6 +21,7 @@ from elasticd.member.processes.spawner import ForkedWorker, Spawner, WorkerProce
 from elasticd.member.processes.stack_dumps import STACKS_FILE_ENV
 
 READ_CHUNK = 64 * 1024
+GATHER_S = 0.05  # output waits at most this long in the pipe's buffer before the log file, `logs` and the echo
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # torch's @record writes the exception there, as under torchrun
 
 
@@ -169,22 +170,31 @@ class WorkerGroup:
     async def _watch(self, worker: Worker) -> None:
         """Copy its output to its log in chunks (a 10 MB line or binary bytes pass as is), then report its exit."""
         assert worker.proc.stdout is not None
+        exited = asyncio.ensure_future(worker.proc.wait())
         log_file = None
         with contextlib.suppress(OSError):  # its log folder removed: its output still reaches `logs` and the console
             log_file = open(worker.log_path, "ab")  # noqa: SIM115 - open for the worker's life, closed below
-        while chunk := await worker.proc.stdout.read(READ_CHUNK):
+        try:
+            while chunk := await worker.proc.stdout.read(READ_CHUNK):
+                if log_file is not None:
+                    try:
+                        log_file.write(chunk)
+                        log_file.flush()
+                    except OSError:  # a full disk costs the log, never the watch
+                        pass
+                self._lines(worker, worker.output.feed(chunk))
+                if len(chunk) < READ_CHUNK and not exited.done():
+                    # A trickle gathers a while, so 8 chatty ranks cost tens of wake-ups a second, not thousands;
+                    # an exit ends the wait at once (the crash's detection must not wait on it).
+                    await asyncio.wait((exited,), timeout=GATHER_S)
+        finally:
             if log_file is not None:
-                try:
-                    log_file.write(chunk)
-                    log_file.flush()
-                except OSError:  # a full disk costs the log, never the watch
-                    pass
-            self._lines(worker, worker.output.feed(chunk))
-        if log_file is not None:
-            with contextlib.suppress(OSError):
-                log_file.close()
+                with contextlib.suppress(OSError):
+                    log_file.close()
+            if not exited.done():  # the watch was cancelled (the daemon stops): nothing waits for the exit
+                exited.cancel()
         self._lines(worker, worker.output.flush())
-        worker.exit_code = await worker.proc.wait()
+        worker.exit_code = await exited
         worker.exited_at = time.time()
         self.on_exit(worker)
 
