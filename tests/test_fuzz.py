@@ -41,8 +41,9 @@ from elasticd.coordinator.membership import MemoryStore
 from elasticd.job.config import JobConfig
 from elasticd.job.events import EventLog
 from elasticd.job.runtime import id_digest
+from elasticd.member.worker_output import WorkerOutput
 from elasticd.wire.names import RELAY_DOWN, RELAY_MANY, RELAY_UP, MeshOp
-from elasticd.wire.protocol import Envelope, ProtocolError, _may_overflow, arg, decode, encode
+from elasticd.wire.protocol import Envelope, ErrorCode, ProtocolError, _may_overflow, arg, decode, encode
 from tui.feeds import ingest
 from tui.session import JobSession
 
@@ -107,7 +108,8 @@ JSON = st.recursive(SCALAR, lambda k: st.lists(k, max_size=4) | st.dictionaries(
                     max_leaves=10)
 ARG_NAMES = ["node", "nodes", "rank", "dry_run", "force", "since_seq", "since_ts", "kinds", "limit", "history",
              "client", "round", "step", "at", "instance", "host", "nproc", "ports", "op_id", "kind", "seq",
-             "ts", "reason", "hang", "detected", "loss", "samples", "metrics", "request_id", "at_step"]
+             "ts", "reason", "hang", "detected", "loss", "samples", "metrics", "request_id", "at_step", "tail",
+             "since"]
 NODE_IDS = st.sampled_from(["a", "b", "c", "zz", ""])
 BODY = st.dictionaries(st.sampled_from(ARG_NAMES) | st.text(max_size=6),
                        JSON | NODE_IDS | st.integers(-2, 5) | st.lists(st.sampled_from(["a", "b", "round_started"])),
@@ -251,6 +253,40 @@ def check_verb(cases: Counter[str], op: str, body: dict[str, Any]) -> None:
 
 def test_every_verb_answers_or_refuses_whatever_the_arguments() -> None:
     fuzzed(500, check_verb, st.sampled_from(sorted(REGISTRY)), BODY)
+
+
+def check_node_verb(cases: Counter[str], port: WorkerOutput, answered: list[str], op: str,
+                    body: dict[str, Any]) -> None:
+    """A node query's handler on a node's real output reader (a round's log files, one with binary and a long line)."""
+    cases["commands.on_node"] += 1
+    command = REGISTRY[op]
+    assert command.on_node is not None
+    try:
+        result = asyncio.run(command.on_node(port, body))
+    except ProtocolError as err:
+        assert err.errno in (ErrorCode.BAD_ARGUMENT, ErrorCode.NOT_FOUND) and err.reason, (op, body, err)
+    else:
+        assert result.get("ok") is True, (op, body, result)
+        encode(Envelope("rep", op, result))
+        answered.append(op)
+
+
+def test_every_node_verb_answers_or_refuses_whatever_the_arguments(tmp_path: Path) -> None:
+    cfg = JobConfig(1, 2, 2, "127.0.0.1", 29400, "fuzzjob", "a", ["train.py"], log_dir=str(tmp_path))
+    port = WorkerOutput(cfg, list)
+    folder = port.round_folder(1)
+    folder.mkdir(parents=True)
+    (folder / "rank-0.log").write_bytes(b"step 1\n" * 100 + bytes(range(256)) + b"\n" + b"x" * 300_000)
+    (folder / "rank-1.log").write_bytes(b"")
+    on_node = sorted(op for op, command in REGISTRY.items() if command.on_node is not None)
+    body = st.fixed_dictionaries({"node": NODE_IDS, "rank": st.sampled_from([0, 1]) | st.integers(-2, 3) | JSON,
+                                  "round": st.just(1) | st.integers(-1, 2) | JSON},
+                                 optional={"tail": st.integers(-5, 2000) | JSON,
+                                           "since": st.integers(-5, 400_000) | JSON})
+    answered: list[str] = []
+    fuzzed(300, lambda cases, op, b: check_node_verb(cases, port, answered, op, b), st.sampled_from(on_node),
+           body | BODY)
+    assert "logs" in answered  # the cases reached the reader, not only the argument checks
 
 
 def check_sequence(cases: Counter[str], calls: list[tuple[str, dict[str, Any]]]) -> None:
