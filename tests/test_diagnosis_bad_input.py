@@ -184,6 +184,7 @@ def test_a_follow_on_a_node_that_leaves_ends_with_one_clear_line(loud: Loud) -> 
         out, err = follow.communicate(timeout=30)  # the poll after `b` left
     finally:
         follow.kill()
-    assert "(log:" not in out and follow.returncode == 1 and "Traceback" not in err, err
+    assert "(log:" not in out and follow.returncode == 1 and "Traceback" not in err, (follow.returncode, out[-800:],
+                                                                                         err)
     assert err.count("\n") == 1 and err.startswith("elasticd logs: node 'b' ") and "left" in err, err
     assert loud.job.daemon("a").proc.poll() is None and "Traceback" not in loud.job.daemon("a").output()

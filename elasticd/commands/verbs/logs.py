@@ -58,8 +58,11 @@ def follow(call: Caller, request: dict[str, Any], first: dict[str, Any]) -> Iter
     ask = {"node": request["node"], "rank": rank, "round": first.get("round")}
     while True:
         time.sleep(FOLLOW_POLL_S)
-        reply = call("logs", **ask, since=offset)
-        entry = reply["ranks"][0]
+        entries = call("logs", **ask, since=offset).get("ranks") or []
+        if not entries:
+            yield f"(node {request['node']} no longer holds rank {rank}'s log: the follow ends)"
+            return
+        entry = entries[0]
         offset = entry.get("offset", offset)
         yield from lines_of(entry, said)
         said = entry.get("note", "")

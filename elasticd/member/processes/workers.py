@@ -187,12 +187,13 @@ class WorkerGroup:
                     # A trickle gathers a while, so 8 chatty ranks cost tens of wake-ups a second, not thousands;
                     # an exit ends the wait at once (the crash's detection must not wait on it).
                     await asyncio.wait((exited,), timeout=GATHER_S)
+        except asyncio.CancelledError:
+            exited.cancel()  # the daemon stops: nothing will wait for the exit
+            raise
         finally:
             if log_file is not None:
                 with contextlib.suppress(OSError):
                     log_file.close()
-            if not exited.done():  # the watch was cancelled (the daemon stops): nothing waits for the exit
-                exited.cancel()
         self._lines(worker, worker.output.flush())
         worker.exit_code = await exited
         worker.exited_at = time.time()
