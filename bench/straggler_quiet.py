@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # bench -> tests, never the reverse
-from harness import SHIM, Job
+from support.harness import SHIM, Job
 
 LOOK_EVERY_S = 5.0
 

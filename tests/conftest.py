@@ -1,4 +1,5 @@
-"""Test set-up: tests import the harness module from this folder; the quick lane's tests may start no process."""
+"""Test set-up: tests import their support code as `support.*` (tests/support/); the quick lane's tests may start no
+process."""
 
 import asyncio
 import os
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent))  # `support` is tests/support/
 
 # The longest files first, by their summed time in one `make test` beside the others (s: 134 for the two sharded
 # files, 129, 102, 99, 91, 69, 68, 58, 55, 50, 44, 41, 41, 38, 36, 36, 35, 27, 23, 22, 20, 19, 15, 14, 13): among

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import TICKER, Job
+from support.harness import TICKER, Job
 from test_shim_e2e import wait_for
 
 from elasticd.job.config import ConfigError, parse_alert

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import TICKER, Job
+from support.harness import TICKER, Job
 
 from elasticd.client import Client, ClientError, Credentials
 from elasticd.keys.auth import KeyStore

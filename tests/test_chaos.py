@@ -1,4 +1,4 @@
-"""CHAOS SOAK (short CI version, about 2 minutes): tests/soak.py for 1 minute of seeded faults.
+"""CHAOS SOAK (short CI version, about 2 minutes): tests/support/soak.py for 1 minute of seeded faults.
 
 Worker SIGKILL and SIGSTOP, member daemon SIGKILL and restart, drain/scale storms, rapid operator commands and
 a flapping node against a real 3-node train_shim job; then the job must reach its target step with at most one
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from soak import Soak, SoakConfig, summary
+from support.soak import Soak, SoakConfig, summary
 
 
 @pytest.mark.timeout(300)

@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 import zmq
-from harness import DaemonProc, Job
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.harness import DaemonProc, Job
 
 from elasticd.commands.registry import REGISTRY
 from elasticd.wire.protocol import MAX_FRAME_BYTES, MESSAGE_TYPES, PROTOCOL_VERSION

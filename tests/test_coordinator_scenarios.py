@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from sim import COORD, Sim
+from support.sim import COORD, Sim
 
 from elasticd.commands.registry import REGISTRY
 from elasticd.coordinator.liveness import RECONNECT_GRACE_S

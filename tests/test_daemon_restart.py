@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import TICKER, Job, job_processes, wait_gone
+from support.harness import TICKER, Job, job_processes, wait_gone
 
 from elasticd.job.runtime import id_digest
 

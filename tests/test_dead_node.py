@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import zmq
-from harness import TICKER, DaemonProc, Job
+from support.harness import TICKER, DaemonProc, Job
 
 from elasticd.client import Credentials, parse_telemetry
 

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from harness import Job
+from support.harness import WORKERS, Job
 
 from elasticd.client import Client
 from elasticd.member.processes.output import MAX_LINE_CHARS
 
-LOUD = Path(__file__).resolve().parent / "workers" / "loud.py"
+LOUD = WORKERS / "loud.py"
 REPLY_S = 5.0  # the client's usual timeout: an answer later than this is a daemon that stopped answering
 MEMORY_GROWTH_MB = 16  # the 10 MB lines pass 30 MB through the node's daemon: holding one would show
 

@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Job
-from netlab import Lab
+from support.harness import WORKERS, Job
+from support.netlab import Lab
 from test_two_hosts import IFNAMES
 
 from elasticd.client import Credentials
 from elasticd.keys.auth import KeyStore
 
-TROUBLE = Path(__file__).resolve().parent / "workers" / "trouble.py"
+TROUBLE = WORKERS / "trouble.py"
 A, B = "node-a", "node-b"
 HANG_TIMEOUT_S = 10.0  # a loaded machine stalls a 0.1 s step for seconds: no false hang
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from etcd_cluster import EtcdCluster
-from harness import PLAIN, SHIM, TICKER, Job
-from system_deps import require_binary
+from support.etcd_cluster import EtcdCluster
+from support.harness import PLAIN, SHIM, TICKER, Job
+from support.system_deps import require_binary
 from test_shim_e2e import sample_lines, wait_for
 
 from elasticd.client import ClientError

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from etcd_cluster import EtcdCluster
-from harness import TICKER, Job
-from netlab import Lab, ip
-from system_deps import require_binary
+from support.etcd_cluster import EtcdCluster
+from support.harness import TICKER, Job
+from support.netlab import Lab, ip
+from support.system_deps import require_binary
 from test_etcd_failover import ask, wait_event
 from test_shim_e2e import wait_for
 

@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from etcd_cluster import EtcdCluster
-from harness import TICKER, free_port
-from system_deps import require_binary
+from support.etcd_cluster import EtcdCluster
+from support.harness import TICKER, free_port
+from support.system_deps import require_binary
 
 from elasticd.coordinator.coordinator import Coordinator
 from elasticd.coordinator.etcd.client import EtcdClient, EtcdClusterChanged, b64, created_at, put

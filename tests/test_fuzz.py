@@ -30,9 +30,9 @@ from typing import Any
 
 import pytest
 import zmq
-from harness import Job
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.harness import Job
 
 from elasticd.client import AsyncClient, Client
 from elasticd.commands.registry import REGISTRY

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import SHIM_TICKER, Job
+from support.harness import SHIM_TICKER, Job
 
 SAVE_S = 0.6  # each requested save (the forced checkpoint, the join's agreed step)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sim import Sim
+from support.sim import Sim
 
 from elasticd.commands.registry import REGISTRY
 from elasticd.member.beats import DELTA_FIELDS, SLOW_REFRESH_S, BeatDiff, PortPool

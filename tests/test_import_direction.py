@@ -274,7 +274,8 @@ def test_the_load_scan_skips_functions_and_type_checking() -> None:
 
 
 def test_tests_never_import_bench() -> None:
-    """bench may use tests' support code (bench/chaos_soak.py runs tests/soak.py); tests never load bench code."""
+    """bench may use tests' support code (bench/chaos_soak.py runs tests/support/soak.py); tests never load bench
+    code."""
     bench = {path.stem for path in (ROOT / "bench").glob("*.py")} | {"bench"}
     for path, names in imports("tests").items():
         assert not {top(n) for n in names} & bench, f"{path} imports {sorted({top(n) for n in names} & bench)}"

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from etcd_cluster import EtcdCluster
-from harness import SHIM, Job
-from system_deps import require_binary
+from support.etcd_cluster import EtcdCluster
+from support.harness import SHIM, Job
+from support.system_deps import require_binary
 from test_shim_e2e import sample_lines, wait_for
 
 # Every order; the first ones signal the first node (the embedded coordinator) last, after its members' leaves.

@@ -18,8 +18,8 @@ from typing import NamedTuple
 import pytest
 import zmq
 import zmq.auth
-from harness import TICKER, Job
-from netlab import Lab
+from support.harness import TICKER, Job
+from support.netlab import Lab
 
 from elasticd.client import AsyncClient, Client, ClientError, Credentials
 from elasticd.keys.auth import KeyStore

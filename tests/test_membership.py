@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import TICKER, Job, job_processes, wait_gone
+from support.harness import TICKER, Job, job_processes, wait_gone
 
 
 def test_workers_get_torchruns_env_contract(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 
 import pytest
-from harness import ROOT, SHIM_TICKER, Job
 from prometheus_client.parser import text_string_to_metric_families
+from support.harness import ROOT, SHIM_TICKER, Job
 
 from elasticd.client import Credentials
 from elasticd.daemon.exporter import DaemonCollector

@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import PLAIN, Job
+from support.console import SIZE, until
+from support.harness import PLAIN, Job
 from test_shim_e2e import cli, wait_for
-from test_tui_support import SIZE, until
 
 from elasticd.member.output_metrics import compile_pattern, parse_line
 from tui.app import ElasticApp

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import SHIM_TICKER, Job, free_port
-from system_deps import require_binary
+from support.harness import SHIM_TICKER, Job, free_port
+from support.system_deps import require_binary
 
 DEADLINE_S = 60.0
 

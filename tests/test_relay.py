@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import zmq
 import zmq.asyncio
-from harness import free_port
+from support.harness import free_port
 
 from elasticd.mesh import member_mesh
 from elasticd.mesh.coordinator_mesh import CoordinatorMesh

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import TICKER, Job
+from support.harness import TICKER, Job
 from test_dead_node import secure
 
 NODES = "abcdef"  # a coordinates; groups of 2: two relays with two members each and one of one, or so

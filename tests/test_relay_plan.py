@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from sim import COORD, Sim
+from support.sim import COORD, Sim
 
 from elasticd.coordinator.coordinator import Coordinator
 from elasticd.coordinator.etcd.store import Snapshot

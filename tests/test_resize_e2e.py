@@ -9,7 +9,7 @@ import signal
 from collections import Counter
 from pathlib import Path
 
-from harness import SHIM, Job
+from support.harness import SHIM, Job
 from test_shim_e2e import cli, wait_for
 
 from elasticd.client import Credentials

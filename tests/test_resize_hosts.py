@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 import zmq.asyncio
-from harness import SHIM
-from netlab import Lab
+from support.harness import SHIM
+from support.netlab import Lab
 from test_resize_e2e import ARGS, kept, resized
 from test_two_hosts import A, B, TwoHosts, listeners, store_answers
 

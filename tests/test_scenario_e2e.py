@@ -7,7 +7,7 @@ import re
 import signal
 from pathlib import Path
 
-from harness import PLAIN, Job, job_processes, wait_gone
+from support.harness import PLAIN, Job, job_processes, wait_gone
 
 
 def world_sizes(log_text: str) -> list[int]:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import torch
-from harness import ROOT, Job
+from support.harness import ROOT, Job
 from test_resize_e2e import first_world, kept, pids_of, resized
 from test_shim_e2e import cli
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import Job
+from support.harness import Job
 from test_resize_e2e import kept, pids_of, resized
 from test_sharded_e2e import FSDP, digests, finish
 from test_shim_e2e import cli, wait_for

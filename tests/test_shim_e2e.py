@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from harness import SHIM, SHIM_TICKER, Job
+from support.harness import SHIM, SHIM_TICKER, Job
 
 from elasticd.client import Client
 

@@ -1,5 +1,5 @@
-"""examples/slurm/train.sbatch on a real 2-node SLURM cluster (tests/slurm_cluster.py): no elasticd flag; it trains
-at world 2, `scontrol requeue` resumes it from the step its leave saved (0 lost, same rendezvous id), and
+"""examples/slurm/train.sbatch on a real 2-node SLURM cluster (tests/support/slurm_cluster.py): no elasticd flag; it
+trains at world 2, `scontrol requeue` resumes it from the step its leave saved (0 lost, same rendezvous id), and
 `scancel --signal=USR1` (what `--signal=USR1@N` sends) stops it at one agreed step; with `--no-kill` a lost node
 leaves the other training; two tasks per node are refused."""
 
@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from slurm_cluster import SlurmCluster
+from support.slurm_cluster import SlurmCluster
 from test_shim_e2e import sample_lines
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ import signal
 import socket
 from pathlib import Path
 
-from harness import SHIM_TICKER, DaemonProc, Job
+from support.harness import SHIM_TICKER, DaemonProc, Job
 
 from elasticd.cli.scheduler import OWNER
 from elasticd.client import Credentials

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness import Job
+from support.harness import WORKERS, Job
 
 from elasticd.job.runtime import SOCKET_IFNAME_VARS, interface_holding, socket_ifname_env
 
-PRINT_ENV = Path(__file__).resolve().parent / "workers" / "print_env.py"
+PRINT_ENV = WORKERS / "print_env.py"
 
 
 def test_loopback_address_is_held_by_lo() -> None:

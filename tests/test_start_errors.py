@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import TICKER, free_port
+from support.harness import TICKER, free_port
 
 
 def start(tmp: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:

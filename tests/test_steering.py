@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import TICKER, Job
+from support.harness import TICKER, Job
 
 
 def cli(job: Job, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -12,7 +12,7 @@ import pytest
 import pytest_asyncio
 import zmq
 import zmq.asyncio
-from harness import PLAIN, Job
+from support.harness import PLAIN, Job
 
 from elasticd.client import Credentials
 from elasticd.job.config import StartError

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import SHIM, Job
+from support.console import SIZE, until
+from support.harness import SHIM, Job
 from test_tui_live import cursor_to, steering_answered
-from test_tui_support import SIZE, until
 
 from elasticd.coordinator.stragglers import PERSIST_S
 from tui.app import ElasticApp

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import PLAIN, ROOT, TICKER
+from support.harness import PLAIN, ROOT, TICKER
 from torch.distributed.run import get_args_parser
 
 from elasticd.cli.main import build_parser

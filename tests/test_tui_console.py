@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from test_tui_support import SIZE, fake_app, screen_text, settle
+from support.console import SIZE, fake_app, screen_text, settle
+from support.fake import HOSTNAMES, NOW
 from textual.pilot import Pilot
 
 from tui.app import ElasticApp
-from tui.fake import HOSTNAMES, NOW
 from tui.rows import checkpoint_rows, event_rows
 from tui.views.loss import LossView, round_marks
 from tui.widgets.header import JobHeader

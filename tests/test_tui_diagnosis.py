@@ -6,13 +6,13 @@ import io
 
 import pytest
 from rich.console import Console
-from test_tui_support import SIZE, fake_app, screen_text, settle, until
+from support.console import SIZE, fake_app, screen_text, settle, until
+from support.fake import ROOT_CAUSE, FakeLink
 from textual.pilot import Pilot
 from textual.widgets import RichLog, Static
 
 from tui.app import ElasticApp
 from tui.diagnosis import RootCause
-from tui.fake import ROOT_CAUSE, FakeLink
 from tui.screens.help import help_table
 from tui.screens.node_detail import NodeDetailScreen
 from tui.screens.rank_output import RankOutputScreen

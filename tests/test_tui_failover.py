@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from etcd_cluster import EtcdCluster
-from harness import TICKER
-from system_deps import require_binary
+from support.console import SIZE, until
+from support.etcd_cluster import EtcdCluster
+from support.harness import TICKER
+from support.system_deps import require_binary
 from test_etcd_failover import etcd_job, wait_event
-from test_tui_support import SIZE, until
 
 from tui.app import ElasticApp
 from tui.widgets.header import JobHeader

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_tui_support import fake_app, settle, until
+from support.console import fake_app, settle, until
 
 from tui.rows import Row
 from tui.screens.node_detail import NodeDetailScreen

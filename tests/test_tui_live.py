@@ -12,8 +12,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from harness import TICKER, Job
-from test_tui_support import SIZE, until
+from support.console import SIZE, until
+from support.harness import TICKER, Job
 from textual.message import Message
 from textual.notifications import Notify
 from textual.pilot import Pilot

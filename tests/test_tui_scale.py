@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from test_tui_support import SIZE, until
+from support.console import SIZE, until
+from support.fake import fixed_clock
+from support.fake_large import RANKS_PER_NODE, LargeJob
 
 from tui.app import ElasticApp
-from tui.fake import fixed_clock
-from tui.fake_large import RANKS_PER_NODE, LargeJob
 from tui.paging import PAGE_MARGIN, is_placeholder
 from tui.views.ranks import GRID_LINES
 from tui.widgets.header import JobHeader

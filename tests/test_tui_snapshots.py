@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_tui_support import SIZE, fake_app, settle, until
+from support.console import SIZE, fake_app, settle, until
 from textual.pilot import Pilot
 
 from tui.screens.confirm import ConfirmScreen

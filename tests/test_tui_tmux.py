@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness import TICKER, Job
-from system_deps import require_binary
+from support.harness import TICKER, Job
+from support.system_deps import require_binary
 
 NODES = ("gpu-node-017.example.internal", "gpu-node-018.example.internal")
 REPO = Path(__file__).resolve().parent.parent

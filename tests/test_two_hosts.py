@@ -18,9 +18,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from harness import PLAIN, DaemonProc, Job
-from netlab import Lab
-from test_tui_support import SIZE, until
+from support.console import SIZE, until
+from support.harness import PLAIN, DaemonProc, Job
+from support.netlab import Lab
 
 from elasticd.client import Credentials
 from elasticd.keys.auth import KeyStore

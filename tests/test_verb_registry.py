@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
-from harness import TICKER, Job
+from support.harness import TICKER, Job
 
 from elasticd.cli.main import build_parser
 from elasticd.commands.registry import REGISTRY
@@ -51,7 +51,7 @@ COMMANDS = [Command("bookmark", "put a labelled marker into the event log", plan
 # The console, from the copy, on the copy's daemon: the palette, then the key `b` with its confirmation.
 CONSOLE = '''
 import asyncio, json, sys
-from test_tui_support import SIZE, until
+from support.console import SIZE, until
 from tui.app import ElasticApp
 from tui.commands import ActionsProvider
 from tui.screens.confirm import ConfirmScreen

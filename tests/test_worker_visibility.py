@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from harness import PLAIN, TICKER, Job, free_port
+from support.harness import PLAIN, TICKER, Job, free_port
 
 from elasticd.job.runtime import NR_OPEN
 from elasticd.member.processes.proctitle import worker_title, zygote_title

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import TICKER, Job
+from support.harness import TICKER, Job
 
 from elasticd.commands.verbs.workers import render
 from elasticd.member.gpu import GpuSampler

@@ -11,7 +11,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from harness import free_port
+from support.harness import free_port
 
 # Fast elections for tests (the minimum lease TTL is 1.5 x the election timeout: 750 ms).
 FAST = ["--election-timeout", "500", "--heartbeat-interval", "50"]

@@ -1,4 +1,4 @@
-"""Shared helpers for the elastic-tui tests (no tests here): a deterministic app and condition waits."""
+"""Helpers for the console's tests: a deterministic app on the fake job (support/fake.py), condition waits."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 from textual.pilot import Pilot
 
+from support.fake import HOSTNAMES, NOW, FakeLink, fixed_clock, hostname_link
 from tui.app import ElasticApp
-from tui.fake import HOSTNAMES, NOW, FakeLink, fixed_clock, hostname_link
 
 SIZE = (120, 36)
 SVG_CELL = 12.2  # pixels per cell in rich's SVG export (0.61 of its 20 px font)

@@ -1,6 +1,7 @@
 """A real SLURM cluster on this machine: slurmctld and one slurmd per node, each node a network namespace of
-tests/netlab.py with its own hostname and hosts file, one munged for all. Debian's slurmctld, slurmd, slurm-client
-and munge, installed by the set-up when missing (root); without root the tests skip, and under CI=true they fail.
+tests/support/netlab.py with its own hostname and hosts file, one munged for all. Debian's slurmctld, slurmd,
+slurm-client and munge, installed by the set-up when missing (root); without root the tests skip, and under CI=true
+they fail.
 
 Nodes are entered with nsenter and unshare, not `ip netns exec`: that remounts /sys and hides /sys/fs/cgroup,
 which slurmd needs.
@@ -16,9 +17,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from harness import free_port
-from netlab import Lab
-from system_deps import require_binary, unavailable
+from support.harness import free_port
+from support.netlab import Lab
+from support.system_deps import require_binary, unavailable
 
 CONF = """ClusterName=lab
 SlurmctldHost=ctl({ctl})

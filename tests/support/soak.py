@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from harness import SHIM, Job, job_processes, wait_gone
 
 from elasticd.client import ClientError
+from support.harness import SHIM, Job, job_processes, wait_gone
 
 NODES = ("a", "b", "c")
 MEMBERS = ("b", "c")  # the coordinator a is never faulted

@@ -7,7 +7,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from elasticd.client import ClientError, Event
-from tui.fake import NOW, goodput_report
+from support.fake import NOW, goodput_report
 
 RANKS_PER_NODE = 8
 STANDBY_EVERY = 256  # every 256th node is a standby: node_counts has two kinds of alive nodes

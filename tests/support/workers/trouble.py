@@ -1,12 +1,11 @@
 """A gloo job that fails on demand: a rank raises, or blocks in a function, when its trigger file appears."""
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout (tests/support/workers/ is 3 down)
 
 import torch
 import torch.distributed as dist

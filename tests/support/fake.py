@@ -1,4 +1,4 @@
-"""A deterministic job for snapshot tests and demos: fixed replies, fixed timestamps, the DaemonLink interface."""
+"""A deterministic job for the console's tests: fixed replies, fixed timestamps, the DaemonLink interface."""
 
 from __future__ import annotations
 

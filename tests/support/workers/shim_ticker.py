@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout (tests/support/workers/ is 3 down)
 
 import trainer_shim
 

@@ -19,7 +19,8 @@ import psutil
 
 from elasticd.client import Client, Credentials
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout, two folders up
+WORKERS = Path(__file__).resolve().parent / "workers"  # test workers, started by path
 PLAIN = ROOT / "examples" / "train_plain.py"
 SHIM = ROOT / "examples" / "train_shim.py"
 
@@ -122,7 +123,7 @@ class Job:
 
     def start(self, node: str, script: Path, *script_args: str, extra: list[str] | None = None,
               wait: bool = True, prefix: list[str] | None = None) -> DaemonProc:
-        """`prefix` runs the daemon elsewhere, e.g. `ip netns exec HOST` (tests/netlab.py)."""
+        """`prefix` runs the daemon elsewhere, e.g. `ip netns exec HOST` (tests/support/netlab.py)."""
         args = ["--nnodes", self.nnodes, "--nproc-per-node", str(self.nproc),
                 "--rdzv-endpoint", f"{self.rdzv_host}:{self.port}", "--rdzv-id", self.job_id, "--node-id", node,
                 "--max-restarts", str(self.max_restarts), "--log-dir", str(self.tmp / "logs"),
@@ -196,8 +197,8 @@ def _alive(pid: int) -> bool:
     except psutil.NoSuchProcess:
         return False
 
-TICKER = Path(__file__).resolve().parent / "workers" / "ticker.py"
-SHIM_TICKER = Path(__file__).resolve().parent / "workers" / "shim_ticker.py"
+TICKER = WORKERS / "ticker.py"
+SHIM_TICKER = WORKERS / "shim_ticker.py"
 
 
 def job_processes(job_id: str) -> list[int]:

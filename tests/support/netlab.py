@@ -13,7 +13,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from system_deps import require_binary, unavailable
+from support.system_deps import require_binary, unavailable
 
 ETC_NETNS = Path("/etc/netns")
 
