@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.harness import TICKER, Job
-from test_shim_e2e import wait_for
+from support.harness import TICKER, Job, wait_for
 
 from elasticd.job.config import ConfigError, parse_alert
 from elasticd.wire.names import EventKind

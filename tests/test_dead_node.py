@@ -3,30 +3,18 @@
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import zmq
-from support.harness import TICKER, DaemonProc, Job
+from support.harness import TICKER, DaemonProc, Job, secure
 
-from elasticd.client import Credentials, parse_telemetry
+from elasticd.client import parse_telemetry
 
 MEMBERSHIP = ("node_lost", "node_left", "node_joined", "round_started")
 FREEZE_S = 2.0  # 2 of the 3 s the heartbeat rule allows
-
-
-def secure(job: Job) -> None:
-    """Give the job CURVE keys (the mesh encrypted, as with `--keys`) and an operator client key."""
-    store = job.tmp / "keys"
-    for args in (["init"], ["create", "ops", "--role", "operator"]):
-        subprocess.run([sys.executable, "-m", "elasticd.cli", "keys", "--dir", str(store), *args], check=True,
-                       capture_output=True, timeout=30)
-    job.extra.append(f"--keys={store}")
-    job.credentials = Credentials.load(str(store / "clients" / "ops.key_secret"), str(store / "node" / "node.key"))
 
 
 @pytest.mark.parametrize("curve", [False, True], ids=["plain", "curve"])

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from support.harness import WORKERS, Job
 from support.netlab import Lab
-from test_two_hosts import IFNAMES
+from support.two_hosts import IFNAMES
 
 from elasticd.client import Credentials
 from elasticd.keys.auth import KeyStore

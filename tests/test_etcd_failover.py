@@ -10,49 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.etcd_cluster import EtcdCluster
-from support.harness import PLAIN, SHIM, TICKER, Job
+from support.etcd_cluster import LEASE_TTL, EtcdCluster, ask, etcd_job, wait_event
+from support.harness import PLAIN, SHIM, TICKER, Job, sample_lines, wait_for
 from support.system_deps import require_binary
-from test_shim_e2e import sample_lines, wait_for
 
 from elasticd.client import ClientError
 
-LEASE_TTL = 2  # seconds: a dead coordinator is replaced within about this long
 MEMBERSHIP = ("node_lost", "node_left", "round_started")
 
 
 @pytest.fixture(scope="module")
 def etcd_binary() -> str:
     return require_binary("etcd", "etcd-server")
-
-
-def etcd_job(tmp: Path, etcd: EtcdCluster, nnodes: str, **kw: Any) -> Job:
-    return Job(tmp, nnodes=nnodes, nproc=1, extra=["--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoints,
-                                                   "--rdzv-conf", f"lease_ttl={LEASE_TTL}"], **kw)
-
-
-def ask(job: Job, node: str, op: str, timeout: float = 30.0, **args: Any) -> dict[str, Any]:
-    """A request to one daemon; while a coordinator is being replaced, forwarded requests time out: ask again."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with job.client(node) as client:
-                return client.call(op, **args)
-        except ClientError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
-def wait_event(job: Job, node: str, kind: str, match: Callable[[dict[str, Any]], bool] = lambda e: True,
-               since: int = 0, timeout: float = 60.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for event in ask(job, node, "events", since_seq=since, kinds=[kind], limit=0)["events"]:
-            if match(event):
-                return event
-        time.sleep(0.1)
-    raise AssertionError(f"no {kind} after seq {since} at node {node}:\n{job.daemon(node).output()[-3000:]}")
 
 
 def membership_since(job: Job, node: str, seq: int) -> list[str]:

@@ -12,12 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.etcd_cluster import EtcdCluster
-from support.harness import TICKER, Job
+from support.etcd_cluster import EtcdCluster, ask, wait_event
+from support.harness import TICKER, Job, wait_for
 from support.netlab import Lab, ip
 from support.system_deps import require_binary
-from test_etcd_failover import ask, wait_event
-from test_shim_e2e import wait_for
 
 NODES = "abc"  # node i on host i; a is started first and leads
 REVOKED = "revoking its etcd lease"

@@ -13,8 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from support.harness import ROOT, Job
-from test_shim_e2e import cli, sample_lines, wait_for
+from support.harness import ROOT, Job, cli, sample_lines, wait_for
 
 from trainer_shim.integrations._common import ElasticCore
 

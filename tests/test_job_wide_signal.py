@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 from support.etcd_cluster import EtcdCluster
-from support.harness import SHIM, Job
+from support.harness import SHIM, Job, sample_lines, wait_for
 from support.system_deps import require_binary
-from test_shim_e2e import sample_lines, wait_for
 
 # Every order; the first ones signal the first node (the embedded coordinator) last, after its members' leaves.
 ORDERS = [("b", "c", "a"), ("c", "a", "b"), ("a", "b", "c"), ("c", "b", "a"), ("b", "a", "c"), ("a", "c", "b")]

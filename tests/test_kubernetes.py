@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 import yaml
-from support.harness import SHIM, DaemonProc
+from support.harness import SHIM, DaemonProc, sample_lines, wait_for
 from support.netlab import Lab
 from support.system_deps import require_binary
-from test_shim_e2e import sample_lines, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy" / "kubernetes"

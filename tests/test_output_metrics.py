@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 from support.console import SIZE, until
-from support.harness import PLAIN, Job
-from test_shim_e2e import cli, wait_for
+from support.harness import PLAIN, Job, cli, wait_for
 
 from elasticd.member.output_metrics import compile_pattern, parse_line
 from tui.app import ElasticApp

@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.harness import TICKER, Job
-from test_dead_node import secure
+from support.harness import TICKER, Job, secure
 
 NODES = "abcdef"  # a coordinates; groups of 2: two relays with two members each and one of one, or so
 

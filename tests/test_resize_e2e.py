@@ -9,19 +9,13 @@ import signal
 from collections import Counter
 from pathlib import Path
 
-from support.harness import SHIM, Job
-from test_shim_e2e import cli, wait_for
+from support.harness import SHIM, Job, cli, wait_for
+from support.resizes import ARGS, BATCH, first_world, kept, pids_of, resized
 
 from elasticd.client import Credentials
 from elasticd.keys.auth import KeyStore
 
 DATASET = 1000  # examples/train_shim.py
-BATCH = 16  # over every rank: 4 per rank at world 4
-ARGS = ("--steps", "100000", "--ckpt-every", "0", "--step-time", "0.05", "--batch", str(BATCH), "--micro", "8")
-
-
-def pids_of(job: Job, node: str) -> set[int]:
-    return {w["pid"] for w in cli(job, "workers")["nodes"].get(node, []) if w["state"] == "running"}
 
 
 def rank0_steps(folder: Path) -> list[int]:
@@ -39,31 +33,6 @@ def epoch_counts(folder: Path) -> dict[int, Counter[int]]:
                 if ids:
                     counts.setdefault(int(epoch), Counter()).update(int(i) for i in ids.split(","))
     return counts
-
-
-def first_world(job: Job, node: str, script: Path, args: tuple[str, ...], world: int) -> set[int]:
-    """Start the job's first node and wait until its first world trains: that node's worker pids."""
-    job.start(node, script, *args)
-    first = job.wait_event("round_started", lambda e: e["world_size"] == world)
-    job.wait_event("first_step", since=first["seq"])
-    wait_for(lambda: len(pids_of(job, node)) == job.nproc)
-    return pids_of(job, node)
-
-
-def resized(job: Job, world: int, since: int) -> dict:
-    """The in-place round of that world size after `since`, once its `resize` event closed its timeline."""
-    started = job.wait_event("round_started", lambda e: e["world_size"] == world, since=since)
-    assert started["in_place"], started
-    done = job.wait_event("resize", lambda e: e["round"] == started["round"], since=since)
-    assert list(done["timeline"]) == ["detect", "agreed", "left", "group_ready", "synced", "first_step"]
-    return started
-
-
-def kept(job: Job, node: str, rnd: dict) -> tuple[set[int], set[int]]:
-    """(every pid, the pids kept in place) of that node's workers in that round, from its `workers_started`."""
-    ev = job.wait_event("workers_started", lambda e: e["node"] == node and e["round"] == rnd["round"],
-                        since=rnd["seq"])
-    return set(ev["pids"]), set(ev["kept"])
 
 
 def test_survivors_keep_their_processes_through_joins_drains_scale_leaves_and_crashes(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ import pytest
 import zmq.asyncio
 from support.harness import SHIM
 from support.netlab import Lab
-from test_resize_e2e import ARGS, kept, resized
-from test_two_hosts import A, B, TwoHosts, listeners, store_answers
+from support.resizes import ARGS, kept, resized
+from support.two_hosts import A, B, TwoHosts, listeners, store_answers
 
 from elasticd.keys.auth import KeyStore
 from elasticd.member.processes.spawner import Spawner

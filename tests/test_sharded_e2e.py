@@ -9,29 +9,8 @@ import sys
 from pathlib import Path
 
 import torch
-from support.harness import ROOT, Job
-from test_resize_e2e import first_world, kept, pids_of, resized
-from test_shim_e2e import cli
-
-FSDP = ROOT / "examples" / "train_fsdp.py"
-
-
-def digests(path: Path) -> dict[int, dict[int, str]]:
-    """step -> {round: digest of the whole state as the step after it began} from rank 0's log."""
-    found: dict[int, dict[int, str]] = {}
-    for line in path.read_text().splitlines():
-        label, step, digest = line.split()
-        if label != "final":
-            found.setdefault(int(step), {})[int(label)] = digest
-    return found
-
-
-def finish(job: Job, tmp: Path, node: str, extra: int = 8) -> int:
-    """End the job a few steps from now (examples/train_fsdp.py --steps-file) and wait for it; the last step."""
-    now = max(digests(tmp / "digests.log"))
-    (tmp / "stop").write_text(str(now + extra))
-    assert job.daemon(node).wait_exit(60) == 0
-    return now + extra
+from support.harness import Job, cli
+from support.resizes import FSDP, digests, finish, first_world, kept, pids_of, resized
 
 
 def reference(tmp: Path, steps: int, *args: str) -> dict:

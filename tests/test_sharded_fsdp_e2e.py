@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from support.harness import Job
-from test_resize_e2e import kept, pids_of, resized
-from test_sharded_e2e import FSDP, digests, finish
-from test_shim_e2e import cli, wait_for
+from support.harness import Job, cli, wait_for
+from support.resizes import FSDP, digests, finish, kept, pids_of, resized
 
 from trainer_shim.sharded import list_sharded
 

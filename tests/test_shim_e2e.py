@@ -2,40 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
-import subprocess
-import sys
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
-from support.harness import SHIM, SHIM_TICKER, Job
+from support.harness import SHIM, SHIM_TICKER, Job, cli, sample_lines, wait_for
 
 from elasticd.client import Client
 
 DATASET = 1000  # examples/train_shim.py
-
-
-def cli(job: Job, *args: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "elasticd.cli", *args, "--json"], env=job.env, capture_output=True,
-                         text=True, timeout=30)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
-
-
-def sample_lines(folder: Path) -> dict[int, list[tuple[int, str]]]:
-    """For each rank, (step, "epoch:ids ...") in the order the rounds trained them."""
-    by_rank: dict[int, list[tuple[int, str]]] = {}
-    for path in sorted(folder.glob("rank*-round*.log"), key=lambda p: int(re.search(r"round(\d+)", p.name)[1])):
-        rank = int(re.match(r"rank(\d+)", path.name)[1])
-        for line in path.read_text().splitlines():
-            step, _, ids = line.partition(" ")
-            by_rank.setdefault(rank, []).append((int(step), ids))
-    return by_rank
 
 
 def epoch_counts(folder: Path, epoch: int) -> Counter[int]:
@@ -52,15 +29,6 @@ def epoch_counts(folder: Path, epoch: int) -> Counter[int]:
 def reached_epoch(folder: Path, epoch: int) -> bool:
     return any(part.startswith(f"{epoch}:") for lines in sample_lines(folder).values()
                for _, ids in lines for part in ids.split())
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError("condition not met in time")
 
 
 def test_shim_job_metrics_checkpoint_zero_loss_resizes_exact_samples_and_hang(tmp_path: Path) -> None:

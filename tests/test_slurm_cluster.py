@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.harness import sample_lines
 from support.slurm_cluster import SlurmCluster
-from test_shim_e2e import sample_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 SBATCH = ROOT / "examples" / "slurm" / "train.sbatch"

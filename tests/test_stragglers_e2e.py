@@ -8,9 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from support.console import SIZE, until
+from support.console import SIZE, cursor_to, steering_answered, until
 from support.harness import SHIM, Job
-from test_tui_live import cursor_to, steering_answered
 
 from elasticd.coordinator.stragglers import PERSIST_S
 from tui.app import ElasticApp

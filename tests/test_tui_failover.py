@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 from support.console import SIZE, until
-from support.etcd_cluster import EtcdCluster
+from support.etcd_cluster import EtcdCluster, etcd_job, wait_event
 from support.harness import TICKER
 from support.system_deps import require_binary
-from test_etcd_failover import etcd_job, wait_event
 
 from tui.app import ElasticApp
 from tui.widgets.header import JobHeader

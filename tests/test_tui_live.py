@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from support.console import SIZE, until
+from support.console import SIZE, cursor_to, steering_answered, until
 from support.harness import TICKER, Job
 from textual.message import Message
 from textual.notifications import Notify
@@ -44,13 +44,6 @@ def connected(app: ElasticApp, world: int = 2) -> bool:
             and all(model.node_liveness(n) == "live" for n in model.nodes.values()))
 
 
-async def cursor_to(pilot, app: ElasticApp, node: str) -> None:  # type: ignore[no-untyped-def]
-    table = app.nodes_table
-    await until(pilot, lambda: table.cursor_key() is not None and node in {k for k, _ in table.shown})
-    table.move_cursor(row=[k for k, _ in table.shown].index(node))
-    await until(pilot, lambda: table.cursor_key() == node, what=f"cursor on {node}")
-
-
 @asynccontextmanager
 async def console_on_b(job: Job, readonly: bool = False) -> AsyncIterator[tuple[ElasticApp, Pilot, list[str]]]:
     """The console on daemon a, both nodes live, the cursor on node b; and the text of every notice it raises."""
@@ -73,11 +66,6 @@ def goodput_text(app: ElasticApp) -> str:
 
 def stacks_text(app: ElasticApp) -> str:
     return str(app.screen.query_one("#stacks", Static).render())
-
-
-def steering_answered(app: ElasticApp) -> bool:
-    """No steering request of the app is in flight: whatever it sent, the daemon has answered."""
-    return all(worker.is_finished for worker in app.workers if worker.group == "steer")
 
 
 async def test_one_member_address_shows_the_whole_job_and_every_view(job: Job) -> None:

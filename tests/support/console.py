@@ -63,3 +63,14 @@ def screen_text(app: ElasticApp) -> str:
         lines[int(line)] = lines.get(int(line), "").ljust(column) + text
     return "\n".join(lines[n] for n in sorted(lines))
 
+
+async def cursor_to(pilot, app: ElasticApp, node: str) -> None:  # type: ignore[no-untyped-def]
+    table = app.nodes_table
+    await until(pilot, lambda: table.cursor_key() is not None and node in {k for k, _ in table.shown})
+    table.move_cursor(row=[k for k, _ in table.shown].index(node))
+    await until(pilot, lambda: table.cursor_key() == node, what=f"cursor on {node}")
+
+
+def steering_answered(app: ElasticApp) -> bool:
+    """No steering request of the app is in flight: whatever it sent, the daemon has answered."""
+    return all(worker.is_finished for worker in app.workers if worker.group == "steer")

@@ -9,9 +9,12 @@ import subprocess
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from support.harness import free_port
+from elasticd.client import ClientError
+from support.harness import Job, free_port
 
 # Fast elections for tests (the minimum lease TTL is 1.5 x the election timeout: 750 ms).
 FAST = ["--election-timeout", "500", "--heartbeat-interval", "50"]
@@ -111,3 +114,35 @@ class EtcdCluster:
         for path in self.dirs:
             shutil.rmtree(path, ignore_errors=True)
             path.with_suffix(".log").unlink(missing_ok=True)
+
+
+LEASE_TTL = 2  # seconds: a dead coordinator is replaced within about this long
+
+
+def etcd_job(tmp: Path, etcd: EtcdCluster, nnodes: str, **kw: Any) -> Job:
+    return Job(tmp, nnodes=nnodes, nproc=1, extra=["--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoints,
+                                                   "--rdzv-conf", f"lease_ttl={LEASE_TTL}"], **kw)
+
+
+def ask(job: Job, node: str, op: str, timeout: float = 30.0, **args: Any) -> dict[str, Any]:
+    """A request to one daemon; while a coordinator is being replaced, forwarded requests time out: ask again."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with job.client(node) as client:
+                return client.call(op, **args)
+        except ClientError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def wait_event(job: Job, node: str, kind: str, match: Callable[[dict[str, Any]], bool] = lambda e: True,
+               since: int = 0, timeout: float = 60.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for event in ask(job, node, "events", since_seq=since, kinds=[kind], limit=0)["events"]:
+            if match(event):
+                return event
+        time.sleep(0.1)
+    raise AssertionError(f"no {kind} after seq {since} at node {node}:\n{job.daemon(node).output()[-3000:]}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -211,3 +212,40 @@ def job_processes(job_id: str) -> list[int]:
         except psutil.Error:
             continue
     return found
+
+
+def cli(job: Job, *args: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "elasticd.cli", *args, "--json"], env=job.env, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def sample_lines(folder: Path) -> dict[int, list[tuple[int, str]]]:
+    """For each rank, (step, "epoch:ids ...") in the order the rounds trained them."""
+    by_rank: dict[int, list[tuple[int, str]]] = {}
+    for path in sorted(folder.glob("rank*-round*.log"), key=lambda p: int(re.search(r"round(\d+)", p.name)[1])):
+        rank = int(re.match(r"rank(\d+)", path.name)[1])
+        for line in path.read_text().splitlines():
+            step, _, ids = line.partition(" ")
+            by_rank.setdefault(rank, []).append((int(step), ids))
+    return by_rank
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError("condition not met in time")
+
+
+def secure(job: Job) -> None:
+    """Give the job CURVE keys (the mesh encrypted, as with `--keys`) and an operator client key."""
+    store = job.tmp / "keys"
+    for args in (["init"], ["create", "ops", "--role", "operator"]):
+        subprocess.run([sys.executable, "-m", "elasticd.cli", "keys", "--dir", str(store), *args], check=True,
+                       capture_output=True, timeout=30)
+    job.extra.append(f"--keys={store}")
+    job.credentials = Credentials.load(str(store / "clients" / "ops.key_secret"), str(store / "node" / "node.key"))
