@@ -1,6 +1,6 @@
 """Chaos soak: a seeded schedule of faults against a real local job, then the invariants that say nothing was lost.
 
-Test-support code: tests/test_chaos.py runs it for 1 minute and bench/chaos_soak.py is its CLI (bench may
+Test-support code: tests/reliability/test_chaos.py runs it for 1 minute and bench/chaos_soak.py is its CLI (bench may
 import tests' support code, never the reverse).
 
 A 3-node job (a is the coordinator; nproc 1 per node) runs examples/train_shim.py with a checkpoint every
@@ -8,7 +8,7 @@ step and a sample log. For --minutes, 3-6 s after the job is stepping again, the
 fault: a worker SIGKILLed, a worker SIGSTOPped (a hang; daemons run with --hang-timeout 5), a member
 daemon SIGKILLed and started again, a drain/scale storm, rapid operator commands (checkpoint, cordon,
 uncordon, restart; interlock refusals are fine), or a flapping node (stopped and started several times).
-The coordinator is never touched (the embedded one; its failover on etcd: tests/test_etcd_failover.py).
+The coordinator is never touched (the embedded one; its failover on etcd: tests/daemon/test_etcd_failover.py).
 Then the job runs to its target step, and the invariants are checked:
 
   target      the job succeeded and rank 0 printed step=--steps

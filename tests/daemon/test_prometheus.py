@@ -111,7 +111,7 @@ def test_prometheus_sees_the_world_size_and_the_restart_a_drain_causes(
 
 
 def test_the_alert_rules_in_the_docs_are_rules_prometheus_accepts(prometheus_binary: str, tmp_path: Path) -> None:
-    text = (Path(__file__).resolve().parent.parent / "docs" / "metrics.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
     rules = text.split("### Alertmanager rules", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
     (tmp_path / "rules.yml").write_text(rules)
     promtool = Path(prometheus_binary).with_name("promtool")

@@ -16,7 +16,7 @@ from support.harness import SHIM, DaemonProc, sample_lines, wait_for
 from support.netlab import Lab
 from support.system_deps import require_binary
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kubernetes"
 
 

@@ -16,7 +16,7 @@ import pytest
 from support.harness import sample_lines
 from support.slurm_cluster import SlurmCluster
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SBATCH = ROOT / "examples" / "slurm" / "train.sbatch"
 
 

@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STDLIB = set(sys.stdlib_module_names)
 
 

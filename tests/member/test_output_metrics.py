@@ -24,7 +24,7 @@ def test_a_line_states_step_loss_and_epoch_or_nothing() -> None:
 
 
 def test_a_plain_script_shows_step_and_loss_and_is_not_hung_while_its_step_lines_flow(tmp_path: Path) -> None:
-    # Its step lines are its heartbeat (a hang when they stop: tests/test_diagnosis_hosts.py); rank 1 prints
+    # Its step lines are its heartbeat (a hang when they stop: tests/hosts/test_diagnosis_hosts.py); rank 1 prints
     # none, and a rank that never printed a step line is never judged.
     job = Job(tmp_path, nnodes="1:1", nproc=2, extra=["--metrics-from-output", PLAIN_LINE, "--hang-timeout", "5"])
     try:

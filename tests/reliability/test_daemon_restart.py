@@ -1,7 +1,7 @@
 """Daemon restarts: a SIGKILLed elasticd started again on the same node rejoins cleanly under the same id, what a
 SIGKILLed daemon leaves behind (endpoint files, worker-channel ipc sockets, half-written files) never blocks a
 start, and a second daemon on ports another one holds gets one clear line and exit 2.
-(A live duplicate node id is tests/test_membership.py::test_duplicate_node_id_is_refused_with_a_clear_error.)
+(A live duplicate node id: tests/coordinator/test_membership.py::test_duplicate_node_id_is_refused_with_a_clear_error.)
 """
 
 from __future__ import annotations

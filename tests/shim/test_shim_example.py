@@ -16,7 +16,7 @@ import zmq
 from elasticd.wire.protocol import Envelope, decode, encode
 from trainer_shim.checkpoint import list_checkpoints, load_latest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "examples", "train_shim.py")
 
 

@@ -13,7 +13,7 @@ from support.harness import TICKER, Job
 from support.system_deps import require_binary
 
 NODES = ("gpu-node-017.example.internal", "gpu-node-018.example.internal")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def tmux(socket: str, *args: str) -> subprocess.CompletedProcess[str]:

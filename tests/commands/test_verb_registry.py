@@ -18,8 +18,8 @@ from support.harness import TICKER, Job
 from elasticd.cli.main import build_parser
 from elasticd.commands.registry import REGISTRY
 
-ROOT = Path(__file__).resolve().parent.parent
-TESTS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1]  # where `support` is
 
 BOOKMARK = '''"""`bookmark`: a labelled marker in the job's event log (a verb only this test has)."""
 

@@ -11,7 +11,7 @@ from elasticd.wire.protocol import ErrorCode
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 DOC = (DOCS / "protocol.md").read_text()
 
 
