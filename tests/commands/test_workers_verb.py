@@ -41,8 +41,7 @@ def test_render_shows_gpu_columns_only_when_reported() -> None:
 
 @pytest.mark.skipif(GpuSampler(1.0).available(), reason="this host has NVML: workers carry GPU fields")
 def test_without_nvml_the_records_and_the_table_have_no_gpu(tmp_path: Path) -> None:
-    job = Job(tmp_path, nnodes="1", nproc=2)
-    try:
+    with Job(tmp_path, nnodes="1", nproc=2) as job:
         job.start("a", TICKER)
         job.wait_event("workers_started")
         deadline, records = time.monotonic() + 20, []
@@ -55,5 +54,3 @@ def test_without_nvml_the_records_and_the_table_have_no_gpu(tmp_path: Path) -> N
         assert header[:4] == ["NODE", "RANK", "LOCAL", "PID"] and not {"GPU", "UTIL%", "POWER"} & set(header)
         output = job.daemon().output()
         assert "NVML" not in output and "GPU" not in output  # at most a debug line, and the daemon logs no debug
-    finally:
-        job.close()

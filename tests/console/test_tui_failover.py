@@ -17,9 +17,8 @@ pytestmark = pytest.mark.asyncio
 
 
 async def test_the_console_on_a_survivor_follows_the_takeover(tmp_path: Path) -> None:
-    etcd = EtcdCluster(require_binary("etcd", "etcd-server"), tmp_path, size=1).start()
-    job = etcd_job(tmp_path, etcd, "1:2")
-    try:
+    with (EtcdCluster(require_binary("etcd", "etcd-server"), tmp_path, size=1).start() as etcd,
+          etcd_job(tmp_path, etcd, "1:2") as job):
         a = job.start("a", TICKER)
         job.start("b", TICKER)
         wait_event(job, "b", "round_started", lambda e: e["world_size"] == 2)
@@ -37,6 +36,3 @@ async def test_the_console_on_a_survivor_follows_the_takeover(tmp_path: Path) ->
             await until(pilot, lambda: shown in str(app.query_one(JobHeader).render()), what="the header")
             await until(pilot, lambda: any(e.get("kind") == "coordinator_elected" and e.get("node") == "b"
                                            for e in app.model.events), what="the election in the event view")
-    finally:
-        job.close()
-        etcd.close()

@@ -157,8 +157,7 @@ async def test_drain_with_confirm_shrinks_the_world(job: Job) -> None:
 
 
 async def test_a_sigkilled_daemon_shows_missing_and_the_screen_keeps_responding(tmp_path: Path) -> None:
-    doomed = Job(tmp_path, nnodes="1:2", nproc=1)
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=1) as doomed:
         doomed.start("a", TICKER)
         b = doomed.start("b", TICKER)
         doomed.wait_event("round_started", lambda e: e["world_size"] == 2)
@@ -171,5 +170,3 @@ async def test_a_sigkilled_daemon_shows_missing_and_the_screen_keeps_responding(
             await pilot.press("colon", *"events", "enter")  # the screen still answers keys
             await until(pilot, lambda: app.view == "events")
             assert app.model.node_liveness(app.model.nodes["a"]) == "live"
-    finally:
-        doomed.close()

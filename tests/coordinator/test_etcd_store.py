@@ -108,15 +108,12 @@ def test_a_deposed_coordinator_writes_nothing(etcd: EtcdCluster) -> None:
 
 
 def test_another_etcd_cluster_behind_an_endpoint_is_refused(tmp_path: Path, etcd: EtcdCluster) -> None:
-    other = EtcdCluster(etcd.binary, tmp_path).start()
-    try:
+    with EtcdCluster(etcd.binary, tmp_path).start() as other:
         client = EtcdClient([("127.0.0.1", other.client_ports[0]), ("127.0.0.1", etcd.client_ports[0])])
         client.status()
         other.kill_all()  # the client moves on to the next endpoint, which is another cluster
         with pytest.raises(EtcdClusterChanged, match="refusing another cluster's state"):
             client.status()
-    finally:
-        other.close()
 
 
 def test_the_oldest_candidacy_leads_and_a_resignation_hands_over_at_once(etcd: EtcdCluster) -> None:

@@ -21,10 +21,9 @@ def trained(log: Path) -> list[tuple[int, int, float]]:
 
 def test_goodput_accounts_a_jobs_crash_joins_drain_and_saves_as_seen_from_outside(tmp_path: Path) -> None:
     log = tmp_path / "rank0"
-    job = Job(tmp_path, nnodes="1:3", nproc=1)
-    job.env["ELASTICD_REPORT_INTERVAL"] = "0"  # every step reaches the daemon: the redone steps are exact
-    args = ("--interval", "0.05", "--save-s", str(SAVE_S), "--resume", str(tmp_path / "saved"))
-    try:
+    with Job(tmp_path, nnodes="1:3", nproc=1) as job:
+        job.env["ELASTICD_REPORT_INTERVAL"] = "0"  # every step reaches the daemon: the redone steps are exact
+        args = ("--interval", "0.05", "--save-s", str(SAVE_S), "--resume", str(tmp_path / "saved"))
         job.start("a", SHIM_TICKER, *args, "--step-log", str(log))
         begun = time.time()  # the coordinator is up: the job's time starts about now
         job.start("b", SHIM_TICKER, *args)
@@ -57,8 +56,6 @@ def test_goodput_accounts_a_jobs_crash_joins_drain_and_saves_as_seen_from_outsid
         with job.client() as client:
             report = client.call("goodput")
         asked = time.time()
-    finally:
-        job.close()
 
     steps = trained(log)
     life = report["life"]

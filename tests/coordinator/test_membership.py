@@ -12,8 +12,7 @@ from support.harness import TICKER, Job, job_processes, wait_gone
 
 
 def test_workers_get_torchruns_env_contract(tmp_path: Path) -> None:
-    job = Job(tmp_path, nnodes="1:2", nproc=2)
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=2) as job:
         a = job.start("a", TICKER)
         job.wait_event("round_started", lambda e: e["world_size"] == 2)
         b = job.start("b", TICKER)
@@ -30,13 +29,10 @@ def test_workers_get_torchruns_env_contract(tmp_path: Path) -> None:
         assert env["ELASTICD_ROUND"] == str(round_id) and env["ELASTICD_WORKER_ADDR"].startswith("ipc://")
         a_env = json.loads(a.wait_line(r'\[a:0\] env=(.*"WORLD_SIZE": "4".*)').group(1))
         assert a_env["MASTER_PORT"] == env["MASTER_PORT"] and a_env["RANK"] == "0"
-    finally:
-        job.close()
 
 
 def test_restarts_exhausted_fail_the_job_on_every_node_with_the_reason(tmp_path: Path) -> None:
-    job = Job(tmp_path, nnodes="2", nproc=1, max_restarts=1)
-    try:
+    with Job(tmp_path, nnodes="2", nproc=1, max_restarts=1) as job:
         a = job.start("a", TICKER, "--ticks", "5", "--exit-code", "7")
         b = job.start("b", TICKER, "--ticks", "100000")
         assert a.wait_exit(60) == 1
@@ -45,13 +41,10 @@ def test_restarts_exhausted_fail_the_job_on_every_node_with_the_reason(tmp_path:
             assert "--max-restarts 1 exhausted" in daemon.output()
             assert "exited with exit code 7" in daemon.output()
         assert wait_gone(job_processes(job.job_id)) == []
-    finally:
-        job.close()
 
 
 def test_below_min_nodes_waits_says_why_resumes_and_times_out(tmp_path: Path) -> None:
-    job = Job(tmp_path, nnodes="2:2", nproc=1, extra=["--join-timeout", "6"])
-    try:
+    with Job(tmp_path, nnodes="2:2", nproc=1, extra=["--join-timeout", "6"]) as job:
         a = job.start("a", TICKER)
         waiting = job.wait_event("waiting")
         assert "waiting for 1 more node(s)" in waiting["reason"]
@@ -66,8 +59,6 @@ def test_below_min_nodes_waits_says_why_resumes_and_times_out(tmp_path: Path) ->
         assert wait_gone(b_pids | job.worker_pids(0)) == []  # the survivor stopped its workers too
         assert a.wait_exit(30) == 1
         assert "join timeout" in a.output()
-    finally:
-        job.close()
 
 
 FROZEN_S = 5.0  # past the 3 s loss limit, as a paused VM or a healed partition
@@ -75,8 +66,7 @@ FROZEN_S = 5.0  # past the 3 s loss limit, as a paused VM or a healed partition
 
 def test_frozen_node_is_lost_and_rejoins_when_it_thaws(tmp_path: Path) -> None:
     """Frozen past the loss limit (SIGSTOP 5 s, like a partition that heals): the same daemon joins again."""
-    job = Job(tmp_path, nnodes="1:2", nproc=1)
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=1) as job:
         job.start("a", TICKER)
         b = job.start("b", TICKER)
         grown = job.wait_event("round_started", lambda e: e["world_size"] == 2)
@@ -91,13 +81,10 @@ def test_frozen_node_is_lost_and_rejoins_when_it_thaws(tmp_path: Path) -> None:
         assert b.proc.poll() is None  # the same process, not a restart by hand
         assert job.status()["restarts"]["failure"] == 0
         assert "stopped answering" not in b.output()
-    finally:
-        job.close()
 
 
 def test_coordinator_sigkill_ends_members_cleanly_with_an_explanation(tmp_path: Path) -> None:
-    job = Job(tmp_path, nnodes="1:2", nproc=1)
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=1) as job:
         a = job.start("a", TICKER)
         b = job.start("b", TICKER)
         grown = job.wait_event("round_started", lambda e: e["world_size"] == 2)
@@ -106,13 +93,10 @@ def test_coordinator_sigkill_ends_members_cleanly_with_an_explanation(tmp_path: 
         assert b.wait_exit(30) == 3
         assert "stopped answering" in b.output() and "no coordinator HA" in b.output()
         assert wait_gone(b_workers) == []
-    finally:
-        job.close()
 
 
 def test_coordinator_sigterm_ends_the_job_everywhere(tmp_path: Path) -> None:
-    job = Job(tmp_path, nnodes="1:2", nproc=1)
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=1) as job:
         a = job.start("a", TICKER)
         b = job.start("b", TICKER)
         job.wait_event("round_started", lambda e: e["world_size"] == 2)
@@ -120,14 +104,11 @@ def test_coordinator_sigterm_ends_the_job_everywhere(tmp_path: Path) -> None:
         assert a.wait_exit(30) == 0
         assert b.wait_exit(30) == 0
         assert "it is the coordinator, so the job ends" in b.output()
-    finally:
-        job.close()
 
 
 @pytest.mark.parametrize("spawn", ["zygote", "exec"])
 def test_workers_die_with_a_sigkilled_daemon(tmp_path: Path, spawn: str) -> None:
-    job = Job(tmp_path, nnodes="1", nproc=2, extra=["--no-zygote"] if spawn == "exec" else [])
-    try:
+    with Job(tmp_path, nnodes="1", nproc=2, extra=["--no-zygote"] if spawn == "exec" else []) as job:
         a = job.start("a", TICKER)
         started = job.wait_event("workers_started")
         assert set(started["pids"]) <= set(job_processes(job.job_id))  # the orphan check below can see them
@@ -135,13 +116,10 @@ def test_workers_die_with_a_sigkilled_daemon(tmp_path: Path, spawn: str) -> None
         a.wait_exit(10)
         assert wait_gone(started["pids"]) == []
         assert wait_gone(job_processes(job.job_id)) == []  # the zygote too
-    finally:
-        job.close()
 
 
 def test_duplicate_node_id_is_refused_with_a_clear_error(tmp_path: Path) -> None:
-    job = Job(tmp_path, nnodes="1:3", nproc=1)
-    try:
+    with Job(tmp_path, nnodes="1:3", nproc=1) as job:
         job.start("a", TICKER)
         job.wait_event("round_started")
         job.start("b", TICKER)
@@ -150,26 +128,20 @@ def test_duplicate_node_id_is_refused_with_a_clear_error(tmp_path: Path) -> None
         assert twin.wait_exit(30) == 2
         assert "node id 'b' is already in job" in twin.output()
         assert job.status()["world_size"] == 2
-    finally:
-        job.close()
 
 
 def test_a_worker_that_never_exits_after_its_peers_finished_is_stopped_and_the_job_ends(tmp_path: Path) -> None:
-    job = Job(tmp_path, nnodes="1", nproc=2, extra=["--exit-timeout", "2"])
-    try:
+    with Job(tmp_path, nnodes="1", nproc=2, extra=["--exit-timeout", "2"]) as job:
         a = job.start("a", TICKER, "--ticks", "3", "--interval", "0.01", "--forever-rank", "1")
         assert a.wait_exit(60) == 0
         assert "worker_exit_timeout round=1 timeout_s=2.0" in a.output()
         assert "succeeded: every worker of the final round finished" in a.output()
         assert wait_gone(job_processes(job.job_id)) == []
-    finally:
-        job.close()
 
 
 def test_sigterm_leave_with_slow_exiting_workers_is_exactly_one_round(tmp_path: Path) -> None:
     """While a leaving node's workers take seconds to exit, its heartbeats must not make it register again."""
-    job = Job(tmp_path, nnodes="1:2", nproc=1)
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=1) as job:
         job.start("a", TICKER)
         b = job.start("b", TICKER, "--term-delay", "2.5")
         grown = job.wait_event("round_started", lambda e: e["world_size"] == 2)
@@ -182,15 +154,12 @@ def test_sigterm_leave_with_slow_exiting_workers_is_exactly_one_round(tmp_path: 
         kinds = [e["kind"] for e in events if e["kind"] in ("node_left", "node_joined", "node_lost", "round_started")]
         assert kinds == ["node_left", "round_started"]
         assert job.status()["restarts"]["failure"] == 0
-    finally:
-        job.close()
 
 
 def test_is_host_false_never_hosts_the_coordinator_and_signals_to_handle_choose_the_leave_signal(
         tmp_path: Path) -> None:
     """torchrun's --rdzv-conf is_host=false and --signals-to-handle, as Kubeflow launchers pass them."""
-    job = Job(tmp_path, nnodes="1:2", nproc=1)
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=1) as job:
         b = job.start("b", TICKER, extra=["--rdzv-conf", "is_host=false", "--signals-to-handle", "SIGUSR1"])
         b.wait_line(r"node b \(member\)")  # first on the endpoint's host, yet it only connects
         job.start("a", TICKER)
@@ -200,5 +169,3 @@ def test_is_host_false_never_hosts_the_coordinator_and_signals_to_handle_choose_
         assert b.wait_exit(30) == 0
         left = job.wait_event("node_left", since=grown["seq"], node="a")
         assert left["node"] == "b" and "SIGUSR1" in left["reason"]
-    finally:
-        job.close()

@@ -37,9 +37,8 @@ def epoch_counts(folder: Path) -> dict[int, Counter[int]]:
 
 def test_survivors_keep_their_processes_through_joins_drains_scale_leaves_and_crashes(tmp_path: Path) -> None:
     samples = tmp_path / "samples"
-    job = Job(tmp_path, nnodes="1:2", nproc=2)
-    args = (*ARGS, "--ckpt-dir", str(tmp_path / "ckpt"), "--sample-log", str(samples))
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=2) as job:
+        args = (*ARGS, "--ckpt-dir", str(tmp_path / "ckpt"), "--sample-log", str(samples))
         a_pids = first_world(job, "a", SHIM, args, 2)
 
         mark = job.seq()
@@ -76,8 +75,6 @@ def test_survivors_keep_their_processes_through_joins_drains_scale_leaves_and_cr
         trained = len(rank0_steps(samples))
         wait_for(lambda: len(rank0_steps(samples)) > trained + 5)  # the last world trains on
         assert not list((tmp_path / "ckpt").glob("ckpt-*.pt"))  # --ckpt-every 0: no newcomer had a file to read
-    finally:
-        job.close()
 
     steps = rank0_steps(samples)
     gaps = [b - a for a, b in itertools.pairwise(steps)]
@@ -100,9 +97,8 @@ def test_survivors_keep_their_processes_through_joins_drains_scale_leaves_and_cr
 
 
 def test_a_resize_whose_rebuild_raises_falls_back_to_a_restart_and_the_job_goes_on(tmp_path: Path) -> None:
-    job = Job(tmp_path, nnodes="1:2", nproc=1)
-    args = (*ARGS, "--ckpt-dir", str(tmp_path / "ckpt"), "--fail-resize")
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=1) as job:
+        args = (*ARGS, "--ckpt-dir", str(tmp_path / "ckpt"), "--fail-resize")
         job.start("a", SHIM, *args)
         first = job.wait_event("round_started", lambda e: e["world_size"] == 1)
         job.wait_event("first_step", since=first["seq"])
@@ -117,17 +113,15 @@ def test_a_resize_whose_rebuild_raises_falls_back_to_a_restart_and_the_job_goes_
         assert restarted["world_size"] == 2 and "in-place resize failed" in restarted["detail"]
         job.wait_event("first_step", since=restarted["seq"])  # the job goes on, in new processes
         wait_for(lambda: len(pids_of(job, "a")) == 1 and not pids_of(job, "a") & a_pids)
-    finally:
-        job.close()
 
 
 def test_with_keys_the_job_store_is_reached_through_the_tunnel_and_a_join_resizes_in_place(tmp_path: Path) -> None:
     store = KeyStore(tmp_path / "keys")
     store.init()
-    job = Job(tmp_path, nnodes="1:2", nproc=1, extra=["--keys", str(tmp_path / "keys")])
-    job.credentials = Credentials.load(str(store.create_client("ops", "operator")), str(store.node_dir / "node.key"))
-    args = (*ARGS, "--ckpt-dir", str(tmp_path / "ckpt"))
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=1, extra=["--keys", str(tmp_path / "keys")]) as job:
+        job.credentials = Credentials.load(str(store.create_client("ops", "operator")),
+                                           str(store.node_dir / "node.key"))
+        args = (*ARGS, "--ckpt-dir", str(tmp_path / "ckpt"))
         job.start("a", SHIM, *args)
         first = job.wait_event("round_started", lambda e: e["world_size"] == 1)
         job.wait_event("first_step", since=first["seq"])
@@ -136,5 +130,3 @@ def test_with_keys_the_job_store_is_reached_through_the_tunnel_and_a_join_resize
         job.start("b", SHIM, *args)
         grown = resized(job, 2, mark)
         assert kept(job, "a", grown) == (a_pids, a_pids)
-    finally:
-        job.close()

@@ -21,10 +21,9 @@ def world_sizes(log_text: str) -> list[int]:
 
 
 def test_plain_script_survives_crash_join_leave_rejoin_and_node_loss(tmp_path: Path) -> None:
-    job = Job(tmp_path, nnodes="1:2", nproc=2, max_restarts=1)
-    snapshot = tmp_path / "snapshot.pt"
-    args = ("--steps", "1500", "--snapshot", str(snapshot), "--step-time", "0.02")
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=2, max_restarts=1) as job:
+        snapshot = tmp_path / "snapshot.pt"
+        args = ("--steps", "1500", "--snapshot", str(snapshot), "--step-time", "0.02")
         a = job.start("a", PLAIN, *args)
         start = job.wait_event("round_started", lambda e: e["world_size"] == 2)
         a.wait_line(r"\[a:0\] step=3 ")
@@ -85,5 +84,3 @@ def test_plain_script_survives_crash_join_leave_rejoin_and_node_loss(tmp_path: P
         assert len(every_worker) == 2 + 2 + 4 + 2 + 4 + 2
         assert wait_gone(every_worker) == []
         assert wait_gone(job_processes(job.job_id)) == []  # nothing of the job is left: no worker, no zygote
-    finally:
-        job.close()

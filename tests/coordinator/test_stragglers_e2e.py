@@ -21,10 +21,9 @@ pytestmark = pytest.mark.asyncio
 
 async def test_the_node_with_slow_data_loading_is_named_within_30s_and_the_other_never(tmp_path: Path) -> None:
     paged = tmp_path / "paged"
-    job = Job(tmp_path, nnodes="1:3", nproc=1, extra=["--on-event", f"straggler:cat >> {paged}"])
-    args = ("--steps", "100000", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "0", "--batch", "12",
-            "--micro", "4")
-    try:
+    with Job(tmp_path, nnodes="1:3", nproc=1, extra=["--on-event", f"straggler:cat >> {paged}"]) as job:
+        args = ("--steps", "100000", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "0", "--batch", "12",
+                "--micro", "4")
         for node in "abc":
             job.start(node, SHIM, *args, *(["--data-delay", "0.1"] if node == "c" else []))
         formed = job.wait_event("round_started", lambda e: e["world_size"] == 3, timeout=120)
@@ -51,5 +50,3 @@ async def test_the_node_with_slow_data_loading_is_named_within_30s_and_the_other
             events = client.call("events", kinds=["straggler"], limit=0)["events"]
         assert [e["node"] for e in events] == ["c"]  # a and b never
         assert json.loads(paged.read_text())["node"] == "c"  # the operator's command had the event on its stdin
-    finally:
-        job.close()

@@ -35,10 +35,9 @@ def steps(daemon_output: str, node: str) -> list[int]:
 def test_sigkill_of_the_coordinators_node_a_survivor_takes_over_and_the_job_finishes(tmp_path: Path,
                                                                                      etcd_binary: str) -> None:
     """Also: losing one etcd member (its raft leader) mid-job costs no round."""
-    etcd = EtcdCluster(etcd_binary, tmp_path, size=3).start()
-    job = etcd_job(tmp_path, etcd, "2:3")
-    args = ("--steps", "220", "--snapshot", str(tmp_path / "snapshot.pt"), "--step-time", "0.05")
-    try:
+    with (EtcdCluster(etcd_binary, tmp_path, size=3).start() as etcd,
+          etcd_job(tmp_path, etcd, "2:3") as job):
+        args = ("--steps", "220", "--snapshot", str(tmp_path / "snapshot.pt"), "--step-time", "0.05")
         a = job.start("a", PLAIN, *args)
         b = job.start("b", PLAIN, *args)
         c = job.start("c", PLAIN, *args)
@@ -80,9 +79,6 @@ def test_sigkill_of_the_coordinators_node_a_survivor_takes_over_and_the_job_fini
         # Both survivors reach the last step and exit 0.
         assert b.wait_exit(120) == 0 and c.wait_exit(30) == 0
         assert steps(first.output(), order[1])[-1] == 220
-    finally:
-        job.close()
-        etcd.close()
 
 
 def ticks(daemon_output: str, node: str) -> int:
@@ -100,9 +96,8 @@ def wait_ticks(job: Job, nodes: str, more: int = 10, timeout: float = 30.0) -> N
 
 def test_etcd_away_for_10s_freezes_membership_and_a_stopped_coordinator_is_fenced(tmp_path: Path,
                                                                                   etcd_binary: str) -> None:
-    etcd = EtcdCluster(etcd_binary, tmp_path, size=1).start()
-    job = etcd_job(tmp_path, etcd, "2:3")
-    try:
+    with (EtcdCluster(etcd_binary, tmp_path, size=1).start() as etcd,
+          etcd_job(tmp_path, etcd, "2:3") as job):
         a, _b, _c = (job.start(n, TICKER) for n in "abc")
         full = wait_event(job, "b", "round_started", lambda e: e["world_size"] == 3)
         mark = ask(job, "b", "status")["seq"]
@@ -152,9 +147,6 @@ def test_etcd_away_for_10s_freezes_membership_and_a_stopped_coordinator_is_fence
         status = ask(job, "a", "status")
         assert status["coordinator"] == smaller["node"] and status["epoch"] > epoch
         wait_ticks(job, "a")
-    finally:
-        job.close()
-        etcd.close()
 
 
 def full_restarts(event: dict[str, Any]) -> int:
@@ -171,12 +163,11 @@ def wait_for_status(job: Job, node: str, condition: Callable[[dict[str, Any]], b
 
 def test_sigterm_of_the_coordinators_node_drains_it_and_hands_over_with_no_step_lost(tmp_path: Path,
                                                                                      etcd_binary: str) -> None:
-    etcd = EtcdCluster(etcd_binary, tmp_path, size=1).start()
-    job = etcd_job(tmp_path, etcd, "2:3")
-    samples = tmp_path / "samples"
-    args = ("--steps", "100000", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "0", "--step-time", "0.05",
-            "--batch", "24", "--micro", "4", "--sample-log", str(samples))
-    try:
+    with (EtcdCluster(etcd_binary, tmp_path, size=1).start() as etcd,
+          etcd_job(tmp_path, etcd, "2:3") as job):
+        samples = tmp_path / "samples"
+        args = ("--steps", "100000", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "0", "--step-time", "0.05",
+                "--batch", "24", "--micro", "4", "--sample-log", str(samples))
         a, _b, _c = (job.start(n, SHIM, *args) for n in "abc")
         grown = wait_event(job, "b", "round_started", lambda e: e["world_size"] == 3)
         wait_event(job, "b", "first_step", since=grown["seq"])
@@ -199,17 +190,13 @@ def test_sigterm_of_the_coordinators_node_drains_it_and_hands_over_with_no_step_
         after = ask(job, "b", "status")
         assert after["coordinator"] in ("b", "c") and after["epoch"] > before["epoch"]
         assert after["restarts"]["failure"] == 0
-    finally:
-        job.close()
-        etcd.close()
 
 
 def test_past_the_outage_limit_without_etcd_the_job_stops_cleanly(tmp_path: Path, etcd_binary: str) -> None:
     """Also: a job id whose last run finished starts afresh (etcd still holds that run's ended state)."""
-    etcd = EtcdCluster(etcd_binary, tmp_path, size=1).start()
-    job = Job(tmp_path, nnodes="1:1", nproc=1, extra=["--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoints,
-                                                      "--rdzv-conf", "lease_ttl=2,etcd_outage_timeout=2"])
-    try:
+    with (EtcdCluster(etcd_binary, tmp_path, size=1).start() as etcd,
+          Job(tmp_path, nnodes="1:1", nproc=1, extra=["--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoints,
+                                                      "--rdzv-conf", "lease_ttl=2,etcd_outage_timeout=2"]) as job):
         assert job.start("a", TICKER, "--ticks", "5").wait_exit(30) == 0
         a = job.start("a", TICKER)  # the same job id again
         a.wait_line(r"\[a:0\] tick=")
@@ -218,9 +205,6 @@ def test_past_the_outage_limit_without_etcd_the_job_stops_cleanly(tmp_path: Path
         assert re.search(r"etcd unreachable for \d+s \(--rdzv-conf etcd_outage_timeout=2\): the job stops",
                          a.output()), a.output()[-2000:]
         assert "Traceback" not in a.output()
-    finally:
-        job.close()
-        etcd.close()
 
 
 FREEZES = 5
@@ -245,10 +229,9 @@ def test_a_coordinator_frozen_past_its_lease_rejoins_as_a_member_five_times_in_a
                                                                                      etcd_binary: str) -> None:
     """A paused VM, a long GC or swap stall: the thawed coordinator steps down and joins the new one as a member,
     however long ago it started (--connect-timeout, here shorter than the test, bounds only a first start)."""
-    etcd = EtcdCluster(etcd_binary, tmp_path, size=3).start()
-    job = etcd_job(tmp_path, etcd, "2:4")
-    nodes = "abcd"
-    try:
+    with (EtcdCluster(etcd_binary, tmp_path, size=3).start() as etcd,
+          etcd_job(tmp_path, etcd, "2:4") as job):
+        nodes = "abcd"
         for node in nodes:
             job.start(node, TICKER, extra=["--connect-timeout", "5"])
         mark = wait_event(job, "a", "round_started", lambda e: e["world_size"] == 4)["seq"]
@@ -265,6 +248,3 @@ def test_a_coordinator_frozen_past_its_lease_rejoins_as_a_member_five_times_in_a
             wait_ticks(job, nodes)
             mark = regrown["seq"]
         assert "did not answer within" not in "".join(job.daemon(n).output() for n in nodes)
-    finally:
-        job.close()
-        etcd.close()

@@ -60,11 +60,8 @@ def cycles(job: Job, tmp: Path, first_order: int = 0) -> None:
 
 
 def test_embedded_coordinator_a_job_wide_sigterm_stops_at_one_step_and_resumes_at_the_next(tmp_path: Path) -> None:
-    job = Job(tmp_path, nnodes="1:3", nproc=1)
-    try:
+    with Job(tmp_path, nnodes="1:3", nproc=1) as job:
         cycles(job, tmp_path)
-    finally:
-        job.close()
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +71,7 @@ def etcd_binary() -> str:
 
 def test_on_etcd_a_job_wide_sigterm_stops_at_one_step_and_resumes_at_the_next(tmp_path: Path,
                                                                               etcd_binary: str) -> None:
-    etcd = EtcdCluster(etcd_binary, tmp_path, size=1).start()
-    job = Job(tmp_path, nnodes="1:3", nproc=1, extra=["--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoints,
-                                                      "--rdzv-conf", "lease_ttl=2"])
-    try:
+    with (EtcdCluster(etcd_binary, tmp_path, size=1).start() as etcd,
+          Job(tmp_path, nnodes="1:3", nproc=1, extra=["--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoints,
+                                                      "--rdzv-conf", "lease_ttl=2"]) as job):
         cycles(job, tmp_path, first_order=2)
-    finally:
-        job.close()
-        etcd.close()

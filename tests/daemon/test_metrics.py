@@ -68,9 +68,8 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Job, str]]:
     store = KeyStore(tmp / "keys")
     store.init()
     ops = store.create_client("ops", "operator")
-    job = Job(tmp, nnodes="1:1", nproc=2, extra=["--keys", str(store.root), "--metrics-port", "0"])
-    job.credentials = Credentials.load(str(ops), str(store.node_dir / "node.key"))
-    try:
+    with Job(tmp, nnodes="1:1", nproc=2, extra=["--keys", str(store.root), "--metrics-port", "0"]) as job:
+        job.credentials = Credentials.load(str(ops), str(store.node_dir / "node.key"))
         daemon = job.start("a", SHIM_TICKER)
         url = daemon.wait_line(r"; metrics (http://\S+);").group(1)
         job.wait_event("first_step")
@@ -78,8 +77,6 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Job, str]]:
             client.call("restart")
         job.wait_event("first_step", lambda e: e["round"] == 2)
         yield job, url
-    finally:
-        job.close()
 
 
 def test_metrics_port_0_picks_a_free_port_and_prints_it(job: tuple[Job, str]) -> None:

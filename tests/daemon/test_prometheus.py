@@ -75,11 +75,8 @@ class Prometheus:
 
 @pytest.fixture
 def job(tmp_path: Path) -> Iterator[Job]:
-    job = Job(tmp_path, nnodes="1:2", nproc=1, extra=["--metrics-port", "0", "--preload", "json"])
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=1, extra=["--metrics-port", "0", "--preload", "json"]) as job:
         yield job
-    finally:
-        job.close()
 
 
 @pytest.mark.timeout(900)  # the first run may install prometheus

@@ -83,13 +83,11 @@ def lab() -> Iterator[Lab]:
 @contextmanager
 def running(lab: Lab, tmp: Path, shim: bool = False) -> Iterator[Trouble]:
     job = Trouble(lab, tmp, shim)
-    try:
+    with job.job:
         job.start(A, 0)
         job.start(B, 1)
         job.job.wait_event("first_step")
         yield job
-    finally:
-        job.job.close()
 
 
 @pytest.fixture(scope="module")

@@ -67,8 +67,7 @@ def steer(hosts: TwoHosts, *args: str) -> None:
 def test_a_join_drain_scale_and_leave_across_hosts_keep_the_first_hosts_workers(lab: Lab, tmp_path: Path,
                                                                                 keys: bool) -> None:
     hosts = TwoHosts(lab, tmp_path, keys=keys, nproc=2, script=SHIM, args=(*ARGS, "--ckpt-dir", str(tmp_path)))
-    job = hosts.job
-    try:
+    with hosts.job as job:
         a = hosts.start(A, 0)
         store = a.wait_line(r"job store for in-place resizes at (\S+):(\d+)")
         assert store[1] == (LOOPBACK if keys else lab.addrs[0])  # with keys, only the tunnel leads to it
@@ -95,8 +94,6 @@ def test_a_join_drain_scale_and_leave_across_hosts_keep_the_first_hosts_workers(
         b.signal(signal.SIGTERM)
         assert b.wait_exit(30) == 0
         assert kept(job, A, resized(job, 2, mark)) == (a_pids, a_pids)
-    finally:
-        job.close()
 
 
 def assert_strangers_reach_no_job_store(hosts: TwoHosts, port: int, tmp: Path) -> None:

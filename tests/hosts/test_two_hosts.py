@@ -32,14 +32,12 @@ WILDCARDS = ("0.0.0.0", "*", "::")
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoHosts]:
     with Lab(2) as lab:
         two = TwoHosts(lab, tmp_path_factory.mktemp("hosts"))
-        try:
+        with two.job:
             two.start(A, 0)
             two.job.wait_event("round_started")
             two.start(B, 1)
             two.job.wait_event("round_started", lambda e: e["world_size"] == 2)
             yield two
-        finally:
-            two.job.close()
 
 
 def test_plain_ddp_trains_across_two_hosts_on_the_interface_of_the_advertised_address(hosts: TwoHosts) -> None:

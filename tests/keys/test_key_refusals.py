@@ -212,15 +212,12 @@ def lab_keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabJob]:
     key, server = str(store.create_client("ops", "operator")), str(store.node_dir / "node.key")
     with Lab(2) as lab:
         addr = lab.addrs[0]
-        job = Job(tmp, nnodes="1:1", nproc=1, rdzv_host=addr,
-                  extra=["--keys", str(store.root), "--control", f"tcp://{addr}:*", "--pub", f"tcp://{addr}:*"])
-        job.credentials = Credentials.load(key, server)
-        try:
+        with Job(tmp, nnodes="1:1", nproc=1, rdzv_host=addr,
+                 extra=["--keys", str(store.root), "--control", f"tcp://{addr}:*", "--pub", f"tcp://{addr}:*"]) as job:
+            job.credentials = Credentials.load(key, server)
             job.start("a", TICKER, prefix=lab.run_in(0))
             job.wait_event("round_started")
             yield LabJob(lab, job, key, server)
-        finally:
-            job.close()
 
 
 def test_a_keyless_status_from_another_host_is_recorded_with_its_address(lab_keyed: LabJob) -> None:

@@ -42,10 +42,9 @@ def srun(job: Job, job_id: str, node: str, *args: str) -> DaemonProc:
 
 
 def test_a_flagless_step_forms_one_job_and_sigusr1_is_a_graceful_leave(tmp_path: Path) -> None:
-    job = Job(tmp_path)
-    job_id = job_id_with_a_free_port()
-    args = ("--interval", "0.05", "--resume", str(tmp_path / "saved"))
-    try:
+    with Job(tmp_path) as job:
+        job_id = job_id_with_a_free_port()
+        args = ("--interval", "0.05", "--resume", str(tmp_path / "saved"))
         first = srun(job, job_id, "localhost", *args)
         second = srun(job, job_id, "127.0.0.1", *args)
         keys = tmp_path / "home-keys" / job_id
@@ -71,5 +70,3 @@ def test_a_flagless_step_forms_one_job_and_sigusr1_is_a_graceful_leave(tmp_path:
         output = first.output() + second.output()
         assert "Traceback" not in output, output[-6000:]
         assert not keys.exists()  # the job's keys went with the coordinator's node
-    finally:
-        job.close()

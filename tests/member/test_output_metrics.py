@@ -26,8 +26,8 @@ def test_a_line_states_step_loss_and_epoch_or_nothing() -> None:
 def test_a_plain_script_shows_step_and_loss_and_is_not_hung_while_its_step_lines_flow(tmp_path: Path) -> None:
     # Its step lines are its heartbeat (a hang when they stop: tests/hosts/test_diagnosis_hosts.py); rank 1 prints
     # none, and a rank that never printed a step line is never judged.
-    job = Job(tmp_path, nnodes="1:1", nproc=2, extra=["--metrics-from-output", PLAIN_LINE, "--hang-timeout", "5"])
-    try:
+    with Job(tmp_path, nnodes="1:1", nproc=2,
+             extra=["--metrics-from-output", PLAIN_LINE, "--hang-timeout", "5"]) as job:
         a = job.start("a", PLAIN, "--steps", "100000", "--snapshot", str(tmp_path / "snap.pt"), "--step-time", "0.6")
         a.wait_line(r"\[a:0\] step=4 ")
 
@@ -39,14 +39,11 @@ def test_a_plain_script_shows_step_and_loss_and_is_not_hung_while_its_step_lines
             kinds = {e["kind"] for e in client.call("events", limit=0)["events"]}
         assert "first_step" in kinds and "worker_hung" not in kinds
         assert job.status()["restarts"] == {"failure": 0, "membership": 0, "operator": 0, "hang": 0}
-    finally:
-        job.close()
 
 
 @pytest.mark.asyncio
 async def test_the_console_shows_a_plain_scripts_printed_step_and_loss(tmp_path: Path) -> None:
-    job = Job(tmp_path, nnodes="1:1", nproc=1, extra=["--metrics-from-output", PLAIN_LINE])
-    try:
+    with Job(tmp_path, nnodes="1:1", nproc=1, extra=["--metrics-from-output", PLAIN_LINE]) as job:
         a = job.start("a", PLAIN, "--steps", "100000", "--snapshot", str(tmp_path / "snap.pt"), "--step-time", "0.1")
         a.wait_line(r"\[a:0\] step=2 ")
         app = ElasticApp({job.job_id: [a.control]})
@@ -55,5 +52,3 @@ async def test_the_console_shows_a_plain_scripts_printed_step_and_loss(tmp_path:
                         and isinstance(r.loss, float), what="rank 0's step and loss in the console")
             await pilot.press("colon", *"loss", "enter")
             await until(pilot, lambda: app.view == "loss", what="the loss view")
-    finally:
-        job.close()

@@ -39,16 +39,13 @@ def test_user_set_vars_are_kept_and_named() -> None:
 
 
 def test_worker_of_a_real_daemon_gets_the_interface_and_user_values_win(tmp_path: Path) -> None:
-    job = Job(tmp_path, nnodes="1", nproc=1, extra=["--preload", "json"])
-    for var in SOCKET_IFNAME_VARS:
-        job.env.pop(var, None)  # the test's own environment must not decide the answer
-    job.env["NCCL_SOCKET_IFNAME"] = "mine"
-    try:
+    with Job(tmp_path, nnodes="1", nproc=1, extra=["--preload", "json"]) as job:
+        for var in SOCKET_IFNAME_VARS:
+            job.env.pop(var, None)  # the test's own environment must not decide the answer
+        job.env["NCCL_SOCKET_IFNAME"] = "mine"
         daemon = job.start("a", PRINT_ENV, *SOCKET_IFNAME_VARS)
         env = json.loads(daemon.wait_line(r"\[a:0\] env=(.*)").group(1))
         assert env == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "mine", "TP_SOCKET_IFNAME": "lo"}
         assert daemon.wait_exit(30) == 0
         assert ("workers use interface lo (127.0.0.1) for gloo/NCCL; kept NCCL_SOCKET_IFNAME=mine from the "
                 "environment") in daemon.output()
-    finally:
-        job.close()

@@ -152,17 +152,15 @@ def test_keyed_ddp_reaches_rank_0s_loopback_store_through_the_tunnel(tmp_path: P
     relays its rank's store connections to b through the tunnel, bound on ports from --port-range."""
     store = KeyStore(tmp_path / "keys")
     store.init()
-    job = Job(tmp_path, nnodes="2", nproc=1, extra=["--keys", str(tmp_path / "keys")])
-    job.credentials = Credentials.load(str(store.create_client("ops", "operator")), str(store.node_dir / "node.key"))
-    low = 20000 + job.port % 20000
-    script = ("--steps", "100000", "--snapshot", str(tmp_path / "snap.pt"))
-    ports = ["--port-range", f"{low}-{low + 50}"]
-    try:
+    with Job(tmp_path, nnodes="2", nproc=1, extra=["--keys", str(tmp_path / "keys")]) as job:
+        job.credentials = Credentials.load(str(store.create_client("ops", "operator")),
+                                           str(store.node_dir / "node.key"))
+        low = 20000 + job.port % 20000
+        script = ("--steps", "100000", "--snapshot", str(tmp_path / "snap.pt"))
+        ports = ["--port-range", f"{low}-{low + 50}"]
         a = job.start("a", PLAIN, *script, extra=["--node-rank", "1", *ports])
         b = job.start("b", PLAIN, *script, extra=["--node-rank", "0", "--no-zygote", *ports])
         b.wait_line(r"step=\d+ world_size=2 ", timeout=120)
         a.wait_line(r"world_size=2 rank=1 ")
         tunnels = [n["store_tunnel"] for n in job.status()["nodes"]]
         assert len(tunnels) == 2 and all(low <= int(t.rpartition(":")[2]) <= low + 50 for t in tunnels), tunnels
-    finally:
-        job.close()

@@ -57,8 +57,7 @@ def ps_args() -> dict[int, str]:
 def test_ps_shows_script_and_rank_and_pkill_f_is_recovered_like_a_crash(tmp_path: Path) -> None:
     script = tmp_path / f"train_vis_{free_port()}.py"  # a name no other process has: pkill -f must hit only ours
     shutil.copy(PLAIN, script)
-    job = Job(tmp_path, nnodes="1", nproc=2)
-    try:
+    with Job(tmp_path, nnodes="1", nproc=2) as job:
         script_args = ["--steps", "100000", "--snapshot", str(tmp_path / "s.pt"), "--step-time", "0.05"]
         daemon = job.start("a", script, *script_args)
         started = job.wait_event("workers_started")
@@ -77,15 +76,12 @@ def test_ps_shows_script_and_rank_and_pkill_f_is_recovered_like_a_crash(tmp_path
         again = job.wait_event("workers_started", since=crash["seq"])
         daemon.wait_line(rf"\[a:0\] world_size=2 rank=0 round={again['round']} ")
         assert f"rank=1 round={again['round']}]" in ps_args()[again["pids"][1]]
-    finally:
-        job.close()
 
 
 @pytest.mark.parametrize("spawn", ["--preload=json", "--no-zygote"])
 def test_daemon_lifts_its_open_file_limit_and_workers_keep_the_users(tmp_path: Path, spawn: str) -> None:
     hard = psutil.Process().rlimit(psutil.RLIMIT_NOFILE)[1]
-    job = Job(tmp_path, nnodes="1", nproc=2)
-    try:
+    with Job(tmp_path, nnodes="1", nproc=2) as job:
         daemon = job.start("a", TICKER, extra=[spawn], prefix=["prlimit", f"--nofile=256:{hard}", "--"])
         started = job.wait_event("workers_started")
         expected = NR_OPEN if hard == psutil.RLIM_INFINITY else min(hard, NR_OPEN)
@@ -93,5 +89,3 @@ def test_daemon_lifts_its_open_file_limit_and_workers_keep_the_users(tmp_path: P
         daemon.wait_line(rf"open files: soft limit 256 -> {expected} \(workers keep 256\)")
         for pid in started["pids"]:
             assert psutil.Process(pid).rlimit(psutil.RLIMIT_NOFILE) == (256, hard)
-    finally:
-        job.close()

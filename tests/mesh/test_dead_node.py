@@ -20,10 +20,9 @@ FREEZE_S = 2.0  # 2 of the 3 s the heartbeat rule allows
 @pytest.mark.parametrize("curve", [False, True], ids=["plain", "curve"])
 def test_a_sigkilled_member_is_lost_by_its_closed_connection_and_the_job_goes_on(tmp_path: Path,
                                                                                    curve: bool) -> None:
-    job = Job(tmp_path, nnodes="1:2", nproc=1)
-    if curve:
-        secure(job)
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=1) as job:
+        if curve:
+            secure(job)
         a = job.start("a", TICKER)
         b = job.start("b", TICKER)
         grown = job.wait_event("round_started", lambda e: e["world_size"] == 2)
@@ -39,8 +38,6 @@ def test_a_sigkilled_member_is_lost_by_its_closed_connection_and_the_job_goes_on
         with job.client() as client:
             events = client.call("events", since_seq=grown["seq"], limit=0)["events"]
         assert [e["kind"] for e in events if e["kind"] in MEMBERSHIP] == ["node_lost", "round_started"]
-    finally:
-        job.close()
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
@@ -64,8 +61,7 @@ def freeze_right_after_a_heartbeat(daemon: DaemonProc) -> float:
 
 
 def test_a_member_frozen_for_2s_is_not_lost_and_costs_no_round(tmp_path: Path) -> None:
-    job = Job(tmp_path, nnodes="1:2", nproc=1)
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=1) as job:
         job.start("a", TICKER)
         b = job.start("b", TICKER)
         grown = job.wait_event("round_started", lambda e: e["world_size"] == 2)
@@ -83,5 +79,3 @@ def test_a_member_frozen_for_2s_is_not_lost_and_costs_no_round(tmp_path: Path) -
         status = job.status()
         assert (status["round"], status["world_size"]) == (grown["round"], 2)
         assert [n["status"] for n in status["nodes"]] == ["alive", "alive"]
-    finally:
-        job.close()

@@ -33,10 +33,9 @@ def wait_for(check: Any, timeout: float = 30.0) -> Any:
 
 @pytest.mark.parametrize("curve", [False, True], ids=["plain", "curve"])
 def test_members_send_through_relays_and_a_relays_sigkill_costs_only_that_node(tmp_path: Path, curve: bool) -> None:
-    job = Job(tmp_path, nnodes=f"3:{len(NODES)}", nproc=1, extra=["--rdzv-conf", "relay_group=2,relay_from=2"])
-    if curve:
-        secure(job)
-    try:
+    with Job(tmp_path, nnodes=f"3:{len(NODES)}", nproc=1, extra=["--rdzv-conf", "relay_group=2,relay_from=2"]) as job:
+        if curve:
+            secure(job)
         for node in NODES:
             job.start(node, TICKER)
         formed = job.wait_event("round_complete", lambda e: True)
@@ -67,5 +66,3 @@ def test_members_send_through_relays_and_a_relays_sigkill_costs_only_that_node(t
         job.daemon(behind).kill_with_workers()
         lost = job.wait_event("node_lost", lambda e: e["node"] == behind, since=smaller["seq"])
         assert lost["reason"] == f"node {behind}'s connection closed"  # its relay saw the link close
-    finally:
-        job.close()

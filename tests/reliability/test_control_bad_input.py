@@ -628,11 +628,8 @@ def test_concurrent_dealers(cluster: Cluster) -> None:
 def lone_daemon(tmp_path: Path) -> Iterator[DaemonProc]:
     ticker = tmp_path / "ticker.py"
     ticker.write_text(TICKER)
-    job = Job(tmp_path, nnodes="1:2", nproc=1, extra=NO_TORCH)
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=1, extra=NO_TORCH) as job:
         yield job.start("a", ticker)
-    finally:
-        job.close()
 
 
 @pytest.mark.parametrize("data", [

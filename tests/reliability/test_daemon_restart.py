@@ -24,8 +24,7 @@ def runtime_files(job: Job, node: str) -> list[Path]:
 
 
 def test_a_sigkilled_member_restarted_on_the_same_node_rejoins(tmp_path: Path) -> None:
-    job = Job(tmp_path, nnodes="1:2", nproc=1)
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=1) as job:
         job.start("a", TICKER)
         job.start("b", TICKER)
         joined = job.wait_event("round_started", lambda e: e["world_size"] == 2)
@@ -50,15 +49,12 @@ def test_a_sigkilled_member_restarted_on_the_same_node_rejoins(tmp_path: Path) -
         info = json.loads((job.tmp / "run" / f"{job.job_id}--b.json").read_text())
         assert info["pid"] == again.proc.pid  # the stale endpoint file was replaced
         assert job.client("b").call("status")["world_size"] == 2  # and the new b serves the job
-    finally:
-        job.close()
     assert wait_gone(job_processes(job.job_id)) == []
 
 
 def test_stale_runtime_files_never_block_a_start(tmp_path: Path) -> None:
     """A coordinator SIGKILLed twice, with junk added to what it left behind, starts again on the same ports."""
-    job = Job(tmp_path, nnodes="1:1", nproc=1)
-    try:
+    with Job(tmp_path, nnodes="1:1", nproc=1) as job:
         for attempt in range(2):
             a = job.start("a", TICKER)
             job.wait_event("workers_started")
@@ -76,14 +72,11 @@ def test_stale_runtime_files_never_block_a_start(tmp_path: Path) -> None:
         cli = subprocess.run([sys.executable, "-m", "elasticd.cli", "status", "--json"], cwd=tmp_path,
                              env=job.env, capture_output=True, text=True, timeout=30)  # discovery finds the live one
         assert cli.returncode == 0 and json.loads(cli.stdout)["state"] == "running", cli.stderr
-    finally:
-        job.close()
 
 
 @pytest.mark.parametrize("flag", ["--control", "--pub"])
 def test_ports_held_by_another_daemon_are_one_clear_line_and_exit_2(tmp_path: Path, flag: str) -> None:
-    job = Job(tmp_path, nnodes="1:2", nproc=1)
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=1) as job:
         a = job.start("a", TICKER)
         job.wait_event("workers_started")
         taken = a.control if flag == "--control" else a.pub
@@ -93,5 +86,3 @@ def test_ports_held_by_another_daemon_are_one_clear_line_and_exit_2(tmp_path: Pa
         assert len(lines) == 1 and taken in lines[0] and "in use" in lines[0], lines
         assert "Traceback" not in b.output()
         assert a.proc.poll() is None and job.status()["world_size"] == 1  # the running daemon is untouched
-    finally:
-        job.close()

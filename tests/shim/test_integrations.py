@@ -166,10 +166,9 @@ def test_framework_job_reports_checkpoints_and_drains_without_losing_a_step(fram
     module, example, preload, own = FRAMEWORKS[framework]
     need(module)
     steps = tmp_path / "steps"
-    job = Job(tmp_path, nnodes="1:2", nproc=1, extra=["--preload", preload])
-    args = ("--steps", "100000", "--ckpt-dir", str(tmp_path / "ckpt"), "--step-time", "0.05", "--step-log", str(steps),
-            *own)
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=1, extra=["--preload", preload]) as job:
+        args = ("--steps", "100000", "--ckpt-dir", str(tmp_path / "ckpt"), "--step-time", "0.05", "--step-log",
+                str(steps), *own)
         job.start("a", example, *args)
         job.start("b", example, *args)
         grown = job.wait_event("round_started", lambda e: e["world_size"] == 2, timeout=120)
@@ -204,5 +203,3 @@ def test_framework_job_reports_checkpoints_and_drains_without_losing_a_step(fram
         trained = [step for step, _ in sample_lines(steps)[0]]
         assert trained == list(range(1, len(trained) + 1)), f"a step was lost or repeated: {trained}"
         assert job.status()["restarts"]["failure"] == 0
-    finally:
-        job.close()

@@ -34,11 +34,10 @@ def assert_close(got: dict, want: dict) -> None:
 
 
 def test_hsdp_job_resizes_in_place_and_a_lost_node_heals_from_its_replica(tmp_path: Path) -> None:
-    job = Job(tmp_path, nnodes="1:2", nproc=2)
-    args = ("--steps", "100000", "--steps-file", str(tmp_path / "stop"), "--ckpt-dir", str(tmp_path / "ckpt"),
-            "--digest-log", str(tmp_path / "digests.log"), "--step-time", "0.2")
-    heals = []
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=2) as job:
+        args = ("--steps", "100000", "--steps-file", str(tmp_path / "stop"), "--ckpt-dir", str(tmp_path / "ckpt"),
+                "--digest-log", str(tmp_path / "digests.log"), "--step-time", "0.2")
+        heals = []
         a_pids = first_world(job, "a", FSDP, args, 2)
 
         def change(world: int, act) -> dict:
@@ -71,8 +70,6 @@ def test_hsdp_job_resizes_in_place_and_a_lost_node_heals_from_its_replica(tmp_pa
         lost = change(2, b.kill_with_workers)  # a power loss: a holds the same shards, nothing is read from disk
         assert lost["heal"]["fallback"] is None
         last = finish(job, tmp_path, "a")
-    finally:
-        job.close()
 
     # Only newcomers receive: a join moves b's two shards (the whole state once); a leave moves nothing.
     for world, heal in heals:

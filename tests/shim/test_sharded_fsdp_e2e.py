@@ -11,11 +11,10 @@ from trainer_shim.sharded import list_sharded
 
 
 def test_fsdp_job_reshards_in_memory_and_falls_back_to_its_checkpoint_when_a_shard_is_lost(tmp_path: Path) -> None:
-    job = Job(tmp_path, nnodes="1:2", nproc=2)
-    args = ("--steps", "100000", "--steps-file", str(tmp_path / "stop"), "--ckpt-dir", str(tmp_path / "ckpt"),
-            "--digest-log", str(tmp_path / "digests.log"), "--step-time", "0.2", "--mesh", "fsdp",
-            "--ckpt-every", "10")
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=2) as job:
+        args = ("--steps", "100000", "--steps-file", str(tmp_path / "stop"), "--ckpt-dir", str(tmp_path / "ckpt"),
+                "--digest-log", str(tmp_path / "digests.log"), "--step-time", "0.2", "--mesh", "fsdp",
+                "--ckpt-every", "10")
         job.start("a", FSDP, *args)
         b = job.start("b", FSDP, *args)
         job.wait_event("first_step", since=job.wait_event("round_started", lambda e: e["world_size"] == 4)["seq"])
@@ -36,8 +35,6 @@ def test_fsdp_job_reshards_in_memory_and_falls_back_to_its_checkpoint_when_a_sha
         reason = heal["fallback"] or ""
         assert "held by no live rank" in reason and "loaded checkpoint step" in reason, heal
         finish(job, tmp_path, "a")
-    finally:
-        job.close()
     seen = digests(tmp_path / "digests.log")
     for step, by_round in seen.items():
         assert len(set(by_round.values())) == 1, f"step {step}: the state differed between worlds {by_round}"

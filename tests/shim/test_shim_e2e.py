@@ -33,10 +33,9 @@ def reached_epoch(folder: Path, epoch: int) -> bool:
 
 def test_shim_job_metrics_checkpoint_zero_loss_resizes_exact_samples_and_hang(tmp_path: Path) -> None:
     samples, ckpts = tmp_path / "samples", tmp_path / "ckpt"
-    job = Job(tmp_path, nnodes="1:2", nproc=2, extra=["--hang-timeout", "5"])
-    args = ("--steps", "100000", "--ckpt-dir", str(ckpts), "--ckpt-every", "0", "--step-time", "0.1",
-            "--batch", "16", "--micro", "8", "--sample-log", str(samples))
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=2, extra=["--hang-timeout", "5"]) as job:
+        args = ("--steps", "100000", "--ckpt-dir", str(ckpts), "--ckpt-every", "0", "--step-time", "0.1",
+                "--batch", "16", "--micro", "8", "--sample-log", str(samples))
         job.start("a", SHIM, *args)
         first = job.wait_event("round_started", lambda e: e["world_size"] == 2)
         job.wait_event("first_step", since=first["seq"])
@@ -103,14 +102,11 @@ def test_shim_job_metrics_checkpoint_zero_loss_resizes_exact_samples_and_hang(tm
         restarts = job.status()["restarts"]
         assert restarts["hang"] == 1 and restarts["failure"] == 0
         job.wait_event("first_step", since=hung["seq"])
-    finally:
-        job.close()
 
 
 def test_kills_during_saves_always_leave_a_loadable_checkpoint(tmp_path: Path) -> None:
     ckpts = tmp_path / "ckpt"
-    job = Job(tmp_path, nnodes="1", nproc=1, max_restarts=10)
-    try:
+    with Job(tmp_path, nnodes="1", nproc=1, max_restarts=10) as job:
         a = job.start("a", SHIM, "--steps", "100000", "--ckpt-dir", str(ckpts), "--ckpt-every", "1",
                       "--step-time", "0", "--batch", "16", "--keep", "2")
         resumed_from = []
@@ -124,17 +120,14 @@ def test_kills_during_saves_always_leave_a_loadable_checkpoint(tmp_path: Path) -
         assert all(step > 0 for step in resumed_from)  # every restart found a valid checkpoint to load
         assert resumed_from == sorted(resumed_from)
         assert "CorruptCheckpoint" not in a.output() and "Traceback" not in a.output()
-    finally:
-        job.close()
 
 
 def test_sigterm_of_a_member_drains_it_and_loses_no_step(tmp_path: Path) -> None:
     """A preemption notice (SIGTERM to b's elasticd) takes the drain path: the survivors resume at the next step."""
     samples = tmp_path / "samples"
-    job = Job(tmp_path, nnodes="1:2", nproc=1)
-    args = ("--steps", "100000", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "0", "--step-time", "0.05",
-            "--batch", "16", "--micro", "8", "--sample-log", str(samples))
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=1) as job:
+        args = ("--steps", "100000", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "0", "--step-time", "0.05",
+                "--batch", "16", "--micro", "8", "--sample-log", str(samples))
         job.start("a", SHIM, *args)
         b = job.start("b", SHIM, *args)
         grown = job.wait_event("round_started", lambda e: e["world_size"] == 2)
@@ -156,16 +149,13 @@ def test_sigterm_of_a_member_drains_it_and_loses_no_step(tmp_path: Path) -> None
                                                             "node_lost", "round_started")]
         assert kinds == ["drain_started", "drain_complete", "node_left", "round_started"]
         assert job.status()["restarts"]["failure"] == 0
-    finally:
-        job.close()
 
 
 def test_sigterm_of_the_coordinators_node_stops_the_job_at_one_step_with_a_checkpoint(tmp_path: Path) -> None:
     """No coordinator failover yet, so the job ends; but it ends as `elasticd stop` does: nothing is lost."""
-    job = Job(tmp_path, nnodes="1:2", nproc=1)
-    args = ("--steps", "100000", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "0", "--step-time", "0.05",
-            "--batch", "16", "--micro", "8")
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=1) as job:
+        args = ("--steps", "100000", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "0", "--step-time", "0.05",
+                "--batch", "16", "--micro", "8")
         a = job.start("a", SHIM, *args)
         b = job.start("b", SHIM, *args)
         grown = job.wait_event("round_started", lambda e: e["world_size"] == 2)
@@ -177,8 +167,6 @@ def test_sigterm_of_the_coordinators_node_stops_the_job_at_one_step_with_a_check
         # every rank said `drained` at that step (no timeout): the checkpoint is the job's last step
         assert re.search(r"stop_complete .*timed_out=False", a.output()), a.output()[-2000:]
         assert "job_end state=stopped reason=node a's elasticd received SIGTERM" in a.output()
-    finally:
-        job.close()
 
 
 def test_a_worker_that_says_hello_after_its_node_answered_a_join_trains_nothing_in_the_round_that_ends(
@@ -186,9 +174,8 @@ def test_a_worker_that_says_hello_after_its_node_answered_a_join_trains_nothing_
     """Its node answered the join's step query with no shim rank (no hello yet), so nobody waits for its save: a
     step it trained now would be lost with the restart and trained again. The daemon's `welcome` holds it."""
     hello, steps = tmp_path / "hello", tmp_path / "steps"
-    job = Job(tmp_path, nnodes="1:2", nproc=1)
-    args = ("--wait-for", str(hello), "--keep-on-sigterm", "--step-log", str(steps))
-    try:
+    with Job(tmp_path, nnodes="1:2", nproc=1) as job:
+        args = ("--wait-for", str(hello), "--keep-on-sigterm", "--step-log", str(steps))
         job.start("a", SHIM_TICKER, *args)
         job.wait_event("workers_started")
         job.start("b", SHIM_TICKER, *args)
@@ -198,5 +185,3 @@ def test_a_worker_that_says_hello_after_its_node_answered_a_join_trains_nothing_
         wait_for(lambda: steps.exists() and f"{grown['round']} 3" in steps.read_text())
         trained = [line.split()[:2] for line in steps.read_text().splitlines()]
         assert [step for round_id, step in trained if round_id == "1"] == []
-    finally:
-        job.close()

@@ -115,6 +115,12 @@ class EtcdCluster:
             shutil.rmtree(path, ignore_errors=True)
             path.with_suffix(".log").unlink(missing_ok=True)
 
+    def __enter__(self) -> EtcdCluster:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
 
 LEASE_TTL = 2  # seconds: a dead coordinator is replaced within about this long
 

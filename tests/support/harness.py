@@ -107,7 +107,8 @@ class DaemonProc:
 
 
 class Job:
-    """Several daemons of one job (on 127.0.0.1 unless told), each in the test's own runtime directory."""
+    """Several daemons of one job (on 127.0.0.1 unless told), each in the test's own runtime directory; as a context
+    manager (`with Job(...) as job:`), every daemon it started is stopped at the end."""
 
     def __init__(self, tmp: Path, nnodes: str = "1:2", nproc: int = 2, max_restarts: int = 3,
                  extra: list[str] | None = None, rdzv_host: str = "127.0.0.1") -> None:
@@ -179,6 +180,12 @@ class Job:
     def close(self) -> None:
         for daemon in self.started:
             daemon.stop()
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
 
 def wait_gone(pids: set[int] | list[int], timeout: float = 15.0) -> list[int]:
