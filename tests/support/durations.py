@@ -44,21 +44,25 @@ def whole_files(session: pytest.Session, exitstatus: int) -> bool:
 class FileSeconds:
     """Sums each test file's seconds (setup, call and teardown of each of its tests) as reports arrive: under xdist
     in the controller, from every worker. At the session's end they go into the cache, merged with earlier values
-    for the files this run did not time."""
+    for the files this run did not time, or timed with a failure (often a wait to its timeout: not the file's time)."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.seconds: dict[str, float] = {}
+        self.failed: set[str] = set()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         name = Path(report.nodeid.split("::", 1)[0]).name
         self.seconds[name] = self.seconds.get(name, 0.0) + report.duration
+        if report.failed:
+            self.failed.add(name)
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         cache = getattr(self.config, "cache", None)  # none with -p no:cacheprovider
-        if cache is None or not self.seconds or not whole_files(session, exitstatus):
+        timed = {name: round(s, 1) for name, s in self.seconds.items() if name not in self.failed}
+        if cache is None or not timed or not whole_files(session, exitstatus):
             return
-        cache.set(KEY, {**cache.get(KEY, {}), **{name: round(s, 1) for name, s in self.seconds.items()}})
+        cache.set(KEY, {**cache.get(KEY, {}), **timed})
 
 
 def write_seed() -> int:
