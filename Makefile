@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0 numpy -e '.[dev]'
 	touch $(STAMP)
 
-.PHONY: setup demo test quick lint
+.PHONY: setup demo test quick lint durations
 setup: $(STAMP)
 
 demo: $(STAMP)
@@ -22,9 +22,15 @@ lint: $(STAMP)
 
 # Four test files at a time on two cores: most of a test's time is spent waiting on daemons and workers (16 min
 # one at a time, 9 min so). Whole files go to one worker (loadfile): a module's netns lab or etcd cluster is set up once.
+# The longest files start first, by the seconds each took last time (pytest's cache; tests/support/durations.json
+# where the cache has none): `make durations` after a full run copies the cache's into that file, to commit.
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -n 4 --dist loadfile
 
 # The quick lane: the tests that start no daemon, no subprocess and no system package (under a minute).
 quick: $(STAMP)
 	$(BIN)/python -m pytest -q -m quick
+
+# The seconds per test file recorded by the last whole run (pytest's cache) into tests/support/durations.json.
+durations: $(STAMP)
+	$(BIN)/python tests/support/durations.py

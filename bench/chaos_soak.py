@@ -1,6 +1,6 @@
 """Chaos soak CLI: `bench/chaos_soak.py --minutes 5 --seed 1 --out chaos.json`.
 
-Runs the soak of tests/soak.py (the faults and the invariants are described below) for --minutes, prints its
+Runs the soak of tests/support/soak.py (the faults and the invariants are described below) for --minutes, prints its
 summary and writes it as JSON to --out; exit 0 when every invariant held.
 """
 
@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # bench -> tests, never the reverse
-import soak
+from support import soak
 
 
 def main() -> int:

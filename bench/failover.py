@@ -39,7 +39,7 @@ from procs import PY, ROOT, TOY, kill_all, on_signal, require_base_tree, tree, w
 from recovery import Job, Node, Rec, Timeout, charged
 
 sys.path.insert(0, str(ROOT / "tests"))
-from etcd_cluster import EtcdCluster
+from support.etcd_cluster import EtcdCluster
 
 SYSTEMS = ["elasticd-etcd", "torchrun-etcd-v2", "torchrun-c10d", "elasticd-etcd-base"]
 DEFAULT_SYSTEMS = SYSTEMS[:3]

@@ -1,6 +1,6 @@
 """Fuzz every elasticd input surface at scale: `bench/fuzz.py --cases 100000 [--out fuzz.json]`.
 
-Runs tests/test_fuzz.py (the same targets and invariants as CI) with every target's case count multiplied
+Runs tests/reliability/test_fuzz.py (the same targets and invariants as CI) with every target's case count multiplied
 so that the total reaches --cases, then prints the cases per target and whether the live daemons survived
 and still answered `status` correctly. Exit 0 when every check held and the total reached --cases.
 """
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CI_TOTAL = 20_000  # about what tests/test_fuzz.py runs at FUZZ_SCALE=1
+CI_TOTAL = 20_000  # about what tests/reliability/test_fuzz.py runs at FUZZ_SCALE=1
 
 
 def main() -> int:
@@ -30,7 +30,8 @@ def main() -> int:
         report = Path(tmp) / "fuzz.json"
         env = {**os.environ, "FUZZ_SCALE": f"{scale:.3f}", "FUZZ_REPORT": str(report)}
         started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "pytest", str(ROOT / "tests" / "test_fuzz.py"), "-q",
+        test = ROOT / "tests" / "reliability" / "test_fuzz.py"
+        done = subprocess.run([sys.executable, "-m", "pytest", str(test), "-q",
                                "-p", "no:cacheprovider", "-W", "ignore", "-o", "timeout=0"],
                               cwd=ROOT, env=env, capture_output=True, text=True)
         wall = time.monotonic() - started

@@ -1,7 +1,7 @@
 """Many real daemons on one machine: `bench/real_daemons.py --nodes 128` forms, takes a join and a SIGKILL.
 
 Every node is a real `elasticd start --no-zygote` (or `--preload=MODULES` with `--preload`) with one plain worker
-(tests/workers/ticker.py). Reports the
+(tests/support/workers/ticker.py). Reports the
 rounds each phase took (one each is the goal), false `node_lost` events, the wall time of each phase and the
 coordinator daemon's CPU seconds (psutil, its pid only), then its steady CPU % over 10 s. `--relay-group G`
 runs the job with relays of G members (`--rdzv-conf relay_group=G,relay_from=2`: 128 nodes are below the default
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # bench -> tests, never the reverse
-from harness import TICKER, Job
 from procs import CpuMeter
 from scale_sim import cpu_model, publish
+from support.harness import TICKER, Job
 
 from elasticd.wire.names import EventKind
 

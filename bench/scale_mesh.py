@@ -1,7 +1,7 @@
 """Coordinator scale, real daemon: one `elasticd start` coordinator and N-1 simulated members on real sockets.
 
 `bench/scale_mesh.py --nodes 256,1024,2048 --out bench/results/scale-mesh.json` starts, per N, the real
-coordinator daemon (tests/workers/ticker.py as its 8 workers, `--preload json`), then N-1 fake members
+coordinator daemon (tests/support/workers/ticker.py as its 8 workers, `--preload json`), then N-1 fake members
 (bench/mesh_members.py) in child processes of this one, each on the daemon's own MemberMesh. It reports the
 time from the last welcome to the first round settled (every member has it and `go`, and the coordinator its
 `round_complete`: each phase's CPU ends with its own work), the coordinator daemon's CPU seconds (psutil, its pid
@@ -28,10 +28,10 @@ import zmq
 import zmq.asyncio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # bench -> tests, never the reverse
-from harness import TICKER, DaemonProc, free_port
 from mesh_members import Fleets
 from procs import CpuMeter
 from scale_sim import cpu_model
+from support.harness import TICKER, DaemonProc, free_port
 
 from elasticd.client import Client
 from elasticd.job.config import JobConfig

@@ -1,4 +1,4 @@
-"""Coordinator scale: the real Coordinator in process on tests/sim.py's fake mesh, for N nodes of 8 workers.
+"""Coordinator scale: the real Coordinator in process on tests/support/sim.py's fake mesh, for N nodes of 8 workers.
 
 `bench/scale_sim.py --nodes 256,1024,2048,4096 --out bench/results/scale-sim.json` reports per N: the first
 round (registration storm of N nodes), then a join, a drain and a node loss, each with the coordinator's own
@@ -33,8 +33,8 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # bench -> tests, never the reverse
-from etcd_cluster import EtcdCluster
-from sim import Msg, Sim
+from support.etcd_cluster import EtcdCluster
+from support.sim import Msg, Sim
 
 from elasticd.commands.registry import REGISTRY
 from elasticd.coordinator.etcd.client import EtcdClient, created_at, put

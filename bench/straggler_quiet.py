@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # bench -> tests, never the reverse
-from harness import SHIM, Job
+from support.harness import SHIM, Job
 
 LOOK_EVERY_S = 5.0
 
@@ -32,12 +32,11 @@ def main() -> int:
     args = parser.parse_args()
     nodes = args.nodes.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="straggler-quiet-"))
-    job = Job(tmp, nnodes=f"1:{len(nodes)}", nproc=1)
-    script = ("--steps", "10000000", "--ckpt-dir", str(tmp / "ckpt"), "--ckpt-every", "0", "--batch", "12",
-              "--micro", "4", "--log-every", "1000")
-    waits: dict[str, list[float]] = {n: [] for n in nodes}
-    named_looks = 0
-    try:
+    with Job(tmp, nnodes=f"1:{len(nodes)}", nproc=1) as job:
+        script = ("--steps", "10000000", "--ckpt-dir", str(tmp / "ckpt"), "--ckpt-every", "0", "--batch", "12",
+                  "--micro", "4", "--log-every", "1000")
+        waits: dict[str, list[float]] = {n: [] for n in nodes}
+        named_looks = 0
         for node in nodes:
             job.start(node, SHIM, *script, *(["--data-delay", str(args.data_delay)] if node == args.slow else []))
         first = job.wait_event("first_step", lambda e: True, timeout=180)
@@ -53,8 +52,6 @@ def main() -> int:
             events = client.call("events", kinds=["straggler", "straggler_cleared"], since_seq=first["seq"],
                                  limit=0)["events"]
         status = job.status()
-    finally:
-        job.close()
     report = {"nodes": nodes, "world": world, "seconds": args.seconds, "slow": args.slow, "load": os.getloadavg(),
               "rounds": status["round"], "looks_with_a_straggler": named_looks,
               "events": [{k: e.get(k) for k in ("kind", "node", "ts", "cost_s_per_step", "wait_s", "others_wait_s")}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # In-place resizes on NCCL, on a GPU host: generations re-formed in one process, and a worker's crash healed.
 # Usage: scripts/gpu_resize_check.sh [REPORT_DIR]   (PYTHON=... to pick the interpreter; default python3)
-# 1. tests/test_resize_generation.py's NCCL case: one rank per GPU (1 GPU: worlds of one; >= 3 GPUs: 2, 3, 2, 3),
+# 1. tests/shim/test_resize_generation.py's NCCL case: one rank per GPU (1 GPU: worlds of one; >= 3 GPUs: 2, 3, 2, 3),
 #    each generation a new NCCL group in the same processes, state from the freshest rank, bitwise equal.
 # 2. examples/train_shim.py under elasticd, one worker per GPU: SIGKILL of the highest rank; the job must heal in
 #    place (a `resize` event; with >= 2 GPUs the other workers keep their PIDs) and go on to its last step.
@@ -10,8 +10,8 @@ source "$(dirname "$0")/gpu_lib.sh" "$@"
 GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
 ((GPUS > 0)) || fail "torch sees no GPU"
 
-say "generations on NCCL (tests/test_resize_generation.py)"
-(cd "$ROOT" && "$PY" -m pytest -q -rs tests/test_resize_generation.py -k nccl) 2>&1 | tee "$REPORT/generations.txt"
+say "generations on NCCL (tests/shim/test_resize_generation.py)"
+(cd "$ROOT" && "$PY" -m pytest -q -rs tests/shim/test_resize_generation.py -k nccl) 2>&1 | tee "$REPORT/generations.txt"
 grep -q "1 passed" "$REPORT/generations.txt" || fail "the NCCL generation test did not pass"
 
 say "train_shim.py on NCCL under elasticd: a worker SIGKILL heals in place"

@@ -22,7 +22,7 @@ trap cleanup EXIT
 for node in a b; do
   "$PY" -m elasticd.cli start --nnodes 1:2 --nproc-per-node 1 --rdzv-endpoint "127.0.0.1:$PORT" \
     --rdzv-id tmuxdemo --node-id "$node" --log-dir "$WORK/logs" --grace-period 3 \
-    "$ROOT/tests/workers/ticker.py" --interval 0.2 >"$WORK/elasticd-$node.log" 2>&1 &
+    "$ROOT/tests/support/workers/ticker.py" --interval 0.2 >"$WORK/elasticd-$node.log" 2>&1 &
   PIDS+=("$!")
   sleep 0.5
 done

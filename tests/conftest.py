@@ -1,4 +1,5 @@
-"""Test set-up: tests import the harness module from this folder; the quick lane's tests may start no process."""
+"""Test set-up: tests import their support code as `support.*` (tests/support/); the longest files run first, by their
+recorded seconds; the quick lane's tests may start no process."""
 
 import asyncio
 import os
@@ -10,19 +11,10 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent))  # `support` is tests/support/
 
-# The longest files first, by their summed time in one `make test` beside the others (s: 134 for the two sharded
-# files, 129, 102, 99, 91, 69, 68, 58, 55, 50, 44, 41, 41, 38, 36, 36, 35, 27, 23, 22, 20, 19, 15, 14, 13): among
-# its four workers, a long file begun last runs alone at the end.
-LONGEST_FIRST = ("test_sharded_e2e.py", "test_etcd_failover.py", "test_job_wide_signal.py", "test_chaos.py",
-                 "test_slurm_cluster.py", "test_fuzz.py", "test_shim_e2e.py", "test_membership.py",
-                 "test_diagnosis_hosts.py",
-                 "test_resize_e2e.py", "test_shim_example.py", "test_sharded_fsdp_e2e.py", "test_scenario_e2e.py",
-                 "test_kubernetes.py", "test_two_hosts.py", "test_integrations.py", "test_etcd_partition.py",
-                 "test_resize_generation.py", "test_resize_hosts.py", "test_relay_e2e.py", "test_start_errors.py",
-                 "test_stragglers_e2e.py", "test_output_metrics.py", "test_goodput_e2e.py", "test_tui_live.py",
-                 "test_dead_node.py", "test_store_tunnel.py")
+from support.durations import FileSeconds, known
+
 QUICK_ONLY = ("a test marked `quick` started a process ({what}): the quick lane runs no daemon, no subprocess and "
               "no system package; drop the file's quick mark")
 
@@ -33,9 +25,16 @@ def refuse(what: str) -> Callable[..., Any]:
     return fail
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # this process sees every test's report: xdist's controller, or the only one
+        config.pluginmanager.register(FileSeconds(config), "elastic-file-seconds")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest files first, by their recorded seconds (support/durations.py): `make test` hands whole files to
+    its workers in this order (--dist loadfile), so a long file does not start last and run alone at the end."""
+    seconds = known(getattr(config, "cache", None))
+    items.sort(key=lambda item: -seconds.get(item.path.name, 0))  # stable: a file's own order is kept
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,7 @@
 
 The concrete `Coordinator` (elasticd/coordinator/coordinator.py) satisfies these Protocols structurally, and
 daemon/control.py passes it in; mypy checks the fit there. The console reads the verb registry, so this port is
-also what keeps the console free of coordinator modules (tests/test_import_direction.py).
+also what keeps the console free of coordinator modules (tests/rules/test_import_direction.py).
 """
 
 from __future__ import annotations

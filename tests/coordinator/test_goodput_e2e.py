@@ -1,0 +1,86 @@
+"""Goodput of a real job with a known history, against what rank 0's own step log shows from outside."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from support.harness import SHIM_TICKER, Job
+
+SAVE_S = 0.6  # each requested save (the forced checkpoint, the join's agreed step)
+
+
+def trained(log: Path) -> list[tuple[int, int, float]]:
+    """Rank 0's steps: (round, step, when)."""
+    rows = [line.split() for line in log.read_text().splitlines()]
+    return [(int(r), int(s), float(t)) for r, s, t in rows]
+
+
+def test_goodput_accounts_a_jobs_crash_joins_drain_and_saves_as_seen_from_outside(tmp_path: Path) -> None:
+    log = tmp_path / "rank0"
+    with Job(tmp_path, nnodes="1:3", nproc=1) as job:
+        job.env["ELASTICD_REPORT_INTERVAL"] = "0"  # every step reaches the daemon: the redone steps are exact
+        args = ("--interval", "0.05", "--save-s", str(SAVE_S), "--resume", str(tmp_path / "saved"))
+        job.start("a", SHIM_TICKER, *args, "--step-log", str(log))
+        begun = time.time()  # the coordinator is up: the job's time starts about now
+        job.start("b", SHIM_TICKER, *args)
+        pair = job.wait_event("round_started", lambda e: e["world_size"] == 2)
+        job.wait_event("first_step", since=pair["seq"])
+        time.sleep(1.5)
+        mark = job.seq()
+        with job.client() as client:
+            forced = client.call("checkpoint")["op_id"]
+        job.wait_event("checkpoint_saved", lambda e: e["request_id"] == forced, since=mark)
+        time.sleep(1.5)
+        mark = job.seq()
+        with job.client() as client:
+            started = client.call("events", kinds=["workers_started"], since_seq=pair["seq"], limit=0)["events"]
+        victim = next(e["pids"][0] for e in started if e["node"] == "b")
+        os.kill(victim, signal.SIGKILL)
+        killed = time.time()
+        crashed = job.wait_event("round_started", lambda e: e["cause"] == "failure", since=mark)
+        job.wait_event("first_step", since=crashed["seq"])
+        time.sleep(1.5)
+        job.start("c", SHIM_TICKER, *args)
+        grown = job.wait_event("round_started", lambda e: e["world_size"] == 3, since=crashed["seq"])
+        job.wait_event("first_step", since=grown["seq"])
+        time.sleep(1.5)
+        with job.client() as client:
+            client.call("drain", node="c")
+        drained = job.wait_event("round_started", lambda e: e["world_size"] == 2, since=grown["seq"])
+        job.wait_event("first_step", since=drained["seq"])
+        time.sleep(1.5)
+        with job.client() as client:
+            report = client.call("goodput")
+        asked = time.time()
+
+    steps = trained(log)
+    life = report["life"]
+    rounds = sorted({r for r, _, _ in steps})  # a may have trained alone before b joined
+    assert rounds[-4:] == [pair["round"], crashed["round"], grown["round"], drained["round"]]
+    first = {n: min(t for r, _, t in steps if r == n) for n in rounds}
+    last = {n: max(t for r, _, t in steps if r == n) for n in rounds}
+    last[pair["round"]] = killed  # the job stopped training there (rank 0, with no peer to wait for, went on)
+    joins = [n for n in rounds[1:] if n not in (crashed["round"], drained["round"])]
+    # Every second of the job is in one bucket.
+    assert life["accounted_s"] == pytest.approx(report["wall_s"], abs=0.01)
+    assert report["wall_s"] >= 0.95 * (asked - begun)
+    # The steps trained twice after the crash: those after the forced checkpoint's step, up to the restart.
+    resumed = next(s for r, s, _ in steps if r == crashed["round"])
+    reached = max(s for r, s, _ in steps if r == pair["round"])
+    assert report["redone_steps"] == reached - (resumed - 1)
+    # Each stall as seen from outside: the crash's recovery; each join's and the drain's save at the agreed step,
+    # and the recovery after it.
+    assert life["recovery"]["crash"] == pytest.approx(first[crashed["round"]] - killed, rel=0.1, abs=0.1)
+    stalled = sum(first[n] - last[rounds[rounds.index(n) - 1]] for n in joins)
+    assert life["recovery"]["join"] + SAVE_S * len(joins) == pytest.approx(stalled, rel=0.1, abs=0.1)
+    drain_stall = first[drained["round"]] - last[grown["round"]]
+    assert life["recovery"]["leave"] + SAVE_S == pytest.approx(drain_stall, rel=0.1, abs=0.1)
+    assert life["checkpoint"] == pytest.approx(SAVE_S * (2 + len(joins)), abs=0.1)
+    # Training: the time the job stepped in each round, less the forced save (the redone steps are within it).
+    last[rounds[-1]] = asked
+    stepped = sum(last[n] - first[n] for n in rounds) - SAVE_S
+    assert life["training"] + life["redone"] == pytest.approx(stepped, rel=0.1)

@@ -1,0 +1,77 @@
+"""A job-wide signal (SLURM's time limit, `scancel --signal`, a Kubernetes job deleted): every node's elasticd gets
+SIGTERM within a few milliseconds, in any order. The job stops at one agreed step with its checkpoint, every daemon
+exits 0, and the job started again resumes at the next step: no step lost, none trained twice."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from support.etcd_cluster import EtcdCluster
+from support.harness import SHIM, Job, sample_lines, wait_for
+from support.system_deps import require_binary
+
+# Every order; the first ones signal the first node (the embedded coordinator) last, after its members' leaves.
+ORDERS = [("b", "c", "a"), ("c", "a", "b"), ("a", "b", "c"), ("c", "b", "a"), ("b", "a", "c"), ("a", "c", "b")]
+SPACING_S = 0.002  # between two nodes' signals: the order is real, and all three land within 5 ms
+# Each cycle is one job run stopped by the signal, and the start of the next run checks its resume: the issue's
+# ten cycles per backend take ~5 min here, so the suite runs two per backend, each backend its own orders (the
+# coordinator's node signalled last and in the middle, then first and last); set the variable for the full run.
+CYCLES = int(os.environ.get("ELASTIC_JOB_SIGNAL_CYCLES", "2"))
+
+
+def signal_every_daemon(job: Job, order: tuple[str, ...]) -> None:
+    """SIGTERM to each node's elasticd, within 5 ms in this order: as a scheduler signals a job's step."""
+    procs = [job.daemon(node).proc for node in order]
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(SPACING_S)
+
+
+def run_until_signalled(job: Job, tmp: Path, cycle: int, order: tuple[str, ...]) -> list[int]:
+    """One run of the job: three nodes train, then all are signalled at once; rank 0's steps in that run."""
+    samples = tmp / f"samples{cycle}"
+    args = ("--steps", "100000", "--ckpt-dir", str(tmp / "ckpt"), "--ckpt-every", "0", "--step-time", "0.05",
+            "--batch", "24", "--micro", "4", "--sample-log", str(samples))
+    for node in "abc":
+        job.start(node, SHIM, *args)
+    wait_for(lambda: samples.is_dir() and len(sample_lines(samples).get(2, [])) > 3, timeout=120)
+    signal_every_daemon(job, order)
+    codes = {node: job.daemon(node).wait_exit(60) for node in "abc"}
+    outputs = "\n".join(job.daemon(node).output() for node in "abc")
+    assert codes == {"a": 0, "b": 0, "c": 0}, f"order {order}: {codes}\n{outputs[-4000:]}"
+    assert "Traceback" not in outputs
+    saved = re.findall(r"\[\w:0\] drained at step=(\d+)", outputs)
+    steps = [step for step, _ in sample_lines(samples)[0]]
+    assert saved and int(saved[-1]) == steps[-1], f"order {order}: rank 0 trained past its last save {saved}"
+    return steps
+
+
+def cycles(job: Job, tmp: Path, first_order: int = 0) -> None:
+    trained: list[int] = []
+    for cycle in range(CYCLES):
+        trained += run_until_signalled(job, tmp, cycle, ORDERS[(first_order + cycle) % len(ORDERS)])
+        # every run resumed at the step after the previous run's agreed save: none lost, none repeated
+        assert trained == list(range(1, len(trained) + 1)), f"cycle {cycle}: steps {trained}"
+
+
+def test_embedded_coordinator_a_job_wide_sigterm_stops_at_one_step_and_resumes_at_the_next(tmp_path: Path) -> None:
+    with Job(tmp_path, nnodes="1:3", nproc=1) as job:
+        cycles(job, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def etcd_binary() -> str:
+    return require_binary("etcd", "etcd-server")
+
+
+def test_on_etcd_a_job_wide_sigterm_stops_at_one_step_and_resumes_at_the_next(tmp_path: Path,
+                                                                              etcd_binary: str) -> None:
+    with (EtcdCluster(etcd_binary, tmp_path, size=1).start() as etcd,
+          Job(tmp_path, nnodes="1:3", nproc=1, extra=["--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoints,
+                                                      "--rdzv-conf", "lease_ttl=2"]) as job):
+        cycles(job, tmp_path, first_order=2)

@@ -1,0 +1,40 @@
+"""A sharded job with no replica (FSDP2) under real daemons: shards move in memory, a lost shard falls back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from support.harness import Job, cli, wait_for
+from support.resizes import FSDP, digests, finish, kept, pids_of, resized
+
+from trainer_shim.sharded import list_sharded
+
+
+def test_fsdp_job_reshards_in_memory_and_falls_back_to_its_checkpoint_when_a_shard_is_lost(tmp_path: Path) -> None:
+    with Job(tmp_path, nnodes="1:2", nproc=2) as job:
+        args = ("--steps", "100000", "--steps-file", str(tmp_path / "stop"), "--ckpt-dir", str(tmp_path / "ckpt"),
+                "--digest-log", str(tmp_path / "digests.log"), "--step-time", "0.2", "--mesh", "fsdp",
+                "--ckpt-every", "10")
+        job.start("a", FSDP, *args)
+        b = job.start("b", FSDP, *args)
+        job.wait_event("first_step", since=job.wait_event("round_started", lambda e: e["world_size"] == 4)["seq"])
+        a_pids = pids_of(job, "a")
+        mark = job.seq()
+        cli(job, "drain", "b")  # b's shards move to a's ranks before b's leave: no checkpoint is read
+        rnd = resized(job, 2, mark)
+        assert kept(job, "a", rnd)[1] == a_pids
+        assert job.wait_event("resize", lambda e: e["round"] == rnd["round"], since=mark)["heal"]["fallback"] is None
+        mark = job.seq()
+        cli(job, "scale", "2")
+        rnd = resized(job, 4, mark)
+        wait_for(lambda: bool(list_sharded(str(tmp_path / "ckpt"))))  # a complete one
+        mark = job.seq()
+        b.kill_with_workers()  # b's shards had no replica: the newest checkpoint, resharded to the two ranks left
+        rnd = resized(job, 2, mark)
+        heal = job.wait_event("resize", lambda e: e["round"] == rnd["round"], since=mark)["heal"]
+        reason = heal["fallback"] or ""
+        assert "held by no live rank" in reason and "loaded checkpoint step" in reason, heal
+        finish(job, tmp_path, "a")
+    seen = digests(tmp_path / "digests.log")
+    for step, by_round in seen.items():
+        assert len(set(by_round.values())) == 1, f"step {step}: the state differed between worlds {by_round}"

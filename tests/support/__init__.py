@@ -1,0 +1,1 @@
+"""Test support, not tests: real daemons, network-namespace hosts, the fake clock and fake jobs, test workers."""

@@ -1,0 +1,61 @@
+"""A fast, torch-free trainer_shim worker: reports steps (loss, samples) and a checkpoint; stops when drained."""
+
+import argparse
+import atexit
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout (tests/support/workers/ is 3 down)
+
+import trainer_shim
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--interval", type=float, default=0.05)
+parser.add_argument("--batch", type=int, default=8, help="samples per step")
+parser.add_argument("--wait-for", type=Path, help="open the session only once this file exists (a slow start)")
+parser.add_argument("--keep-on-sigterm", action="store_true",
+                    help="a framework's SIGTERM handler: take note and train on (its daemon SIGKILLs it later)")
+parser.add_argument("--step-log", type=Path, help="append 'ROUND STEP TIME' for each step trained")
+parser.add_argument("--save-s", type=float, default=0.001, help="how long a requested save takes")
+parser.add_argument("--resume", type=Path, help="rank 0 writes each requested save's step here; all resume after it")
+args = parser.parse_args()
+# A SIGTERM ends it between steps (a step it logged, it reported), or (--keep-on-sigterm) only takes note.
+signal.signal(signal.SIGTERM, (lambda *_: None) if args.keep_on_sigterm else (lambda *_: sys.exit(143)))
+while args.wait_for and not args.wait_for.exists():
+    time.sleep(0.02)
+session = trainer_shim.init()
+atexit.register(session.close)  # on a SIGTERM's exit too: its last reports go out
+# Exiting already: a SIGTERM now (the daemon stopping the round) just ends it, not a SystemExit in an atexit hook.
+atexit.register(signal.signal, signal.SIGTERM, signal.SIG_DFL)  # LIFO: runs before the hooks registered earlier
+first = int(args.resume.read_text()) + 1 if args.resume and args.resume.exists() else 1
+
+
+def save(step: int) -> None:
+    """A requested save: rank 0 writes it (as a DDP script's rank 0 does) and takes --save-s to."""
+    if os.environ.get("RANK") != "0":
+        return
+    time.sleep(args.save_s)
+    if args.resume:
+        args.resume.write_text(str(step))
+    session.report_checkpoint(step, f"ckpt/step-{step}", 1024, args.save_s, session.last_request_id)
+
+
+for step in range(first, 10**9):
+    time.sleep(args.interval)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    session.report(step, loss=1.0 / step, samples=args.batch)
+    if args.step_log:
+        with args.step_log.open("a") as log:
+            log.write(f"{os.environ.get('ELASTICD_ROUND')} {step} {time.time()}\n")
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    if step == 1:
+        session.report_checkpoint(step, f"ckpt/step-{step}", 1024, 0.001, None)
+    if session.should_checkpoint(step):
+        save(step)
+    if session.should_stop(step):  # a drain: save, say the step is saved, then exit 0
+        save(step)
+        session.drained(step)
+        break
