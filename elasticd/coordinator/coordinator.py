@@ -28,6 +28,8 @@ from elasticd.coordinator.tally import ACTIVE, NodeTally
 from elasticd.coordinator.transitions import Transition, Transitions
 from elasticd.job.config import JobConfig
 from elasticd.job.events import EventLog, emit_log
+from elasticd.wire.assignment import RoundAssignment
+from elasticd.wire.member_reports import TO_COORDINATOR, Leave, RoundReport
 from elasticd.wire.names import (
     ENDED,
     RESTART_CAUSES,
@@ -41,10 +43,10 @@ from elasticd.wire.names import (
     StepRequest,
     TransitionKind,
 )
-from elasticd.wire.protocol import Envelope
+from elasticd.wire.protocol import Envelope, ProtocolError
 
 log = logging.getLogger("elasticd")
-Handler = Callable[[str, dict[str, Any], float], None]  # (sender, body, now)
+Handler = Callable[[str, Any, float], None]  # (sender, its record (a body where the op has none yet), now)
 _NUMBERED = ("seq", "ts", "kind", "node")  # an adopted event's fields the job log sets itself
 SETTLE_S = 0.1  # batch simultaneous joins/losses into one round; no fixed last-call wait
 
@@ -108,14 +110,12 @@ class Coordinator:
             MeshOp.node_done: self.node_done,
             MeshOp.node_drained: lambda sender, _body, now: trans.node_drained(sender, now),
             MeshOp.round_progress: lambda sender, body, _now: tracker.round_progress(sender, body),
-            MeshOp.first_step: lambda sender, body, _now: self.first_step(
-                sender, int(body["round"]), float(body["at"]), body["step"] if type(body.get("step")) is int else None),
-            MeshOp.step_report: lambda sender, body, _now: trans.on_step_report(sender, body),
+            MeshOp.first_step: lambda sender, msg, _now: self.first_step(sender, msg.round, msg.at, msg.step),
+            MeshOp.step_report: lambda sender, msg, _now: trans.on_step_report(sender, msg),
             MeshOp.pong: lambda sender, _body, now: probe.pong(sender, now),
             MeshOp.event: lambda sender, body, _now: self.adopt(body, sender),
             MeshOp.warm: lambda sender, _body, _now: self.resizer.warm(sender),
-            MeshOp.resize_failed: lambda _sender, body, now: self.resize_failed(int(body["round"]),
-                                                                                str(body.get("reason", "")), now),
+            MeshOp.resize_failed: lambda _sender, msg, now: self.resize_failed(msg.round, msg.reason, now),
         }
 
     def send_each(self, node_ids: list[str], op: MeshOp, body: dict[str, Any]) -> None:
@@ -129,11 +129,17 @@ class Coordinator:
         if handler is None:
             log.warning("mesh: unknown op %r from %s dropped", env.op, sender)
             return
+        record = TO_COORDINATOR.get(env.op)
+        try:
+            message = record.decode(env.body, env.op) if record is not None else env.body
+        except ProtocolError as err:
+            log.warning("mesh: malformed %s from %s dropped: %s", env.op, sender, err.reason)
+            return
         node = self.nodes.get(sender)
         if node is not None and node.status == NodeStatus.alive and env.op not in (MeshOp.register, MeshOp.announce):
             node.last_seen = max(node.last_seen, now)  # any frame is a sign of life, not only a heartbeat
         try:
-            handler(sender, env.body, now)
+            handler(sender, message, now)
         except Exception as exc:  # one frame, however odd, must never end the coordinator's mesh loop
             log.warning("mesh: malformed %r from %s dropped: %r", env.op, sender, exc)
 
@@ -201,10 +207,10 @@ class Coordinator:
         self.routes.replace_relay(node_id, now)
 
     # ---- members going ------------------------------------------------------------------------
-    def leave(self, node_id: str, body: dict[str, Any], now: float) -> None:
+    def leave(self, node_id: str, leave: Leave, now: float) -> None:
         """A node says it goes (its daemon got SIGTERM): with `graceful`, its ranks first stop at one agreed step."""
-        reason = str(body.get("reason") or f"node {node_id} left")
-        if body.get("graceful") and self.transitions.drain_departing(node_id, reason):
+        reason = leave.reason or f"node {node_id} left"
+        if leave.graceful and self.transitions.drain_departing(node_id, reason):
             return
         self.remove(node_id, NodeStatus.left, reason, now)
         self.send(node_id, MeshOp.left, {"reason": reason})
@@ -229,9 +235,9 @@ class Coordinator:
             self.schedule(Cause.membership, detail, now)
         self.tracker.node_gone(node_id)
 
-    def node_done(self, node_id: str, body: dict[str, Any], now: float) -> None:
+    def node_done(self, node_id: str, done: RoundReport, now: float) -> None:
         rnd = self.round
-        if rnd is not None and self.tracker.node_done(node_id, body) and self.pending is None \
+        if rnd is not None and self.tracker.node_done(node_id, done.round) and self.pending is None \
                 and self.transition is None:
             self.end(JobState.succeeded, f"every worker of the final round finished (world {rnd.world_size})", now)
 
@@ -338,7 +344,7 @@ class Coordinator:
         self.emit(EventKind.round_started, round=round_id, world_size=world, cause=rnd.cause, detail=detail,
                   rank_map={e.node_id: e.ranks for e in entries}, in_place=in_place)
         for node in self.alive():
-            self.send(node.node_id, MeshOp.round, self.assignment(node.node_id))
+            self.send(node.node_id, MeshOp.round, self.assignment(node.node_id).encode())
         self.tracker.release_barrier(None)
 
     def wait_for_nodes(self, members: int, now: float) -> None:
@@ -363,21 +369,19 @@ class Coordinator:
             if node is not None and node.status == NodeStatus.alive:  # a new dict: the store sees the change
                 node.restarts = {**node.restarts, cause: node.restarts[cause] + 1}
 
-    def assignment(self, node_id: str) -> dict[str, Any]:
+    def assignment(self, node_id: str) -> RoundAssignment:
         rnd = self.round
         assert rnd is not None
         entry = rnd.entry(node_id)
         node = self.nodes[node_id]
-        return {
-            "round": rnd.round_id, "state": JobState.running if entry else node.role,
-            "group_rank": entry.group_rank if entry else None,
-            "group_world_size": len(rnd.members), "ranks": entry.ranks if entry else [],
-            "world_size": rnd.world_size, "master_addr": rnd.master_addr, "master_port": rnd.master_port,
-            "restart_count": self.restarts[Cause.failure], "max_restarts": self.cfg.max_restarts,
-            "store_tunnel": self.nodes[rnd.members[0].node_id].store_tunnel,  # rank 0's node: it hosts the store
-            "node_restarts": dict(node.restarts),  # for the node's own metrics (elasticd/daemon/exporter.py)
-            **self.resizer.fields(rnd, entry is None and node.role == Role.standby),
-        }
+        return RoundAssignment(
+            rnd.round_id, JobState.running if entry else node.role, group_rank=entry.group_rank if entry else None,
+            group_world_size=len(rnd.members), ranks=entry.ranks if entry else [], world_size=rnd.world_size,
+            master_addr=rnd.master_addr, master_port=rnd.master_port, restart_count=self.restarts[Cause.failure],
+            max_restarts=self.cfg.max_restarts,
+            store_tunnel=self.nodes[rnd.members[0].node_id].store_tunnel,  # rank 0's node: it hosts the store
+            node_restarts={str(c): n for c, n in node.restarts.items()},  # the node's own metrics (daemon/exporter.py)
+            **self.resizer.fields(rnd, entry is None and node.role == Role.standby))
 
     def first_step(self, node_id: str, round_id: int, at: float, step: int | None) -> None:
         if self.tracker.first_step(node_id, round_id, at, step):

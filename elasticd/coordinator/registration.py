@@ -11,6 +11,7 @@ from elasticd.coordinator.relay_routes import RelayRoutes
 from elasticd.coordinator.resize import Resizer
 from elasticd.coordinator.tally import ACTIVE, NodeTally
 from elasticd.job.events import EventLog
+from elasticd.wire.assignment import RoundAssignment
 from elasticd.wire.names import ENDED, Cause, EventKind, JobState, MeshOp, NodeStatus, Role
 from elasticd.wire.protocol import ErrorCode, ProtocolError
 
@@ -33,7 +34,7 @@ class RegistrationCore(CoordinatorCore, Protocol):
 
     def schedule(self, cause: Cause, detail: str, detected_at: float, due: float | None = None) -> None: ...
 
-    def assignment(self, node_id: str) -> dict[str, Any]: ...
+    def assignment(self, node_id: str) -> RoundAssignment: ...
 
 
 class Registration:
@@ -72,7 +73,7 @@ class Registration:
         core.send(node.node_id, MeshOp.welcome, self.welcome(node))
         rnd = core.round
         if rnd is not None and core.state == JobState.running and rnd.has(node.node_id):
-            core.send(node.node_id, MeshOp.round, core.assignment(node.node_id))
+            core.send(node.node_id, MeshOp.round, core.assignment(node.node_id).encode())
             if rnd.timeline.get("go"):
                 core.send(node.node_id, MeshOp.go, {"round": rnd.round_id})
 

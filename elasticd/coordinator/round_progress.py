@@ -9,6 +9,7 @@ from elasticd.coordinator.core import CoordinatorCore
 from elasticd.coordinator.membership import Round
 from elasticd.coordinator.resize import Resizer
 from elasticd.job.config import stop_barrier_s
+from elasticd.wire.assignment import RoundAssignment
 from elasticd.wire.names import EventKind, JobState, MeshOp, NodeStatus
 
 PHASES = ("detect", "rendezvous", "stopped", "go", "spawned", "first_step")  # a round's timeline, in phase order
@@ -41,7 +42,7 @@ class TrackerCore(CoordinatorCore, Protocol):
 
     def adopt(self, event: dict[str, Any], node: str = "") -> None: ...
 
-    def assignment(self, node_id: str) -> dict[str, Any]: ...
+    def assignment(self, node_id: str) -> RoundAssignment: ...
 
 
 class RoundTracker:
@@ -125,10 +126,10 @@ class RoundTracker:
         self.core.resizer.first_step(rnd, at)
         return True
 
-    def node_done(self, node_id: str, body: dict[str, Any]) -> bool:
+    def node_done(self, node_id: str, round_id: int | None) -> bool:
         """Returns whether every member of the round has finished now."""
         rnd = self.core.round
-        if rnd is None or body.get("round") != rnd.round_id:
+        if rnd is None or round_id != rnd.round_id:
             return False
         self.progress.done_nodes.add(node_id)
         self.core.emit(EventKind.node_done, node_id, round=rnd.round_id)
@@ -147,7 +148,7 @@ class RoundTracker:
         stop_unheard = sender in progress.stop_barrier and now - rnd.started_at > core.cfg.lost_after_s
         if int(body.get("assigned", rnd.round_id)) < rnd.round_id or stop_unheard:
             progress.resent[sender] = now  # its `round` was lost on the way, or its `stopped` on the way back
-            core.send(sender, MeshOp.round, core.assignment(sender))
+            core.send(sender, MeshOp.round, core.assignment(sender).encode())
         elif rnd.timeline.get("go") and sender not in progress.spawned_at and body.get("round") == rnd.round_id \
                 and now - rnd.timeline["go"] > core.cfg.heartbeat_s:  # ... or its `go`
             progress.resent[sender] = now

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from elasticd.wire.member_reports import StepReport
 from elasticd.wire.names import MeshOp, StepRequest
 
 DELIVERY_BUDGET_S = 0.15  # the shim's 50 ms report coalescing plus request delivery, with room to spare
@@ -55,20 +56,19 @@ class StepAgreement:
         self.queries[op_id] = StepQuery(op_id, request, set(members), now + QUERY_TIMEOUT_S)
         self.send(members, MeshOp.step_query, {"op_id": op_id})  # our own node answers at once, inside this call
 
-    def answer(self, node_id: str, body: dict[str, Any]) -> StepQuery | None:
+    def answer(self, node_id: str, report: StepReport) -> StepQuery | None:
         """A node's `step_report`; returns the query once every node has answered it."""
-        query = self.queries.get(str(body.get("op_id")))
+        query = self.queries.get(report.op_id)
         if query is None or node_id not in query.awaiting:
             return None
         query.awaiting.discard(node_id)
-        query.in_place = query.in_place and body.get("in_place") is True
-        step, step_time = body.get("step"), body.get("step_time")
-        if isinstance(step, int) and not isinstance(step, bool):
-            query.steps.append(step)
-        elif step is None:
+        query.in_place = query.in_place and report.in_place
+        if report.step is None:
             query.plain.add(node_id)
-        if isinstance(step_time, int | float) and not isinstance(step_time, bool) and step_time > 0:
-            query.step_times.append(float(step_time))
+        else:
+            query.steps.append(report.step)
+        if report.step_time is not None and report.step_time > 0:
+            query.step_times.append(report.step_time)
         return self.queries.pop(query.op_id) if not query.awaiting else None
 
     def expired(self, now: float) -> list[StepQuery]:

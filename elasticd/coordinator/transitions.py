@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from elasticd.coordinator.core import CoordinatorCore, PendingRound
 from elasticd.coordinator.resize import Resizer
 from elasticd.coordinator.step_agreement import WORKER_OPS, StepAgreement, StepQuery
+from elasticd.wire.member_reports import StepReport
 from elasticd.wire.names import After, Cause, EventKind, JobState, MeshOp, NodeStatus, Role, StepRequest, TransitionKind
 from elasticd.wire.protocol import new_id
 
@@ -208,8 +209,8 @@ class Transitions:
         assert self.core.round is not None
         self.agreement.ask(op_id, request, self.core.round.node_ids(), self.core.clock())
 
-    def on_step_report(self, sender: str, body: dict[str, Any]) -> None:
-        query = self.agreement.answer(sender, body)
+    def on_step_report(self, sender: str, report: StepReport) -> None:
+        query = self.agreement.answer(sender, report)
         if query is not None:
             self.resolve_step(query)
 

@@ -114,7 +114,7 @@ class DaemonCollector(Collector):
         for status in WORKER_STATUSES:
             out.gauge("elasticd_workers", "Local worker processes of the current round by status",
                       states.count(status), status=status)
-        restarts = node.assignment.get("node_restarts") or {}
+        restarts = node.assignment.node_restarts
         for cause in RESTART_CAUSES:
             out.counter("elasticd_node_restarts_total", "Rounds that restarted this node's workers, by cause",
                         int(restarts.get(cause, 0)), cause=cause)

@@ -13,6 +13,7 @@ from typing import Any
 
 from elasticd.commands.port import NodePort
 from elasticd.commands.registry import REGISTRY
+from elasticd.wire.assignment import NodeQuery
 from elasticd.wire.names import MeshOp, NodeStatus
 from elasticd.wire.protocol import ErrorCode, ProtocolError, arg, new_id
 
@@ -77,14 +78,10 @@ class NodeQueries:
             return ProtocolError(ErrorCode.INTERNAL, f"{op} failed on node {self.node_id}: {exc!r}").as_body()
 
     # ---- the mesh's side ---------------------------------------------------------------------
-    def on_query(self, body: dict[str, Any]) -> None:
+    def on_query(self, query: NodeQuery) -> None:
         """Member side: the coordinator carries a question for us; the answer goes back the same way."""
-        qid, op, args = body.get("id"), body.get("op"), body.get("args")
-        if not isinstance(qid, str) or not isinstance(op, str) or not isinstance(args, dict):
-            return  # malformed: the asker's timeout says so
-
         async def answer() -> None:
-            self.to_coord(MeshOp.node_answer, {"id": qid, "body": await self.run(op, args)})
+            self.to_coord(MeshOp.node_answer, {"id": query.id, "body": await self.run(query.op, query.args)})
 
         self.spawn(answer())
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -50,7 +51,7 @@ class NodeAgent:
         self.state: str = NodeState.registering
         self.reason = ""
         self.round_id = 0
-        self.assignment: dict[str, Any] = {}
+        self.assignment = RoundAssignment(None)  # the newest round this node is in
         self.group: WorkerGroup | None = None
         self.exit_code: int | None = None  # set when the daemon should exit
         self._round_lock = asyncio.Lock()
@@ -93,9 +94,8 @@ class NodeAgent:
         return records if gpu is None else [{**r, "gpu": gpu.get(r["pid"])} for r in records]
 
     # ---- rounds -------------------------------------------------------------------------------
-    async def apply_round(self, body: dict[str, Any]) -> None:
-        assignment = RoundAssignment.from_body(body)
-        round_id = assignment.round_id
+    async def apply_round(self, assignment: RoundAssignment) -> None:
+        round_id = assignment.round
         self.ports.take(assignment.master_port)  # offered no more: a round's store listens there (here or not)
         if round_id is not None:
             self.supersede(round_id)
@@ -105,8 +105,9 @@ class NodeAgent:
                     self.report_again("stopped")
                 return  # a stale or repeated assignment, or one a newer round already replaced
             if assignment.job_store_tunnel and self.round_store is not None:  # with --keys: through our relay
-                assignment = assignment.with_store(await self.round_store.job_store(assignment.job_store_tunnel))
-            kept = await self.in_place.keep(assignment.body) if self.in_place.applies(assignment) else []
+                store = await self.round_store.job_store(assignment.job_store_tunnel)
+                assignment = dataclasses.replace(assignment, store=store)
+            kept = await self.in_place.keep(round_id) if self.in_place.applies(assignment) else []
             # The old workers' `workers_stopped` rides on the progress report: one frame per node, not two.
             held: list[dict[str, Any]] | None = [] if round_id is not None else None
             stopped = await self.stop_workers(kept, held)  # what was not kept in place
@@ -132,7 +133,7 @@ class NodeAgent:
 
     def begin_round(self, round_id: int, assignment: RoundAssignment) -> None:
         """This node is in `round_id` now: nothing reported in it yet, and no straggler watch left from the last."""
-        self.round_id, self.assignment = round_id, assignment.body
+        self.round_id, self.assignment = round_id, assignment
         self.rank_reports.clear()
         self.drained_ranks, self.drained_reported = set(), False
         self.reports = {}
@@ -143,17 +144,17 @@ class NodeAgent:
     async def start_workers(self, round_id: int, assignment: RoundAssignment, kept: list[Worker]) -> None:
         """The round's workers, once the coordinator says `go`: those kept in place join first, the rest spawn."""
         self.state = NodeState.running
-        store_env = await self.open_store(round_id, assignment.body)  # while other nodes still stop their old ones
+        store_env = await self.open_store(round_id, assignment)  # while other nodes still stop their old ones
         if store_env is None:
             return
         # Kept workers belong to the new group at once: a newer round that supersedes this one stops them.
         on_line = self.on_worker_line if self.output_pattern else None
-        self.group = WorkerGroup(self.cfg, round_id, assignment.body, {**self.worker_env, **store_env},
+        self.group = WorkerGroup(self.cfg, round_id, assignment, {**self.worker_env, **store_env},
                                  self.on_worker_exit, self.spawner, on_line, kept)
         self.groups.append(self.group)
         if not await self.wait_for_go(round_id, in_place=assignment.in_place):
             return  # a newer round replaced this one while its old workers were being stopped
-        self.in_place.publish(self.group, kept, assignment.body)  # the survivors join first: they wait on nothing
+        self.in_place.publish(self.group, kept, assignment)  # the survivors join first: they wait on nothing
         try:
             await self.group.spawn()
         except OSError as exc:
@@ -164,12 +165,12 @@ class NodeAgent:
                              kept=[w.proc.pid for w in kept])
         self.report("spawned", {"round": round_id, "spawned": time.time(), "events": [started]})
 
-    async def open_store(self, round_id: int, body: dict[str, Any]) -> dict[str, str] | None:
+    async def open_store(self, round_id: int, assignment: RoundAssignment) -> dict[str, str] | None:
         """The env that points workers at the round's store; {} without keys (rank 0 hosts it); None: failed."""
         if self.round_store is None:
             return {}
         try:
-            return await self.round_store.open(round_id, body)
+            return await self.round_store.open(round_id, assignment)
         except (OSError, StoreError) as exc:
             self.report_failure(None, f"could not open round {round_id}'s store on node {self.cfg.node_id}: {exc}")
             return None

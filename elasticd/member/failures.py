@@ -68,15 +68,13 @@ def describe_exit(code: int | None) -> str:
     return f"signal {signal_name(code)}" if code < 0 else f"exit code {code}"
 
 
-def failure_summary(entry: str, body: dict[str, Any]) -> str:
+def failure_summary(entry: str, cause: dict[str, Any] | None, consequences: list[dict[str, Any]]) -> str:
     """torchrun's closing table for a job that failed for good: the root cause, then the failures that followed."""
-    cause = body.get("root_cause")
-    if not isinstance(cause, dict):
+    if cause is None:
         return ""
     rule = "=" * 60
     root = Failure.from_body(str(cause.get("node", "?")), cause)
-    others = [Failure.from_body(str(c.get("node", "?")), c) for c in body.get("consequences") or []
-              if isinstance(c, dict)]
+    others = [Failure.from_body(str(c.get("node", "?")), c) for c in consequences]
     lines = [rule, f"{entry} FAILED", "-" * 60, "Failures:"]
     for i, other in enumerate(others, 1):
         lines += [f"[{i}]:", *_rows(other)]

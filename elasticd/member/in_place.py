@@ -76,8 +76,7 @@ class InPlace:
         if self.node.group is not None:
             return
         nproc = self.node.cfg.nproc_per_node
-        placeholder = {"ranks": list(range(nproc)), "world_size": nproc, "group_rank": 0, "group_world_size": 1,
-                       "master_addr": "", "master_port": 0, "restart_count": 0, "max_restarts": 0}
+        placeholder = RoundAssignment(0, ranks=list(range(nproc)), world_size=nproc, group_rank=0, group_world_size=1)
         env = {**self.node.worker_env, PRESTART_ENV: "1"}
         self.node.group = group = WorkerGroup(self.node.cfg, 0, placeholder, env, self.node.on_worker_exit,
                                               self.node.spawner)
@@ -156,7 +155,7 @@ class InPlace:
     def applies(self, assignment: RoundAssignment) -> bool:
         return assignment.in_place and assignment.state == NodeState.running and self.node.group is not None
 
-    async def keep(self, body: dict[str, Any]) -> list[Worker]:
+    async def keep(self, round_id: int | None) -> list[Worker]:
         """Survivors out of their old group (asked now if the agreed step did not do it); released from it."""
         group = self.node.group
         assert group is not None
@@ -165,7 +164,7 @@ class InPlace:
         for worker in survivors:
             if worker.proc.pid not in self.left:  # a crash or a loss: nobody agreed a step; leave at once
                 self.send(worker.proc.pid, WorkerOp.resize, {"request_id": new_id(), "at_step": None,
-                                                             "round": body["round"]})
+                                                             "round": round_id})
                 self.abort(worker.proc.pid)
         deadline = time.monotonic() + self.node.cfg.grace_s + LEAVE_SLACK_S
         while time.monotonic() < deadline and any(w.exit_code is None and w.proc.pid not in self.left
@@ -178,13 +177,14 @@ class InPlace:
         group.release(kept)
         return kept
 
-    def publish(self, group: WorkerGroup, kept: list[Worker], body: dict[str, Any]) -> None:
+    def publish(self, group: WorkerGroup, kept: list[Worker], assignment: RoundAssignment) -> None:
         """Tell each kept worker its place in the new generation; newcomers read theirs from their environment."""
         self.joined = {}
         for worker in kept:
             self.left.pop(worker.proc.pid, None)
             self.send(worker.proc.pid, WorkerOp.generation, {
-                "round": group.round_id, "rank": worker.rank, "world_size": body["world_size"],
-                "local_rank": worker.local_rank, "group_rank": body["group_rank"],
-                "group_world_size": body["group_world_size"], "store": body["store"], "prefix": body["prefix"]})
+                "round": group.round_id, "rank": worker.rank, "world_size": assignment.world_size,
+                "local_rank": worker.local_rank, "group_rank": assignment.group_rank,
+                "group_world_size": assignment.group_world_size, "store": assignment.store,
+                "prefix": assignment.prefix})
         self.resizing = False

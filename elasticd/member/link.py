@@ -14,8 +14,9 @@ from elasticd.job.events import EventLog
 from elasticd.member.agent import NodeAgent, ToCoordinator
 from elasticd.member.failures import failure_summary
 from elasticd.member.worker_channel import WorkerChannel
-from elasticd.wire.names import CTL_PREFIX, MeshOp, NodeState, WorkerOp
-from elasticd.wire.protocol import Envelope, ErrorCode
+from elasticd.wire.assignment import TO_MEMBER, CoordinatorBeat, JobEnd, NodeQuery, Unknown, Welcome
+from elasticd.wire.names import CTL_PREFIX, MeshOp, WorkerOp
+from elasticd.wire.protocol import Envelope, ErrorCode, ProtocolError
 
 log = logging.getLogger("elasticd")
 EXIT_COORDINATOR_LOST = 3
@@ -51,7 +52,7 @@ class Member:
                  life: Lifecycle, events: EventLog, publish: Callable[[dict[str, Any]], None],
                  on_forwarded_reply: Callable[[Envelope], None], connect_timeout_s: float,
                  is_coordinator: bool, link: MeshLink,
-                 on_node_query: Callable[[dict[str, Any]], None] = lambda _body: None) -> None:
+                 on_node_query: Callable[[NodeQuery], None] = lambda _query: None) -> None:
         self.cfg = cfg
         self.node = node
         self.channel = channel
@@ -74,23 +75,23 @@ class Member:
         self.last_register = 0.0
         self.first_register = 0.0  # 0 until the zygote is warm and the first `register` went out
         self.last_beat = 0.0
-        self.handlers: dict[str, Callable[[dict[str, Any]], object]] = {
+        self.handlers: dict[str, Callable[[Any], object]] = {
             MeshOp.welcome: self.on_welcome,
             MeshOp.hb: self.on_hb,
             MeshOp.unknown: self.on_unknown,
-            MeshOp.left: lambda body: self.exit_job(str(body.get("reason", "the coordinator let it go"))),
-            MeshOp.round: lambda body: life.spawn(node.apply_round(body)),
-            MeshOp.go: lambda body: node.go(int(body["round"])),
+            MeshOp.left: lambda msg: self.exit_job(msg.reason),
+            MeshOp.round: lambda msg: life.spawn(node.apply_round(msg)),
+            MeshOp.go: lambda msg: node.go(msg.round),
             MeshOp.job_end: self.on_job_end,
-            MeshOp.probe: lambda body: to_coord(MeshOp.pong, {"round": body.get("round")}),
-            MeshOp.step_query: lambda body: to_coord(MeshOp.step_report, {
-                "op_id": body.get("op_id"), **node.rank_reports.step_answer(node.round_id),
+            MeshOp.probe: lambda msg: to_coord(MeshOp.pong, {"round": msg.round}),
+            MeshOp.step_query: lambda msg: to_coord(MeshOp.step_report, {
+                "op_id": msg.op_id, **node.rank_reports.step_answer(node.round_id),
                 "in_place": node.in_place.ready()}),
-            MeshOp.drain_workers: lambda body: channel.request(WorkerOp.drain, body),
-            MeshOp.checkpoint_workers: lambda body: channel.request(WorkerOp.checkpoint, body),
-            MeshOp.resize_workers: lambda body: channel.request(WorkerOp.resize, body),
-            MeshOp.kill_worker: lambda body: life.spawn(node.kill_worker(int(body["rank"]))),
-            MeshOp.relay: lambda body: link.route(str(body.get("via") or "")),
+            MeshOp.drain_workers: lambda msg: channel.request(WorkerOp.drain, msg.encode()),
+            MeshOp.checkpoint_workers: lambda msg: channel.request(WorkerOp.checkpoint, msg.encode()),
+            MeshOp.resize_workers: lambda msg: channel.request(WorkerOp.resize, msg.encode()),
+            MeshOp.kill_worker: lambda msg: life.spawn(node.kill_worker(msg.rank)),
+            MeshOp.relay: lambda msg: link.route(msg.via),
             MeshOp.node_query: on_node_query,  # `logs`, `stacks`: daemon/node_queries.py
         }
 
@@ -104,42 +105,47 @@ class Member:
             return  # a daemon not yet welcomed acts on nothing: it may be a refused duplicate of a live node
         if self.leaving and env.op not in LEAVING_OPS:
             return  # it said `leave`: no new round, no re-registering, whatever it is told meanwhile
-        handler = self.handlers.get(env.op)
-        if handler is not None:
-            handler(env.body)
+        handler, record = self.handlers.get(env.op), TO_MEMBER.get(env.op)
+        if handler is None or record is None:
+            return
+        try:
+            message = record.decode(env.body, env.op)
+        except ProtocolError as err:  # a coordinator of another version, or a corrupt frame: said, not acted on
+            log.warning("[%s] ignored a malformed %s from the coordinator: %s", self.cfg.node_id, env.op, err.reason)
+            return
+        handler(message)
 
-    def on_job_end(self, body: dict[str, Any]) -> None:
+    def on_job_end(self, end: JobEnd) -> None:
         """The job is over; one that failed for good prints torchrun's root-cause table on every node."""
-        summary = failure_summary(" ".join(self.cfg.entry[:2]), body)
+        summary = failure_summary(" ".join(self.cfg.entry[:2]), end.root_cause, end.consequences)
         if summary:
             print(summary, file=sys.stderr, flush=True)
-        self.life.spawn(self.life.finish(str(body.get("state", "failed")), str(body.get("reason", ""))))
+        self.life.spawn(self.life.finish(end.state, end.reason))
 
-    def on_welcome(self, body: dict[str, Any]) -> None:
-        if body.get("ok"):
+    def on_welcome(self, welcome: Welcome) -> None:
+        if welcome.ok:
             self.registered, self.joined, self.duplicate_since = True, True, 0.0
-            self.events_pub = str(body.get("events_pub", ""))
-            self.node.state = str(body.get("role", NodeState.active))
-            self.link.route(str(body.get("via") or ""))  # in a large job: through a relay from now on
-            if body.get("prewarm"):
+            self.events_pub = welcome.events_pub
+            self.node.state = welcome.role
+            self.link.route(welcome.via)  # in a large job: through a relay from now on
+            if welcome.prewarm:
                 self.life.spawn(self.node.in_place.prestart())
             return
-        reason = str(body.get("reason", "registration refused"))
         now = time.time()
         # A daemon restarted right after a SIGKILL finds its old self still listed until it is declared
         # lost; keep trying that long before calling the node id a duplicate.
-        duplicate = body.get("errno") == ErrorCode.DUPLICATE_NODE
+        duplicate = welcome.errno == ErrorCode.DUPLICATE_NODE
         if duplicate and now - (self.duplicate_since or now) < self.cfg.lost_after_s + 2:
             self.duplicate_since = self.duplicate_since or now
             return
-        self.life.fail_start(reason)
+        self.life.fail_start(welcome.reason)
 
-    def on_hb(self, body: dict[str, Any]) -> None:
+    def on_hb(self, beat: CoordinatorBeat) -> None:
         """The coordinator is there, and holds what the answered heartbeat carried."""
-        self.events.note_seq(int(body.get("seq", 0)))
-        self.node.beats.ack(body.get("beat"))
+        self.events.note_seq(beat.seq)
+        self.node.beats.ack(beat.beat)
 
-    def on_unknown(self, _body: dict[str, Any]) -> None:
+    def on_unknown(self, _message: Unknown) -> None:
         log.warning("[%s] the coordinator no longer knows this node; stopping workers and re-registering",
                     self.cfg.node_id)
         self.registered = False

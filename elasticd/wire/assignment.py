@@ -1,56 +1,141 @@
-"""A `round` message as a member reads it: its part in a round, or the word that it has none for now."""
+"""What the coordinator tells a member (docs/protocol.md §9.2): one record per op, decoded once where it arrives."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import Any
 
-from elasticd.wire.names import NodeState
-
-
-def _is_int(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)  # JSON true is no number here
+from elasticd.wire.names import JobState, MeshOp, NodeState
+from elasticd.wire.record import Record
 
 
 @dataclass(frozen=True)
-class RoundAssignment:
-    """The coordinator's `round` (docs/protocol.md §9.2), its fields checked once.
+class RoundAssignment(Record):
+    """A `round`: this node's part in it (`state` running, or its role), or, with `round` null, why it waits."""
 
-    With a `round_id`, this node's part in that round: `state` is `running` for a node with ranks, else its role.
-    Without one (`round: null`), the node has no round for now: `state` says why it waits (waiting, standby,
-    cordoned) and `reason` in words. `body` is the message as sent: the workers' environment and the round's
-    store read the rest of it.
-    """
-
-    round_id: int | None
-    state: str
+    round: int | None
+    state: str = NodeState.waiting
     reason: str = ""
-    master_port: int = 0  # 0: none (a message without a round)
+    group_rank: int | None = None
+    group_world_size: int = 0
     ranks: list[int] = field(default_factory=list)
     world_size: int = 0
+    master_addr: str = ""
+    master_port: int = 0  # 0: none (a message without a round)
+    restart_count: int = 0
+    max_restarts: int = 0
+    store_tunnel: str = ""  # rank 0's node's store tunnel ("" without --keys)
+    node_restarts: dict[str, int] = field(default_factory=dict)  # this node's restarts by cause, for its metrics
     in_place: bool = False  # this node's shim workers keep their processes into the round
+    store: str = ""  # the job's long-lived store, host:port ("" with --no-python)
+    prefix: str = ""  # this generation's prefix in it
     prewarm: bool = False  # a standby of an in-place job: its workers start now and wait, ready to join
     job_store_tunnel: str = ""  # with --keys: the job store, reached through this node's relay
-    body: dict[str, Any] = field(default_factory=dict, repr=False)
 
-    @classmethod
-    def from_body(cls, body: dict[str, Any]) -> RoundAssignment:
-        """Raises ValueError for a message that is no round assignment (a field missing or of the wrong type)."""
-        round_id, port = body.get("round"), body.get("master_port")
-        state: Any = str(body.get("state", NodeState.waiting))
-        ranks: Any = []
-        world_size: Any = 0
-        if round_id is not None:
-            state, ranks, world_size = body.get("state"), body.get("ranks"), body.get("world_size")
-            if not (_is_int(round_id) and isinstance(state, str) and _is_int(world_size) and isinstance(ranks, list)
-                    and all(_is_int(rank) for rank in ranks)):
-                raise ValueError(f"not a round assignment: round {round_id!r}, state {state!r}, ranks {ranks!r}, "
-                                 f"world_size {world_size!r}")
-        return cls(round_id, state, str(body.get("reason", "")), port if _is_int(port) else 0, ranks, world_size,
-                   bool(body.get("in_place")), bool(body.get("prewarm")), str(body.get("job_store_tunnel") or ""),
-                   body)
+    def inconsistency(self) -> str:
+        if self.round is not None and self.world_size < 1:
+            return f"round {self.round} has world_size {self.world_size}"
+        return ""
 
-    def with_store(self, store: str) -> RoundAssignment:
-        """The same assignment, its job store reached at `store` (this node's end of the relay's tunnel)."""
-        return dataclasses.replace(self, body={**self.body, "store": store})
+
+@dataclass(frozen=True)
+class Welcome(Record):
+    """The answer to `register`: welcomed in a role, or refused with why."""
+
+    ok: bool
+    role: str = NodeState.active
+    round: int = 0
+    events_pub: str = ""
+    prewarm: bool = False
+    via: str = ""  # in a job with relays: the relay to send through
+    errno: int = 0
+    code: str = ""
+    reason: str = "registration refused"
+
+
+@dataclass(frozen=True)
+class CoordinatorBeat(Record):
+    """`hb`: the coordinator is there; `beat` is the member's heartbeat it answers (absent in a sign of life)."""
+
+    seq: int = 0
+    round: int | None = None
+    beat: int | None = None
+
+
+@dataclass(frozen=True)
+class Unknown(Record):
+    """`unknown`: the coordinator does not know this daemon (it took over, or the node was lost): register again."""
+
+
+@dataclass(frozen=True)
+class Left(Record):
+    reason: str = "the coordinator let it go"
+
+
+@dataclass(frozen=True)
+class Go(Record):
+    """`go`: the round's workers may start (every old worker of the job is gone)."""
+
+    round: int
+
+
+@dataclass(frozen=True)
+class Probe(Record):
+    """`probe`: answer `pong` (a rank failed; the coordinator asks who else is there)."""
+
+    round: int | None = None
+
+
+@dataclass(frozen=True)
+class JobEnd(Record):
+    """The job is over; a failed one names its root cause and what followed (wire/diagnosis.py `Failure` bodies)."""
+
+    state: str = JobState.failed
+    reason: str = ""
+    root_cause: dict[str, Any] | None = None
+    consequences: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StepQuestion(Record):
+    """`step_query`: the node answers `step_report` with its highest shim step of the round."""
+
+    op_id: str
+
+
+@dataclass(frozen=True)
+class WorkerRequest(Record):
+    """`drain_workers`, `checkpoint_workers`, `resize_workers`: the node's shim ranks act at `at_step`."""
+
+    request_id: str
+    at_step: int | None = None
+
+
+@dataclass(frozen=True)
+class KillWorker(Record):
+    rank: int
+
+
+@dataclass(frozen=True)
+class RelayRoute(Record):
+    """`relay`: send through this relay's endpoint from now on ("": directly to the coordinator)."""
+
+    via: str = ""
+
+
+@dataclass(frozen=True)
+class NodeQuery(Record):
+    """`node_query`: an operator's `logs` or `stacks` request for this node, to answer with `node_answer`."""
+
+    id: str
+    op: str
+    args: dict[str, Any]
+
+
+TO_MEMBER: dict[str, type[Record]] = {
+    MeshOp.welcome: Welcome, MeshOp.hb: CoordinatorBeat, MeshOp.unknown: Unknown, MeshOp.left: Left,
+    MeshOp.round: RoundAssignment, MeshOp.go: Go, MeshOp.job_end: JobEnd, MeshOp.probe: Probe,
+    MeshOp.step_query: StepQuestion, MeshOp.drain_workers: WorkerRequest, MeshOp.checkpoint_workers: WorkerRequest,
+    MeshOp.resize_workers: WorkerRequest, MeshOp.kill_worker: KillWorker, MeshOp.relay: RelayRoute,
+    MeshOp.node_query: NodeQuery,
+}

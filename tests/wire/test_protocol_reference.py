@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from elasticd.wire.assignment import TO_MEMBER
+from elasticd.wire.member_reports import TO_COORDINATOR
 from elasticd.wire.names import EventKind, MeshOp, WorkerOp
 from elasticd.wire.protocol import ErrorCode
 
@@ -30,3 +34,14 @@ def test_every_error_code_is_documented() -> None:
 def test_every_worker_op_is_documented() -> None:
     doc = (DOCS / "worker-channel.md").read_text()
     assert [op for op in WorkerOp if f"| `{op}` |" not in doc] == []
+
+
+@pytest.mark.parametrize(("section", "records"), [("### 9.1", TO_COORDINATOR), ("### 9.2", TO_MEMBER)])
+def test_every_field_of_a_typed_mesh_op_is_in_its_row(section: str, records: dict[str, type[Any]]) -> None:
+    """§9.1's and §9.2's tables name each field of each op's record (elasticd/wire/): the doc is the record."""
+    start = DOC.index(section)
+    table = DOC[start:DOC.index("\n### ", start + 1)]
+    rows = {line.split("|")[1].strip(" `"): line for line in table.splitlines() if line.startswith("| `")}
+    missing = [(op, f.name) for op, record in records.items() for f in dataclasses.fields(record)
+               if f"`{f.name}`" not in rows[op]]
+    assert missing == []

@@ -114,24 +114,6 @@ def test_a_shim_rank_whose_first_step_report_is_on_its_way_answers_step_0_not_no
     assert step_answer({0: {"rank": 0, "round": 2, "source": OUTPUT, "step": 9}}, 2)["step"] is None
 
 
-def test_a_round_message_is_read_once_into_its_record_and_a_malformed_one_is_refused() -> None:
-    from elasticd.wire.assignment import RoundAssignment
-
-    body = {"round": 3, "state": "running", "ranks": [2, 3], "world_size": 4, "master_port": 29500,
-            "in_place": True, "job_store_tunnel": "tcp://h:1", "group_rank": 1}
-    got = RoundAssignment.from_body(body)
-    assert (got.round_id, got.state, got.ranks, got.world_size, got.master_port, got.in_place, got.prewarm,
-            got.job_store_tunnel, got.body) == (3, "running", [2, 3], 4, 29500, True, False, "tcp://h:1", body)
-    assert got.with_store("127.0.0.1:9").body == {**body, "store": "127.0.0.1:9"} and "store" not in body
-    waiting = RoundAssignment.from_body({"round": None, "state": "standby", "reason": "at its target size"})
-    assert (waiting.round_id, waiting.state, waiting.reason, waiting.master_port) == (None, "standby",
-                                                                                      "at its target size", 0)
-    assert RoundAssignment.from_body({"round": None}).state == "waiting"
-    for broken in ({**body, "round": True}, {**body, "state": None}, {**body, "ranks": ["0"]},
-                   {k: v for k, v in body.items() if k != "world_size"}):
-        with pytest.raises(ValueError):
-            RoundAssignment.from_body(broken)
-
 class _CountingStream(io.StringIO):
     def __init__(self) -> None:
         super().__init__()

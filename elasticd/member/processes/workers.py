@@ -19,6 +19,7 @@ from elasticd.job.config import JobConfig
 from elasticd.member.processes.output import OutputLines
 from elasticd.member.processes.spawner import ForkedWorker, Spawner, WorkerProcess
 from elasticd.member.processes.stack_dumps import STACKS_FILE_ENV
+from elasticd.wire.assignment import RoundAssignment
 
 READ_CHUNK = 64 * 1024
 GATHER_S = 0.05  # output waits at most this long in the pipe's buffer before the log file, `logs` and the echo
@@ -102,7 +103,7 @@ def base_env(cfg: JobConfig) -> dict[str, str]:
 class WorkerGroup:
     """All workers of this node for one round."""
 
-    def __init__(self, cfg: JobConfig, round_id: int, assignment: dict[str, Any], extra_env: dict[str, str],
+    def __init__(self, cfg: JobConfig, round_id: int, assignment: RoundAssignment, extra_env: dict[str, str],
                  on_exit: ExitHandler, spawner: Spawner, on_line: LineHandler | None = None,
                  kept: list[Worker] | None = None) -> None:
         self.cfg = cfg
@@ -115,26 +116,26 @@ class WorkerGroup:
         # Workers kept from the last round (an in-place resize) take this node's lowest ranks, in their old order,
         # and keep their local rank (their device); spawn() forks the rest.
         self.workers: list[Worker] = sorted(kept or [], key=lambda w: w.rank)
-        for worker, rank in zip(self.workers, assignment["ranks"], strict=False):
+        for worker, rank in zip(self.workers, assignment.ranks, strict=False):
             worker.rank = rank
 
     def env_for(self, local_rank: int, rank: int) -> dict[str, str]:
         a, cfg = self.assignment, self.cfg
         env = base_env(cfg)
         env.update({
-            "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(a["world_size"]),
-            "LOCAL_WORLD_SIZE": str(cfg.nproc_per_node), "GROUP_RANK": str(a["group_rank"]),
-            "GROUP_WORLD_SIZE": str(a["group_world_size"]), "ROLE_RANK": str(rank),
-            "ROLE_WORLD_SIZE": str(a["world_size"]), "ROLE_NAME": cfg.role,
-            "MASTER_ADDR": a["master_addr"], "MASTER_PORT": str(a["master_port"]),
-            "TORCHELASTIC_RESTART_COUNT": str(a["restart_count"]),
-            "TORCHELASTIC_MAX_RESTARTS": str(a["max_restarts"]), "TORCHELASTIC_RUN_ID": cfg.job_id,
+            "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(a.world_size),
+            "LOCAL_WORLD_SIZE": str(cfg.nproc_per_node), "GROUP_RANK": str(a.group_rank),
+            "GROUP_WORLD_SIZE": str(a.group_world_size), "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(a.world_size), "ROLE_NAME": cfg.role,
+            "MASTER_ADDR": a.master_addr, "MASTER_PORT": str(a.master_port),
+            "TORCHELASTIC_RESTART_COUNT": str(a.restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": str(a.max_restarts), "TORCHELASTIC_RUN_ID": cfg.job_id,
             "TORCHELASTIC_USE_AGENT_STORE": "False", "PYTHONUNBUFFERED": "1",
             "ELASTICD_NODE_ID": cfg.node_id, "ELASTICD_ROUND": str(self.round_id),
             "ELASTICD_JOB_ID": cfg.job_id, "ELASTICD_HANG_TIMEOUT": str(cfg.hang_timeout_s),
         })
-        if a.get("store"):  # the job's long-lived store and this generation's prefix in it (in-place resizes)
-            env.update(ELASTICD_STORE=str(a["store"]), ELASTICD_STORE_PREFIX=str(a["prefix"]))
+        if a.store:  # the job's long-lived store and this generation's prefix in it (in-place resizes)
+            env.update(ELASTICD_STORE=a.store, ELASTICD_STORE_PREFIX=a.prefix)
         env.update(self.extra_env)
         return env
 
@@ -154,9 +155,9 @@ class WorkerGroup:
     async def spawn(self) -> None:
         log_dir = Path(self.cfg.log_dir) / self.cfg.job_id / self.cfg.node_id / f"round-{self.round_id:04d}"
         log_dir.mkdir(parents=True, exist_ok=True)
-        ranks = list(self.assignment["ranks"])[len(self.workers):]
+        ranks = self.assignment.ranks[len(self.workers):]
         taken = {w.local_rank for w in self.workers}
-        free = [slot for slot in range(len(self.assignment["ranks"])) if slot not in taken]
+        free = [slot for slot in range(len(self.assignment.ranks)) if slot not in taken]
         for local_rank, rank in zip(free, ranks, strict=False):
             log_path = log_dir / f"rank-{rank}.log"
             env = {**self.env_for(local_rank, rank), **self.diagnosis_env(log_dir / str(local_rank))}

@@ -7,7 +7,6 @@ import contextlib
 import logging
 import os
 import signal
-from typing import Any
 
 import zmq.asyncio
 
@@ -17,6 +16,7 @@ from elasticd.member.processes.spawner import Spawner, WorkerProcess
 from elasticd.member.processes.workers import base_env, signal_worker
 from elasticd.member.store.store_host import LOOPBACK, READY
 from elasticd.member.store.store_tunnel import JOB_STORE, RoundRelay, TunnelServer
+from elasticd.wire.assignment import RoundAssignment
 
 log = logging.getLogger("elasticd")
 STORE_HOST_ENTRY = ["-m", "elasticd.member.store.store_host"]
@@ -110,15 +110,15 @@ class RoundStore:
             self.job_relay[1].close()
             self.job_relay = None
 
-    async def open(self, round_id: int, assignment: dict[str, Any]) -> dict[str, str]:
+    async def open(self, round_id: int, assignment: RoundAssignment) -> dict[str, str]:
         """The env that points this node's workers at the round's store: its own, or the tunnel to the master's."""
         await self.close()
         self.round_id = round_id
-        if 0 in assignment["ranks"]:  # rank 0's node is the round's master node: it hosts the store
+        if 0 in assignment.ranks:  # rank 0's node is the round's master node: it hosts the store
             self.host = await StoreHost.start(self.spawner, {**base_env(self.cfg), "ELASTICD_ROUND": str(round_id)})
             self.tunnel.host_round(round_id, self.host.port)
             return store_env(self.host.port)
-        master_tunnel = str(assignment.get("store_tunnel") or "")
+        master_tunnel = assignment.store_tunnel
         if not master_tunnel:
             raise StoreError("the round's master node has no store tunnel (is it running with --keys?)")
         self.relay = RoundRelay(self.ctx, self.keys, round_id, master_tunnel)

@@ -1,0 +1,157 @@
+"""Typed message bodies: a frozen dataclass per body, checked field by field once, where the frame arrives."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from elasticd.wire.protocol import ErrorCode, ProtocolError
+
+MAX_INT = 2**63  # decode refuses larger JSON numbers already; a record says which field held one
+Check = Callable[[Any, str], Any]
+R = TypeVar("R", bound="Record")
+
+
+class Record:
+    """A message body's fields, each of its declared type; `decode` refuses any other body with the field named."""
+
+    @classmethod
+    def decode(cls: type[R], body: object, what: str = "") -> R:
+        """The record of `body`; ProtocolError(bad_message) naming the field when a field is missing or mistyped.
+
+        Fields the record does not declare are ignored: a newer peer may send more (docs/protocol.md, "Versions").
+        """
+        where = what or cls.__name__
+        if not isinstance(body, dict):
+            raise bad(where, f"body must be an object, got {type(body).__name__}")
+        values = {}
+        for name, (check, required) in _fields(cls).items():
+            if name in body:
+                values[name] = check(body[name], f"{where}.{name}")
+            elif required:
+                raise bad(where, f"field '{name}' is missing")
+        record = cls(**values)
+        if why := record.inconsistency():
+            raise bad(where, why)
+        return record
+
+    def inconsistency(self) -> str:
+        """Why fields that are each well typed do not make a message together ("" when they do)."""
+        return ""
+
+    def encode(self) -> dict[str, Any]:
+        """The body as sent: every field, records within it as objects, enums as their values."""
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+
+def bad(where: str, why: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.BAD_MESSAGE, f"{where}: {why}")
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Record):
+        return value.encode()
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+_FIELDS: dict[type, dict[str, tuple[Check, bool]]] = {}
+
+
+def _fields(cls: type[Record]) -> dict[str, tuple[Check, bool]]:
+    """Each field's check and whether it must be there; worked out once per record class."""
+    if cls not in _FIELDS:
+        hints = typing.get_type_hints(cls)
+        _FIELDS[cls] = {f.name: (_check_of(hints[f.name]), f.default is dataclasses.MISSING
+                                 and f.default_factory is dataclasses.MISSING)
+                        for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return _FIELDS[cls]
+
+
+def _check_of(hint: Any) -> Check:  # one branch per kind of type a body may declare
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return lambda value, _where: value
+    if origin in (types.UnionType, typing.Union):
+        present = [a for a in args if a is not type(None)]
+        if len(present) == 1:  # X | None: a value that is there is checked as X, and its own error said
+            inner = _check_of(present[0])
+            return lambda value, where: None if value is None else inner(value, where)
+        return _union([_check_of(a) for a in args], " or ".join(_name(a) for a in args))
+    if origin is list:
+        item = _check_of(args[0])
+        return lambda value, where: [item(v, f"{where}[{i}]") for i, v in enumerate(_typed(value, list, where))]
+    if origin is dict:
+        item = _check_of(args[1])
+        return lambda value, where: {str(k): item(v, f"{where}.{k}") for k, v in _typed(value, dict, where).items()}
+    if isinstance(hint, type) and issubclass(hint, Record):
+        return lambda value, where: hint.decode(value, where)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return lambda value, where: _enum(hint, value, where)
+    if hint is bool:
+        return lambda value, where: _typed(value, bool, where)
+    if hint is int:
+        return _int
+    if hint is float:
+        return _float
+    if hint is str:
+        return lambda value, where: _typed(value, str, where)
+    if hint is type(None):
+        return lambda value, where: _typed(value, type(None), where)
+    raise TypeError(f"a record field of type {hint!r} cannot be checked")
+
+
+def _name(hint: Any) -> str:
+    return "null" if hint is type(None) else getattr(hint, "__name__", str(hint))
+
+
+def _union(checks: list[Check], names: str) -> Check:
+    def check(value: Any, where: str) -> Any:
+        for one in checks:
+            try:
+                return one(value, where)
+            except ProtocolError:
+                continue
+        raise bad(where.partition(".")[0], f"field '{where.partition('.')[2]}' must be {names}, got {_kind(value)}")
+    return check
+
+
+def _typed(value: Any, kind: type, where: str) -> Any:
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise bad(where.partition(".")[0], f"field '{where.partition('.')[2]}' must be {_name(kind)}, "
+                  f"got {_kind(value)}")
+    return value
+
+
+def _int(value: Any, where: str) -> int:
+    number = _typed(value, int, where)
+    if not -MAX_INT <= number <= MAX_INT:
+        raise bad(where.partition(".")[0], f"field '{where.partition('.')[2]}' is out of range")
+    return int(number)
+
+
+def _float(value: Any, where: str) -> float:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(_int(value, where))
+    return float(_typed(value, float, where))
+
+
+def _enum(kind: type[enum.Enum], value: Any, where: str) -> enum.Enum:
+    try:
+        return kind(value)
+    except ValueError:
+        raise bad(where.partition(".")[0], f"field '{where.partition('.')[2]}' must be one of "
+                  f"{', '.join(str(m.value) for m in kind)}, got {value!r}") from None
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
