@@ -111,9 +111,9 @@ class ControlPlane:
     def publish_steps(self, now: float) -> None:
         """This node's shim ranks on `st.<node>`, at most 4 times a second and only when a step moved."""
         node = self.d.node
-        if not node.steps_dirty or now - self.steps_sent < STEP_TELEMETRY_S:
+        if now - self.steps_sent < STEP_TELEMETRY_S or not node.rank_reports.take_moved():
             return
-        node.steps_dirty, self.steps_sent = False, now
+        self.steps_sent = now
         keys = ("rank", "step", "loss", "throughput", "samples", "step_time", "last_step_at")
         ranks = [{k: m.get(k) for k in keys} for m in node.rank_reports.of_round(node.round_id)]
         body = {"round": node.round_id, "ranks": ranks}

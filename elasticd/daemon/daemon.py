@@ -60,12 +60,12 @@ class Daemon:
         self.started = time.time()
         self.done = asyncio.Event()
         self.exit_message = ""
+        self.exit_code: int | None = None  # set when the daemon should exit
         self.leave = Leave(self)  # what a leave signal does, by the role we hold
         self.tasks: list[asyncio.Task[Any]] = []
         self.endpoints: dict[str, str] = {}
         self.plane: ControlPlane | None = None  # the operator sockets, bound in start()
         self.channel = WorkerChannel(self.ctx, cfg, self.node)
-        self.node.output_step = self.channel.on_output_step  # --metrics-from-output feeds the shim's metrics path
         self.queries = NodeQueries(cfg.node_id, self.node.output, self.send_to_node, self.to_coord, self.status_of,
                                    lambda: self.coordinator is not None, self.spawn)
         self.member = Member(cfg, self.node, self.channel, self.to_coord, self, self.events, self.publish_event,
@@ -85,7 +85,6 @@ class Daemon:
             client = etcd_client(self.cfg)  # without python-etcd, a start error before any socket is bound
             mesh = candidate_mesh(self.cfg, self.ctx, self.host, self.keys)
             self.failover = Failover(self.cfg, client, mesh, self.node, self.events, self)
-            self.member.await_election = True
             self.failover.start()  # etcd unreachable or another cluster: a start error (exit 2)
             return
         endpoint = f"tcp://{self.cfg.rdzv_host}:{self.cfg.rdzv_port}"
@@ -102,7 +101,7 @@ class Daemon:
                                            self.on_job_event, connected=self.coord_mesh.connected,
                                            backlog=self.coord_mesh.backlog, send_all=self.send_to_nodes)
             self.coord_mesh.relay_of = self.coordinator.relays.via_of
-            self.member.is_coordinator = True
+            self.member.coordinator_here(time.time())
         else:
             self.member_mesh = self.new_member_mesh(endpoint)
 
@@ -132,16 +131,15 @@ class Daemon:
         self.bind_relay()
         self.plane = ControlPlane(self)
         self.endpoints = self.plane.bind()
-        self.node.endpoints = {"control": self.endpoints["control"], "pub": self.endpoints["pub"],
-                               **({"relay": self.relay.endpoint} if self.relay else {})}
-        if self.keys is not None:
-            self.node.endpoints["store_tunnel"] = self.services.bind_tunnel(self.keys)
+        advertised = {"control": self.endpoints["control"], "pub": self.endpoints["pub"],
+                      **({"relay": self.relay.endpoint} if self.relay else {}),
+                      **({"store_tunnel": self.services.bind_tunnel(self.keys)} if self.keys is not None else {})}
         if self.cfg.metrics_port is not None:  # the scrape endpoint is exactly as reachable as the control socket
             self.exporter = MetricsExporter(self, bind_host_of(self.endpoints["control"]), self.cfg.metrics_port)
         # Multi-host gloo/NCCL out of the box: workers bind the interface we advertise, unless the user named one.
         socket_env, socket_note = socket_ifname_env(self.host, {**os.environ, **self.cfg.env})
         log.info("%s", socket_note)  # `elasticd start` logs INFO to stderr: one line by the startup line
-        self.node.worker_env = {**socket_env, **self.channel.bind()}
+        self.node.bound(advertised, {**socket_env, **self.channel.bind()})
         await self.services.start(self.keys)
         self.announce()
         loop = asyncio.get_running_loop()
@@ -199,7 +197,7 @@ class Daemon:
             await self.shutdown()
         if self.exit_message:
             print(f"elasticd: {self.exit_message}", file=sys.stderr, flush=True)
-        return self.node.exit_code if self.node.exit_code is not None else 1
+        return self.exit_code if self.exit_code is not None else 1
 
     async def shutdown(self) -> None:
         await self.node.stop_workers()
@@ -345,7 +343,7 @@ class Daemon:
 
     def fail_start(self, message: str) -> None:
         self.exit_message = message
-        self.node.exit_code = 2
+        self.exit_code = 2
         self.done.set()
 
     async def finish(self, state: str, reason: str, code: int | None = None, message: str = "") -> None:
@@ -353,8 +351,7 @@ class Daemon:
             return
         self.exit_message = self.exit_message or message
         await self.node.end(state, reason)
-        if code is not None:
-            self.node.exit_code = code
+        self.exit_code = code if code is not None else 0 if state in (JobState.succeeded, JobState.stopped) else 1
         if not self.exit_message:
             self.exit_message = f"job '{self.cfg.job_id}' {state}: {reason}"
         if self.coordinator is not None:
@@ -369,20 +366,17 @@ class Daemon:
     # ---- the roles' seam: failover (--rdzv-backend etcd) changes them only through these -----------------
     def seat_coordinator(self, coordinator: Coordinator, mesh: CoordinatorMesh, now: float) -> None:
         """Elected: `coordinator` serves on `mesh`, our member follows nobody else and, once joined, stays."""
-        self.coordinator, self.coord_mesh, self.member.is_coordinator = coordinator, mesh, True
+        self.coordinator, self.coord_mesh = coordinator, mesh
         if self.member_mesh is not None:
             self.member_mesh.close()
             self.member_mesh = None
         self.services.host_job_store(coordinator, self.spawn)  # in-place resizes need it on our node now
-        if self.member.registered:
-            self.member.last_coord = now
-        elif self.member.first_register:
-            self.member.register()
+        self.member.coordinator_here(now)
 
     def unseat_coordinator(self) -> None:
         """Deposed: our member registers again, with whoever leads now."""
-        self.coordinator, self.coord_mesh, self.member.is_coordinator = None, None, False
-        self.member.registered = False
+        self.coordinator, self.coord_mesh = None, None
+        self.member.coordinator_elsewhere()
 
     def drop_stale_coordinator(self) -> None:
         """Still elected, but our coordinator's state is not etcd's: nothing reaches it until it is rebuilt."""
@@ -397,13 +391,7 @@ class Daemon:
 
     def rejoin(self, now: float) -> None:
         """Our member registers again, with whoever it follows now (the same instance: a takeover costs no round)."""
-        m = self.member
-        m.registered, m.last_coord = False, now
-        if m.first_register:
-            m.first_register = now  # --connect-timeout counts from here
-            m.register()
-        else:
-            self.to_coord(MeshOp.announce, {})  # still warming up: the first round waits for us
+        self.member.follow_new_coordinator(now)
 
 
 def log_failure(task: asyncio.Task[Any]) -> None:

@@ -73,9 +73,8 @@ class Leave:
         if m.leaving or not failover.may_drain_own_node():
             m.depart(f"{reason}; handing the coordinator role over")  # `leave` to ourselves: left now, then exit
             return
-        m.leaving = True
+        m.hand_over(reason)
         failover.drain_own_node(reason)
-        self.d.spawn(m.depart_after_grace(reason))
 
     async def end_after_grace(self, why: str) -> None:
         grace_s = self.d.cfg.grace_s

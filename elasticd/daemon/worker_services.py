@@ -44,10 +44,10 @@ class WorkerServices:
         if self.cfg.zygote:
             self.zygote = Zygote(self.cfg.python or sys.executable, self.cfg.preload, base_env(self.cfg))
             await self.zygote.start()
-            self.node.spawner = Spawner(self.cfg.python, self.zygote)
+        round_store = None
         if keys is not None and self.tunnel is not None:  # a Python spawner even with --no-python
-            self.node.round_store = RoundStore(self.cfg, self.ctx, keys, self.tunnel,
-                                               Spawner(self.cfg.python, self.zygote))
+            round_store = RoundStore(self.cfg, self.ctx, keys, self.tunnel, Spawner(self.cfg.python, self.zygote))
+        self.node.equip(Spawner(self.cfg.python, self.zygote, no_python=self.cfg.no_python), round_store)
 
     async def warm(self) -> None:
         """Until the zygote has imported what workers preload, or ZYGOTE_WARMUP_S passed."""

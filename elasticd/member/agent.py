@@ -25,7 +25,7 @@ from elasticd.member.store.round_store import RoundStore, StoreError
 from elasticd.member.worker_output import WorkerOutput
 from elasticd.wire.assignment import RoundAssignment
 from elasticd.wire.diagnosis import Failure
-from elasticd.wire.names import EventKind, JobState, MeshOp, NodeState
+from elasticd.wire.names import EventKind, MeshOp, NodeState
 
 log = logging.getLogger("elasticd")
 COLLECTIVE_HANG_WAIT_S = 2.0  # a rank hung in a collective waits this long for the stuck rank's node to report
@@ -53,12 +53,10 @@ class NodeAgent:
         self.round_id = 0
         self.assignment = RoundAssignment(None)  # the newest round this node is in
         self.group: WorkerGroup | None = None
-        self.exit_code: int | None = None  # set when the daemon should exit
         self._round_lock = asyncio.Lock()
         self.endpoints: dict[str, str] = {}
         self.rank_reports = RankReports()  # filled by the worker channel (shim reports)
         self.drained_ranks: set[int] = set()
-        self.steps_dirty = False  # a shim step arrived since the last `st` telemetry message
         self.drained_reported = False
         self.latest_round = 0  # the newest round assigned, even while an older one is still being applied
         self._exit_watch: asyncio.TimerHandle | None = None  # armed when a worker finished before its peers
@@ -66,13 +64,33 @@ class NodeAgent:
         self._go: dict[int, asyncio.Event] = {}  # round -> set when the coordinator says its workers may start
         self.reports: dict[str, dict[str, Any]] = {}  # this round's `round_progress` (stopped, spawned), to resend
         self.output_pattern = compile_pattern(cfg.metrics_from_output) if cfg.metrics_from_output else None
-        self.output_step: Callable[[int, dict[str, Any]], None] = lambda _rank, _fields: None  # the daemon wires it
         self.gpu = GpuSampler(cfg.heartbeat_s)  # NVML read once per heartbeat for all workers
         self.beats = BeatDiff()  # what the coordinator already holds: heartbeats carry only the rest
         self.ports = PortPool()
         self.in_place = InPlace(self)  # in-place rounds: shim workers kept through membership changes
         self.groups: deque[WorkerGroup] = deque(maxlen=ROUNDS_KEPT)  # the newest rounds' workers, for `logs`
         self.output = WorkerOutput(cfg, lambda: self.groups)  # `logs` and `stacks`, answered here
+
+    def pre_started(self, group: WorkerGroup) -> None:
+        """Workers started before the round that adds this node (they wait for their generation): ours till then."""
+        self.group = group
+
+    def welcomed(self, role: str) -> None:
+        """The coordinator took this node in, in `role` (active, or standby while the job is at its size)."""
+        self.state = role
+
+    async def forget_rounds(self) -> None:
+        """The coordinator no longer knows this node: its workers stop, and its next round is new to it."""
+        await self.stop_workers()
+        self.round_id = 0
+
+    def equip(self, spawner: Spawner, round_store: RoundStore | None) -> None:
+        """The daemon's worker services are up: workers fork from its zygote, rounds' stores go through its tunnel."""
+        self.spawner, self.round_store = spawner, round_store
+
+    def bound(self, endpoints: dict[str, str], worker_env: dict[str, str]) -> None:
+        """The daemon's sockets are bound: what `register` advertises, and what every worker's environment adds."""
+        self.endpoints, self.worker_env = endpoints, worker_env
 
     def register_body(self) -> dict[str, Any]:
         self.beats.reset()  # a new record at the coordinator: the next heartbeat carries everything again
@@ -223,8 +241,14 @@ class NodeAgent:
         """--metrics-from-output: a line that states a step or a loss is that rank's report."""
         assert self.output_pattern is not None
         fields = parse_line(self.output_pattern, text)
-        if fields is not None:
-            self.output_step(worker.rank, fields)
+        now = time.time()
+        if fields is not None and self.rank_reports.reads_output(worker.rank, self.round_id, now):  # shim's win
+            self.step_reported(worker.rank, {"step": self.rank_reports.last_step(worker.rank), **fields}, now)
+
+    def step_reported(self, rank: int, body: dict[str, Any], now: float) -> None:
+        """A rank's step (a shim `step`, or fields read from its output); its first in a round is the round's too."""
+        if self.rank_reports.step(rank, body, now):
+            self.to_coord(MeshOp.first_step, {"round": self.round_id, "at": now, "step": body.get("step")})
 
     def on_worker_exit(self, worker: Worker) -> None:
         self.in_place.gone(worker.proc.pid)
@@ -311,7 +335,6 @@ class NodeAgent:
     async def end(self, state: str, reason: str) -> None:
         self.state, self.reason = NodeState.ending, reason
         await self.stop_workers()
-        self.exit_code = 0 if state in (JobState.succeeded, JobState.stopped) else 1
 
 
 def event_body(kind: EventKind, **fields: Any) -> dict[str, Any]:

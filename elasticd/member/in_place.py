@@ -44,6 +44,7 @@ class Agent(Protocol):
     def report_failure(self, worker: Worker | None, reason: str, hang: bool = False) -> None: ...
     def to_coord(self, op: MeshOp, body: dict[str, Any]) -> None: ...
     def on_worker_exit(self, worker: Worker) -> None: ...
+    def pre_started(self, group: WorkerGroup) -> None: ...
 
 
 class InPlace:
@@ -78,8 +79,8 @@ class InPlace:
         nproc = self.node.cfg.nproc_per_node
         placeholder = RoundAssignment(0, ranks=list(range(nproc)), world_size=nproc, group_rank=0, group_world_size=1)
         env = {**self.node.worker_env, PRESTART_ENV: "1"}
-        self.node.group = group = WorkerGroup(self.node.cfg, 0, placeholder, env, self.node.on_worker_exit,
-                                              self.node.spawner)
+        group = WorkerGroup(self.node.cfg, 0, placeholder, env, self.node.on_worker_exit, self.node.spawner)
+        self.node.pre_started(group)
         try:
             await group.spawn()
         except OSError as exc:

@@ -63,7 +63,7 @@ class Member:
         self.on_forwarded_reply = on_forwarded_reply
         self.connect_timeout_s = connect_timeout_s
         self.is_coordinator = is_coordinator  # this daemon also holds the coordinator role
-        self.await_election = False  # --rdzv-backend etcd: a silent coordinator is replaced, not the end of the job
+        self.await_election = bool(cfg.etcd_endpoints)  # etcd: a silent coordinator is replaced, not the job's end
         self.link = link  # its silence is judged only once its frames are read, and slow is not gone (link_up)
         self.registered = False
         self.joined = False  # welcomed once: --connect-timeout is for a daemon that never joined
@@ -126,7 +126,7 @@ class Member:
         if welcome.ok:
             self.registered, self.joined, self.duplicate_since = True, True, 0.0
             self.events_pub = welcome.events_pub
-            self.node.state = welcome.role
+            self.node.welcomed(welcome.role)
             self.link.route(welcome.via)  # in a large job: through a relay from now on
             if welcome.prewarm:
                 self.life.spawn(self.node.in_place.prestart())
@@ -152,8 +152,7 @@ class Member:
         self.life.spawn(self.rejoin())
 
     async def rejoin(self) -> None:
-        await self.node.stop_workers()
-        self.node.round_id = 0
+        await self.node.forget_rounds()
         if not self.leaving:
             self.register()
 
@@ -180,6 +179,32 @@ class Member:
                  self.cfg.node_id, reason, self.cfg.grace_s)
         self.to_coord(MeshOp.leave, {"reason": reason, "graceful": True})
         self.life.spawn(self.depart_after_grace(reason))
+
+    def hand_over(self, reason: str) -> None:
+        """Our own coordinator's node drains like a member's (failover hands the role over), bounded by the grace."""
+        self.leaving = True
+        self.life.spawn(self.depart_after_grace(reason))
+
+    def coordinator_here(self, now: float) -> None:
+        """This daemon holds the coordinator now: our member registers with it, or, already joined, stays."""
+        self.is_coordinator = True
+        if self.registered:
+            self.last_coord = now
+        elif self.first_register:
+            self.register()
+
+    def coordinator_elsewhere(self) -> None:
+        """Deposed: our member registers again, with whoever leads now."""
+        self.is_coordinator = self.registered = False
+
+    def follow_new_coordinator(self, now: float) -> None:
+        """Register again with whoever we follow now (the same instance: a takeover costs no round)."""
+        self.registered, self.last_coord = False, now
+        if self.first_register:
+            self.first_register = now  # --connect-timeout counts from here
+            self.register()
+        else:
+            self.to_coord(MeshOp.announce, {})  # still warming up: the first round waits for us
 
     async def depart_after_grace(self, reason: str) -> None:
         await asyncio.sleep(self.cfg.grace_s)

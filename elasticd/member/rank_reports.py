@@ -20,6 +20,12 @@ class RankReports:
 
     def __init__(self) -> None:
         self._by_rank: dict[int, Report] = {}
+        self._moved = False  # a step arrived since the last `st` telemetry message took them
+
+    def take_moved(self) -> bool:
+        """Whether a rank stepped since the last call: the `st` telemetry publishes only then."""
+        moved, self._moved = self._moved, False
+        return moved
 
     # -- what the worker channel writes -----------------------------------------------------------------
     def clear(self) -> None:
@@ -49,6 +55,7 @@ class RankReports:
         """A step report (a `step` frame's body, or fields read from output); True for the rank's first."""
         report = self._by_rank[rank]
         first = "step" not in report
+        self._moved = True
         elapsed = now - report["last_step_at"]
         step = int(body["step"])
         samples = int(body.get("samples") or 0)

@@ -15,7 +15,7 @@ import zmq.asyncio
 
 from elasticd.job.config import JobConfig, StartError
 from elasticd.job.runtime import worker_socket
-from elasticd.wire.names import EventKind, MeshOp, NodeState, WorkerOp
+from elasticd.wire.names import EventKind, NodeState, WorkerOp
 from elasticd.wire.protocol import Envelope, decode, encode, new_id
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class WorkerChannel:
             WorkerOp.resize_failed: node.in_place.on_failed}
         # From a rank of the node's round.
         self.in_round: dict[str, ReportHandler] = {
-            WorkerOp.step: self.on_step, WorkerOp.checkpoint: self.on_checkpoint,
+            WorkerOp.step: self.node.step_reported, WorkerOp.checkpoint: self.on_checkpoint,
             WorkerOp.checkpoint_skipped: self.on_checkpoint_skipped, WorkerOp.drained: self.on_drained,
             WorkerOp.ack: self.on_ack}
 
@@ -125,18 +125,6 @@ class WorkerChannel:
 
     def on_ack(self, rank: int, body: dict[str, Any], _now: float) -> None:
         self.node.rank_reports.ack(rank, body.get("request_id"))
-
-    def on_output_step(self, rank: int, fields: dict[str, Any]) -> None:
-        """A plain worker's output line stated its step or loss (--metrics-from-output); the shim's reports win."""
-        now, reports = time.time(), self.node.rank_reports
-        if reports.reads_output(rank, self.node.round_id, now):
-            self.on_step(rank, {"step": reports.last_step(rank), **fields}, now)
-
-    def on_step(self, rank: int, body: dict[str, Any], now: float) -> None:
-        first = self.node.rank_reports.step(rank, body, now)
-        self.node.steps_dirty = True
-        if first:
-            self.node.to_coord(MeshOp.first_step, {"round": self.node.round_id, "at": now, "step": body.get("step")})
 
     def request(self, op: WorkerOp, body: dict[str, Any]) -> int:
         """Send checkpoint/drain to this round's shim workers; returns how many were asked."""
