@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from elasticd.job.config import JobConfig
 from elasticd.job.events import EventLog
-from elasticd.wire.names import After, Cause, EventKind, JobState, MeshOp, NodeStatus, Role, StepRequest, TransitionKind
+from elasticd.wire.names import After, Cause, EventKind, JobState, NodeStatus, Role, StepRequest, TransitionKind
 
 
 class NodeView(Protocol):
@@ -106,8 +106,6 @@ class StragglerView(Protocol):
 class JobPort(Protocol):
     """The job as a verb sees it: the coordinator's state to read, and the few calls that steer it."""
 
-    target: int  # the node count the job aims at; `scale` and `drain` set it
-
     @property
     def cfg(self) -> JobConfig: ...
     @property
@@ -133,7 +131,7 @@ class JobPort(Protocol):
     @property
     def clock(self) -> Callable[[], float]: ...
     @property
-    def send(self) -> Callable[[str, MeshOp, dict[str, Any]], None]: ...
+    def target(self) -> int: ...  # the node count the job aims at
 
     def alive(self) -> Sequence[NodeView]: ...
     def rank_map(self, order: list[str]) -> tuple[dict[str, list[int]], int]: ...
@@ -142,6 +140,8 @@ class JobPort(Protocol):
     def begin_transition(self, kind: TransitionKind, leaving: list[str], final_role: Role, then: After,
                          detail: str, cause: Cause = Cause.membership) -> str: ...
     def ask_step(self, op_id: str, request: StepRequest) -> None: ...
+    def aim_at(self, nodes: int) -> None: ...
+    def kill_worker(self, node_id: str, rank: int) -> None: ...
     def status(self, now: float, offset: int = 0, limit: int | None = None) -> dict[str, Any]: ...
 
 

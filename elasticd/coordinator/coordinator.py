@@ -28,7 +28,7 @@ from elasticd.coordinator.tally import ACTIVE, NodeTally
 from elasticd.coordinator.transitions import Transition, Transitions
 from elasticd.job.config import JobConfig
 from elasticd.job.events import EventLog, emit_log
-from elasticd.wire.assignment import RoundAssignment
+from elasticd.wire.assignment import KillWorker, RoundAssignment
 from elasticd.wire.member_reports import TO_COORDINATOR, Leave, RoundReport
 from elasticd.wire.names import (
     ENDED,
@@ -199,6 +199,14 @@ class Coordinator:
 
     def ask_step(self, op_id: str, request: StepRequest) -> None:
         self.transitions.ask_step(op_id, request)
+
+    def aim_at(self, nodes: int) -> None:
+        """The node count the job aims at from now on (`scale`, `drain`): standbys fill up to it, no more."""
+        self.target = nodes
+
+    def kill_worker(self, node_id: str, rank: int) -> None:
+        """A failure drill: that node SIGKILLs the rank's worker, and the job recovers as from any crash."""
+        self.send(node_id, MeshOp.kill_worker, KillWorker(rank).encode())
 
     def heartbeat(self, node_id: str, body: dict[str, Any], now: float) -> bool:
         return self.registration.heartbeat(node_id, body, now)

@@ -18,7 +18,7 @@ def plan(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
 
 def apply(c: JobPort, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
     node = args["node"]
-    c.target = max(1, len(steering.require_running(c).node_ids()) - 1)
+    c.aim_at(max(1, len(steering.require_running(c).node_ids()) - 1))
     return steering.begin(c, TransitionKind.drain, [node], Role.standby, After.round, f"drain of {node}")
 
 

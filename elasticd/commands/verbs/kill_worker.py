@@ -5,7 +5,7 @@ from typing import Any
 from elasticd.commands import steering
 from elasticd.commands.port import JobPort
 from elasticd.commands.verb import Arg, Command, ConsoleAction, forced
-from elasticd.wire.names import Cause, MeshOp
+from elasticd.wire.names import Cause
 from elasticd.wire.protocol import ErrorCode, arg
 
 
@@ -24,7 +24,7 @@ def plan(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def apply(c: JobPort, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
-    c.send(args["node"], MeshOp.kill_worker, {"rank": args["rank"]})
+    c.kill_worker(args["node"], args["rank"])
     return {"ok": True, "accepted": True}
 
 

@@ -35,7 +35,7 @@ def leaving(c: JobPort, target: int) -> list[str]:
 
 def apply(c: JobPort, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
     target, members = args["nodes"], steering.require_running(c).node_ids()
-    c.target = target
+    c.aim_at(target)
     if target < len(members):
         return steering.begin(c, TransitionKind.scale, leaving(c, target), Role.standby, After.round,
                               f"scale to {target}")
