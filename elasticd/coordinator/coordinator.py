@@ -91,7 +91,7 @@ class Coordinator:
         self.resizer = Resizer(cfg.job_id, self.emit)  # in-place rounds (elasticd/coordinator/resize.py)
         self.routes = RelayRoutes(self)
         self.tracker = RoundTracker(self)
-        self.liveness = Liveness(self, connected, self.routes.relay_silent)
+        self.liveness = Liveness(self, connected, self.routes.relay_silent, lambda n: self.probe.awaits(n))
         self.probe = FailureProbe(self, self.liveness.lose_closed)
         self.transitions = Transitions(self)
         self.registration = Registration(self, self.routes, self.tracker.resend_missed)
@@ -224,10 +224,8 @@ class Coordinator:
         self.send(node_id, MeshOp.left, {"reason": reason})
 
     def connection_lost(self, node_id: str, now: float) -> None:
-        """The mesh saw this member's connection close (liveness.py); it is lost at once when a peer's failure
-        awaits its `pong` (that round is failing anyway, and a closed connection never answers)."""
-        if self.liveness.connection_lost(node_id, now) and self.probe.awaits(node_id):
-            self.liveness.lose_if_closed(node_id, now)
+        """The mesh saw this member's connection close: liveness.py judges whether, and when, it is lost."""
+        self.liveness.connection_lost(node_id, now)
 
     def remove(self, node_id: str, status: NodeStatus, detail: str, now: float, reform: bool = True) -> None:
         """The node is gone; `reform` starts a round without it (a caller that starts one itself says False)."""

@@ -31,8 +31,9 @@ class Liveness:
     their silence past the heartbeat limit; a silence that is our own loop's or a late relay's is not theirs."""
 
     def __init__(self, core: LivenessCore, connected: Callable[[str], bool],
-                 relay_silent: Callable[[NodeRecord, float], bool]) -> None:
+                 relay_silent: Callable[[NodeRecord, float], bool], awaited: Callable[[str], bool]) -> None:
         self.core = core
+        self.awaited = awaited  # a peer's failure awaits this node's `pong` (probes.py): no grace for it
         # Whether a node's daemon has a live mesh connection now (the mesh asks its ROUTER); with no mesh to
         # ask, a connection reported closed stays closed.
         self.connected = connected
@@ -80,14 +81,16 @@ class Liveness:
         # last_seen only moves forward, and a node added later is seen later: none is due before this
         self.liveness_due = oldest + cfg.lost_after_s
 
-    def connection_lost(self, node_id: str, now: float) -> bool:
+    def connection_lost(self, node_id: str, now: float) -> None:
         """The mesh saw this member's connection close: its daemon died, or its link reset. Lost once the reconnect
-        grace passes without it back. Returns whether it is a member whose connection is now held closed."""
+        grace passes without it back, or at once when a peer's failure awaits its `pong` (that round is failing
+        anyway, and a closed connection never answers)."""
         node = self.core.nodes.get(node_id)
         if node is None or node.status != NodeStatus.alive or node_id == self.core.cfg.node_id:
-            return False
+            return
         self.closed.setdefault(node_id, now)
-        return True
+        if self.awaited(node_id):
+            self.lose_if_closed(node_id, now)
 
     def forget(self, node_id: str) -> None:
         """The member is gone (or removed otherwise): its closed connection is no longer watched."""
