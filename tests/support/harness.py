@@ -130,8 +130,8 @@ class Job:
                 "--rdzv-endpoint", f"{self.rdzv_host}:{self.port}", "--rdzv-id", self.job_id, "--node-id", node,
                 "--max-restarts", str(self.max_restarts), "--log-dir", str(self.tmp / "logs"),
                 "--grace-period", "3", *self.extra, *(extra or [])]
-        if script == TICKER and "--no-zygote" not in args and not any(a.startswith("--preload") for a in args):
-            args += ["--preload", "json"]  # the fork path without a torch import per daemon: tests stay fast
+        if script in TORCH_FREE and "--no-zygote" not in args and not any(a.startswith("--preload") for a in args):
+            args += ["--preload", "json"]  # the fork path without a torch import per daemon (~3 s of CPU each)
         args += [str(script), *script_args]
         daemon = DaemonProc(args, self.tmp, self.env, prefix)
         self.daemons[node] = daemon
@@ -207,6 +207,7 @@ def _alive(pid: int) -> bool:
 
 TICKER = WORKERS / "ticker.py"
 SHIM_TICKER = WORKERS / "shim_ticker.py"
+TORCH_FREE = (TICKER, SHIM_TICKER, WORKERS / "print_env.py", WORKERS / "loud.py")  # their zygote preloads no torch
 
 
 def job_processes(job_id: str) -> list[int]:
