@@ -45,22 +45,43 @@ class Record:
 
     def encode(self) -> dict[str, Any]:
         """The body as sent: every field, records within it as objects, enums as their values."""
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        if _is_plain(type(self)):  # JSON types only (a round's 2,048 copies): the fields as they are
+            return dict(vars(self))
+        return {name: _plain(value) for name, value in vars(self).items()}
 
 
 def bad(where: str, why: str) -> ProtocolError:
     return ProtocolError(ErrorCode.BAD_MESSAGE, f"{where}: {why}")
 
 
+_AS_IS = frozenset({str, int, float, bool, type(None)})
+_PLAIN: dict[type, bool] = {}
+
+
+def _is_plain(cls: type[Record]) -> bool:
+    """Whether every field is a JSON type (str, numbers, bool, null, lists and dicts of them): encoded as it is."""
+    if cls not in _PLAIN:
+        def plain(hint: Any) -> bool:
+            args = typing.get_args(hint)
+            if hint in _AS_IS or hint is Any:
+                return True
+            return typing.get_origin(hint) in (list, dict, types.UnionType, typing.Union) and all(map(plain, args))
+        _PLAIN[cls] = all(plain(hint) for hint in typing.get_type_hints(cls).values())
+    return _PLAIN[cls]
+
+
 def _plain(value: Any) -> Any:
+    kind = type(value)
+    if kind in _AS_IS or isinstance(value, str):  # a StrEnum is its string on the wire
+        return value
+    if kind is list or kind is tuple:
+        return [v if type(v) in _AS_IS else _plain(v) for v in value]
+    if kind is dict:
+        return {k: v if type(v) in _AS_IS else _plain(v) for k, v in value.items()}
     if isinstance(value, Record):
         return value.encode()
     if isinstance(value, enum.Enum):
         return value.value
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
     return value
 
 
