@@ -26,6 +26,7 @@ from elasticd.member.worker_output import WorkerOutput
 from elasticd.wire.assignment import RoundAssignment
 from elasticd.wire.diagnosis import Failure
 from elasticd.wire.names import EventKind, MeshOp, NodeState
+from elasticd.wire.worker_reports import RankStep
 
 log = logging.getLogger("elasticd")
 COLLECTIVE_HANG_WAIT_S = 2.0  # a rank hung in a collective waits this long for the stuck rank's node to report
@@ -243,12 +244,13 @@ class NodeAgent:
         fields = parse_line(self.output_pattern, text)
         now = time.time()
         if fields is not None and self.rank_reports.reads_output(worker.rank, self.round_id, now):  # shim's win
-            self.step_reported(worker.rank, {"step": self.rank_reports.last_step(worker.rank), **fields}, now)
+            step = fields.get("step", self.rank_reports.last_step(worker.rank))
+            self.step_reported(RankStep(worker.rank, step, loss=fields.get("loss")), now)
 
-    def step_reported(self, rank: int, body: dict[str, Any], now: float) -> None:
-        """A rank's step (a shim `step`, or fields read from its output); its first in a round is the round's too."""
-        if self.rank_reports.step(rank, body, now):
-            self.to_coord(MeshOp.first_step, {"round": self.round_id, "at": now, "step": body.get("step")})
+    def step_reported(self, step: RankStep, now: float) -> None:
+        """A rank's step (a shim `step`, or read from its output); its first in a round is the round's too."""
+        if self.rank_reports.step(step, now):
+            self.to_coord(MeshOp.first_step, {"round": self.round_id, "at": now, "step": step.step})
 
     def on_worker_exit(self, worker: Worker) -> None:
         self.in_place.gone(worker.proc.pid)

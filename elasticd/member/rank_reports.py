@@ -6,6 +6,7 @@ import statistics
 from typing import Any
 
 from elasticd.wire.names import OUTPUT
+from elasticd.wire.worker_reports import RankStep
 
 Report = dict[str, Any]  # one rank's: `rank`, `round`, then what it said (docs/worker-channel.md); JSON as is
 SAVE_FIELDS = ("step", "path", "bytes", "duration_s")  # of a `checkpoint` report, kept as the rank's last save
@@ -51,19 +52,17 @@ class RankReports:
     def last_step(self, rank: int) -> Any:
         return self._by_rank[rank].get("step", 0)
 
-    def step(self, rank: int, body: dict[str, Any], now: float) -> bool:
-        """A step report (a `step` frame's body, or fields read from output); True for the rank's first."""
-        report = self._by_rank[rank]
+    def step(self, reported: RankStep, now: float) -> bool:
+        """A rank's step (its shim's report, or what its output said); True for the rank's first."""
+        report = self._by_rank[reported.rank]
         first = "step" not in report
         self._moved = True
         elapsed = now - report["last_step_at"]
-        step = int(body["step"])
-        samples = int(body.get("samples") or 0)
-        report.update(step=step, loss=body.get("loss"), samples=samples, tokens=body.get("tokens"),
-                      step_time=body.get("step_time"), dropped=body.get("dropped", 0),
-                      extra=body.get("metrics", {}), last_step_at=now)
-        if elapsed > 0 and samples:
-            report["throughput"] = round(samples / elapsed, 2)
+        report.update(step=reported.step, loss=reported.loss, samples=reported.samples, tokens=reported.tokens,
+                      step_time=reported.step_time, dropped=reported.dropped, extra=reported.metrics,
+                      last_step_at=now)
+        if elapsed > 0 and reported.samples:
+            report["throughput"] = round(reported.samples / elapsed, 2)
         return first
 
     def checkpoint(self, rank: int, body: dict[str, Any], now: float) -> None:

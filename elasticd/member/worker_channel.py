@@ -17,6 +17,7 @@ from elasticd.job.config import JobConfig, StartError
 from elasticd.job.runtime import worker_socket
 from elasticd.wire.names import EventKind, NodeState, WorkerOp
 from elasticd.wire.protocol import Envelope, decode, encode, new_id
+from elasticd.wire.worker_reports import RankStep
 
 if TYPE_CHECKING:
     from elasticd.member.agent import NodeAgent
@@ -49,7 +50,8 @@ class WorkerChannel:
             WorkerOp.resize_failed: node.in_place.on_failed}
         # From a rank of the node's round.
         self.in_round: dict[str, ReportHandler] = {
-            WorkerOp.step: self.node.step_reported, WorkerOp.checkpoint: self.on_checkpoint,
+            WorkerOp.step: lambda _rank, body, now: self.node.step_reported(RankStep.decode(body, WorkerOp.step), now),
+            WorkerOp.checkpoint: self.on_checkpoint,
             WorkerOp.checkpoint_skipped: self.on_checkpoint_skipped, WorkerOp.drained: self.on_drained,
             WorkerOp.ack: self.on_ack}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -15,6 +16,7 @@ import zmq
 import trainer_shim
 import trainer_shim.session as session_module
 from elasticd.wire.protocol import Envelope, decode, encode
+from elasticd.wire.worker_reports import RankStep
 from trainer_shim import NullSession, Session
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
@@ -84,6 +86,9 @@ def test_hello_step_checkpoint_frames(addr: str, router: zmq.Socket) -> None:
         assert body["rank"] == 3 and body["step"] == 7 and body["loss"] is None and body["samples"] == 32
         assert body["tokens"] == 640 and body["metrics"] == {"lr": 0.1, 'odd "name"': None} and body["dropped"] == 0
         assert body["step_time"] >= 0
+        # The frame the shim writes by hand is the daemon's RankStep, field for field: one definition, both ends.
+        read = RankStep.decode(body, "step")
+        assert set(body) == {f.name for f in dataclasses.fields(RankStep)} and read.encode() == body
         _, ck = recv(router)
         assert ck.op == "checkpoint" and ck.body == {"rank": 3, "step": 7, "path": "/ck/ckpt-00000007.pt",
                                                      "bytes": 1234, "duration_s": 0.5, "request_id": "rq"}

@@ -12,6 +12,7 @@ from elasticd.wire.assignment import TO_MEMBER
 from elasticd.wire.member_reports import TO_COORDINATOR
 from elasticd.wire.names import EventKind, MeshOp, WorkerOp
 from elasticd.wire.protocol import ErrorCode
+from elasticd.wire.worker_reports import RankStep
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 
@@ -45,3 +46,8 @@ def test_every_field_of_a_typed_mesh_op_is_in_its_row(section: str, records: dic
     missing = [(op, f.name) for op, record in records.items() for f in dataclasses.fields(record)
                if f"`{f.name}`" not in rows[op]]
     assert missing == []
+
+
+def test_every_field_of_a_ranks_step_is_in_the_worker_channels_step_row() -> None:
+    row = next(line for line in (DOCS / "worker-channel.md").read_text().splitlines() if line.startswith("| `step` |"))
+    assert [f.name for f in dataclasses.fields(RankStep) if f"`{f.name}`" not in row] == []

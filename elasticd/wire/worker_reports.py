@@ -1,0 +1,22 @@
+"""What a worker tells its daemon on the worker channel (docs/worker-channel.md), for the ops typed so far."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from elasticd.wire.record import Record
+
+
+@dataclass(frozen=True)
+class RankStep(Record):
+    """A rank's step: trainer_shim's `step` frame (session.py writes it by hand, for speed: tests check the two
+    agree), or the step and loss the daemon reads from a plain script's output (--metrics-from-output)."""
+
+    rank: int
+    step: int
+    loss: float | None = None  # null: none reported, or not finite
+    samples: int = 0
+    tokens: int | None = None
+    step_time: float | None = None  # seconds per step since the last report
+    metrics: dict[str, float | None] = field(default_factory=dict)  # the script's own, and the shim's
+    dropped: int = 0  # reports the shim dropped so far (the daemon did not read them in time)
