@@ -6,7 +6,7 @@ import statistics
 from typing import Any
 
 from elasticd.wire.names import OUTPUT
-from elasticd.wire.worker_reports import RankStep
+from elasticd.wire.worker_reports import RankStep, Saved
 
 Report = dict[str, Any]  # one rank's: `rank`, `round`, then what it said (docs/worker-channel.md); JSON as is
 SAVE_FIELDS = ("step", "path", "bytes", "duration_s")  # of a `checkpoint` report, kept as the rank's last save
@@ -65,8 +65,8 @@ class RankReports:
             report["throughput"] = round(reported.samples / elapsed, 2)
         return first
 
-    def checkpoint(self, rank: int, body: dict[str, Any], now: float) -> None:
-        self._by_rank[rank]["last_checkpoint"] = {**{k: body.get(k) for k in SAVE_FIELDS}, "at": now}
+    def checkpoint(self, saved: Saved, now: float) -> None:
+        self._by_rank[saved.rank]["last_checkpoint"] = {**{k: getattr(saved, k) for k in SAVE_FIELDS}, "at": now}
 
     def drained(self, rank: int, step: Any) -> None:
         self._by_rank[rank]["drained_step"] = step

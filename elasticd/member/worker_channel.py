@@ -17,7 +17,7 @@ from elasticd.job.config import JobConfig, StartError
 from elasticd.job.runtime import worker_socket
 from elasticd.wire.names import EventKind, NodeState, WorkerOp
 from elasticd.wire.protocol import Envelope, decode, encode, new_id
-from elasticd.wire.worker_reports import RankStep
+from elasticd.wire.worker_reports import IN_ROUND, Acked, Drained, Saved, SaveSkipped
 
 if TYPE_CHECKING:
     from elasticd.member.agent import NodeAgent
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("elasticd")
 
 
-ReportHandler = Callable[[int, dict[str, Any], float], None]  # (rank, body, now)
+ReportHandler = Callable[[Any, float], None]  # (the op's record, wire/worker_reports.py IN_ROUND; now)
 WELCOMES_ENV = "ELASTICD_WELCOMES"  # tells the shim that a hello asking for a `welcome` gets one
 
 
@@ -50,8 +50,7 @@ class WorkerChannel:
             WorkerOp.resize_failed: node.in_place.on_failed}
         # From a rank of the node's round.
         self.in_round: dict[str, ReportHandler] = {
-            WorkerOp.step: lambda _rank, body, now: self.node.step_reported(RankStep.decode(body, WorkerOp.step), now),
-            WorkerOp.checkpoint: self.on_checkpoint,
+            WorkerOp.step: self.node.step_reported, WorkerOp.checkpoint: self.on_checkpoint,
             WorkerOp.checkpoint_skipped: self.on_checkpoint_skipped, WorkerOp.drained: self.on_drained,
             WorkerOp.ack: self.on_ack}
 
@@ -89,7 +88,7 @@ class WorkerChannel:
         elif env.op in self.between_rounds:
             self.between_rounds[env.op](body)
         elif env.op in self.in_round and self.node.rank_reports.has(rank, self.node.round_id):
-            self.in_round[env.op](rank, body, now)  # else a worker of an old round still draining its queue
+            self.in_round[env.op](IN_ROUND[env.op].decode(body, env.op), now)  # else an old round's worker
 
     def on_hello(self, ident: bytes, rank: int, body: dict[str, Any], now: float) -> None:
         round_id = int(body.get("round", self.node.round_id))
@@ -112,21 +111,21 @@ class WorkerChannel:
             self.send_to(ident, WorkerOp.drain, drain)
         self.send_to(ident, WorkerOp.welcome, {"hold": drain is not None and drain.get("at_step") is None})
 
-    def on_checkpoint(self, rank: int, body: dict[str, Any], now: float) -> None:
-        self.node.rank_reports.checkpoint(rank, body, now)
-        self.node.event(EventKind.checkpoint_saved, rank=rank, step=body.get("step"), path=body.get("path"),
-                        bytes=body.get("bytes"), duration_s=body.get("duration_s"), request_id=body.get("request_id"))
+    def on_checkpoint(self, saved: Saved, now: float) -> None:
+        self.node.rank_reports.checkpoint(saved, now)
+        self.node.event(EventKind.checkpoint_saved, rank=saved.rank, step=saved.step, path=saved.path,
+                        bytes=saved.bytes, duration_s=saved.duration_s, request_id=saved.request_id)
 
-    def on_checkpoint_skipped(self, rank: int, body: dict[str, Any], _now: float) -> None:
-        self.node.event(EventKind.checkpoint_skipped, rank=rank, path=body.get("path"), reason=body.get("reason"))
+    def on_checkpoint_skipped(self, skipped: SaveSkipped, _now: float) -> None:
+        self.node.event(EventKind.checkpoint_skipped, rank=skipped.rank, path=skipped.path, reason=skipped.reason)
 
-    def on_drained(self, rank: int, body: dict[str, Any], _now: float) -> None:
-        self.node.rank_reports.drained(rank, body.get("step"))
-        self.node.drained_ranks.add(rank)
+    def on_drained(self, drained: Drained, _now: float) -> None:
+        self.node.rank_reports.drained(drained.rank, drained.step)
+        self.node.drained_ranks.add(drained.rank)
         self.node.check_drained()
 
-    def on_ack(self, rank: int, body: dict[str, Any], _now: float) -> None:
-        self.node.rank_reports.ack(rank, body.get("request_id"))
+    def on_ack(self, acked: Acked, _now: float) -> None:
+        self.node.rank_reports.ack(acked.rank, acked.request_id)
 
     def request(self, op: WorkerOp, body: dict[str, Any]) -> int:
         """Send checkpoint/drain to this round's shim workers; returns how many were asked."""

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from elasticd.wire.protocol import ErrorCode, ProtocolError
 
 MAX_INT = 2**63  # decode refuses larger JSON numbers already; a record says which field held one
-Check = Callable[[Any, str], Any]
+Check = Callable[[Any, str, str], Any]  # (value, the op, the field's path in its body)
 R = TypeVar("R", bound="Record")
 
 
@@ -25,18 +25,21 @@ class Record:
 
         Fields the record does not declare are ignored: a newer peer may send more (docs/protocol.md, "Versions").
         """
-        where = what or cls.__name__
+        return cls._decode(body, what or cls.__name__, "")
+
+    @classmethod
+    def _decode(cls: type[R], body: object, op: str, path: str) -> R:
         if not isinstance(body, dict):
-            raise bad(where, f"body must be an object, got {type(body).__name__}")
+            raise bad(op, f"{f'field {path!r}' if path else 'body'} must be an object, got {_kind(body)}")
         values = {}
         for name, (check, required) in _fields(cls).items():
             if name in body:
-                values[name] = check(body[name], f"{where}.{name}")
+                values[name] = check(body[name], op, f"{path}.{name}" if path else name)
             elif required:
-                raise bad(where, f"field '{name}' is missing")
+                raise bad(op, f"field '{path + '.' if path else ''}{name}' is missing")
         record = cls(**values)
         if why := record.inconsistency():
-            raise bad(where, why)
+            raise bad(op, why)
         return record
 
     def inconsistency(self) -> str:
@@ -101,33 +104,35 @@ def _fields(cls: type[Record]) -> dict[str, tuple[Check, bool]]:
 def _check_of(hint: Any) -> Check:  # one branch per kind of type a body may declare
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is Any:
-        return lambda value, _where: value
+        return lambda value, _op, _path: value
     if origin in (types.UnionType, typing.Union):
         present = [a for a in args if a is not type(None)]
         if len(present) == 1:  # X | None: a value that is there is checked as X, and its own error said
             inner = _check_of(present[0])
-            return lambda value, where: None if value is None else inner(value, where)
+            return lambda value, op, path: None if value is None else inner(value, op, path)
         return _union([_check_of(a) for a in args], " or ".join(_name(a) for a in args))
     if origin is list:
         item = _check_of(args[0])
-        return lambda value, where: [item(v, f"{where}[{i}]") for i, v in enumerate(_typed(value, list, where))]
+        return lambda value, op, path: [item(v, op, f"{path}[{i}]")
+                                        for i, v in enumerate(_typed(value, list, op, path))]
     if origin is dict:
         item = _check_of(args[1])
-        return lambda value, where: {str(k): item(v, f"{where}.{k}") for k, v in _typed(value, dict, where).items()}
+        return lambda value, op, path: {str(k): item(v, op, f"{path}.{k}")
+                                        for k, v in _typed(value, dict, op, path).items()}
     if isinstance(hint, type) and issubclass(hint, Record):
-        return lambda value, where: hint.decode(value, where)
+        return lambda value, op, path: hint._decode(value, op, path)
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        return lambda value, where: _enum(hint, value, where)
+        return lambda value, op, path: _enum(hint, value, op, path)
     if hint is bool:
-        return lambda value, where: _typed(value, bool, where)
+        return lambda value, op, path: _typed(value, bool, op, path)
     if hint is int:
         return _int
     if hint is float:
         return _float
     if hint is str:
-        return lambda value, where: _typed(value, str, where)
+        return lambda value, op, path: _typed(value, str, op, path)
     if hint is type(None):
-        return lambda value, where: _typed(value, type(None), where)
+        return lambda value, op, path: _typed(value, type(None), op, path)
     raise TypeError(f"a record field of type {hint!r} cannot be checked")
 
 
@@ -136,42 +141,41 @@ def _name(hint: Any) -> str:
 
 
 def _union(checks: list[Check], names: str) -> Check:
-    def check(value: Any, where: str) -> Any:
+    def check(value: Any, op: str, path: str) -> Any:
         for one in checks:
             try:
-                return one(value, where)
+                return one(value, op, path)
             except ProtocolError:
                 continue
-        raise bad(where.partition(".")[0], f"field '{where.partition('.')[2]}' must be {names}, got {_kind(value)}")
+        raise bad(op, f"field '{path}' must be {names}, got {_kind(value)}")
     return check
 
 
-def _typed(value: Any, kind: type, where: str) -> Any:
+def _typed(value: Any, kind: type, op: str, path: str) -> Any:
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise bad(where.partition(".")[0], f"field '{where.partition('.')[2]}' must be {_name(kind)}, "
-                  f"got {_kind(value)}")
+        raise bad(op, f"field '{path}' must be {_name(kind)}, got {_kind(value)}")
     return value
 
 
-def _int(value: Any, where: str) -> int:
-    number = _typed(value, int, where)
+def _int(value: Any, op: str, path: str) -> int:
+    number = _typed(value, int, op, path)
     if not -MAX_INT <= number <= MAX_INT:
-        raise bad(where.partition(".")[0], f"field '{where.partition('.')[2]}' is out of range")
+        raise bad(op, f"field '{path}' is out of range")
     return int(number)
 
 
-def _float(value: Any, where: str) -> float:
+def _float(value: Any, op: str, path: str) -> float:
     if isinstance(value, int) and not isinstance(value, bool):
-        return float(_int(value, where))
-    return float(_typed(value, float, where))
+        return float(_int(value, op, path))
+    return float(_typed(value, float, op, path))
 
 
-def _enum(kind: type[enum.Enum], value: Any, where: str) -> enum.Enum:
+def _enum(kind: type[enum.Enum], value: Any, op: str, path: str) -> enum.Enum:
     try:
         return kind(value)
     except ValueError:
-        raise bad(where.partition(".")[0], f"field '{where.partition('.')[2]}' must be one of "
-                  f"{', '.join(str(m.value) for m in kind)}, got {value!r}") from None
+        raise bad(op, f"field '{path}' must be one of {', '.join(str(m.value) for m in kind)}, "
+                  f"got {value!r}") from None
 
 
 def _kind(value: Any) -> str:

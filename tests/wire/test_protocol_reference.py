@@ -12,7 +12,7 @@ from elasticd.wire.assignment import TO_MEMBER
 from elasticd.wire.member_reports import TO_COORDINATOR
 from elasticd.wire.names import EventKind, MeshOp, WorkerOp
 from elasticd.wire.protocol import ErrorCode
-from elasticd.wire.worker_reports import RankStep
+from elasticd.wire.worker_reports import IN_ROUND
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 
@@ -48,6 +48,8 @@ def test_every_field_of_a_typed_mesh_op_is_in_its_row(section: str, records: dic
     assert missing == []
 
 
-def test_every_field_of_a_ranks_step_is_in_the_worker_channels_step_row() -> None:
-    row = next(line for line in (DOCS / "worker-channel.md").read_text().splitlines() if line.startswith("| `step` |"))
-    assert [f.name for f in dataclasses.fields(RankStep) if f"`{f.name}`" not in row] == []
+def test_every_field_of_a_typed_worker_report_is_in_its_worker_channel_row() -> None:
+    lines = (DOCS / "worker-channel.md").read_text().splitlines()
+    rows = {op: next(line for line in lines if line.startswith(f"| `{op}` |")) for op in IN_ROUND}
+    assert [(op, f.name) for op, record in IN_ROUND.items() for f in dataclasses.fields(record)
+            if f"`{f.name}`" not in rows[op]] == []

@@ -12,9 +12,10 @@ import pytest
 
 from elasticd.wire.assignment import TO_MEMBER, RoundAssignment
 from elasticd.wire.member_reports import TO_COORDINATOR
-from elasticd.wire.names import MeshOp
+from elasticd.wire.names import MeshOp, WorkerOp
 from elasticd.wire.protocol import ErrorCode, ProtocolError
 from elasticd.wire.record import Record
+from elasticd.wire.worker_reports import IN_ROUND
 
 pytestmark = pytest.mark.quick
 
@@ -50,13 +51,25 @@ FROM_NODE: dict[str, dict[str, Any]] = {
     MeshOp.resize_failed: {"round": 4, "reason": "rank 3 on node c: the generation's store did not answer"},
     MeshOp.node_answer: {"id": "q1", "body": {"ok": True, "node": "b", "round": 3, "ranks": []}},
 }
-RECORDS: dict[str, type[Record]] = {**TO_MEMBER, **TO_COORDINATOR}  # no op is in both directions
-SENT = {**TO_NODE, **FROM_NODE}
+# ...and as a shim rank sends it to its daemon (docs/worker-channel.md).
+FROM_RANK: dict[str, dict[str, Any]] = {
+    WorkerOp.step: {"rank": 3, "step": 7, "loss": 2.5, "samples": 32, "tokens": 640, "step_time": 0.21,
+                    "metrics": {"lr": 0.1, "collective_wait_s": None}, "dropped": 0},
+    WorkerOp.checkpoint: {"rank": 3, "step": 7, "path": "/ck/ckpt-00000007.pt", "bytes": 1234, "duration_s": 0.5,
+                          "request_id": "rq"},
+    WorkerOp.checkpoint_skipped: {"rank": 3, "path": "/ck/bad.pt", "reason": "sha256 mismatch"},
+    WorkerOp.ack: {"rank": 3, "request_id": "rq", "op": "drain"},
+    WorkerOp.drained: {"rank": 3, "step": 8, "request_id": "rq"},
+}
+MESH: dict[str, type[Record]] = {**TO_MEMBER, **TO_COORDINATOR}  # no op is in both directions
+# The worker channel's ops share some names with the mesh's (`checkpoint` is a WorkerOp only): keyed apart.
+RECORDS: dict[str, type[Record]] = {**MESH, **{f"worker.{op}": r for op, r in IN_ROUND.items()}}
+SENT = {**TO_NODE, **FROM_NODE, **{f"worker.{op}": body for op, body in FROM_RANK.items()}}
 
 
 def test_every_typed_op_has_a_record_and_a_sample() -> None:
     assert not set(TO_MEMBER) & set(TO_COORDINATOR)
-    assert set(TO_MEMBER) == set(TO_NODE) and set(TO_COORDINATOR) == set(FROM_NODE)
+    assert set(TO_MEMBER) == set(TO_NODE) and set(TO_COORDINATOR) == set(FROM_NODE) and set(IN_ROUND) == set(FROM_RANK)
 
 
 @pytest.mark.parametrize("op", sorted(SENT))
