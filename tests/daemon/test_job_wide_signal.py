@@ -48,8 +48,8 @@ def run_until_signalled(job: Job, tmp: Path, cycle: int, order: tuple[str, ...])
     saved = re.findall(r"\[\w:0\] drained at step=(\d+)", outputs)
     steps = [step for step, _ in sample_lines(samples)[0]]
     assert saved and int(saved[-1]) == steps[-1], f"order {order}: rank 0 trained past its last save {saved}"
-    rounds = "\n".join(line for line in outputs.splitlines() if re.search(r"round_started|resize_failed|"
-                                                                         r"worker_failed|restart", line))
+    rounds = "\n".join(line for line in outputs.splitlines() if re.search(r"round_started|resize|worker_failed|"
+                                                                         r"restart|warm|generation|joined|left", line))
     assert steps == list(range(steps[0], steps[0] + len(steps))), f"a restart within run {cycle}:\n{rounds}"
     return steps
 
