@@ -10,7 +10,7 @@ from typing import Any
 
 from elasticd.job.config import JobConfig
 from elasticd.member.processes import stack_dumps, zygote
-from elasticd.member.processes.output import readable
+from elasticd.member.processes.output import RECENT_LINES, readable
 from elasticd.member.processes.workers import Worker, WorkerGroup
 from elasticd.wire.diagnosis import StackDump, main_thread_where
 from elasticd.wire.protocol import ErrorCode, ProtocolError
@@ -84,7 +84,8 @@ class WorkerOutput:
         except OSError as err:  # deleted or unreadable: what the daemon still holds in memory
             held = held_lines(worker, tail, since)
             entry.update(lines=held, offset=worker.output.bytes if worker else 0, source="memory",
-                         note=f"log file unreadable ({err.strerror or err}); {len(held)} recent line(s) from memory")
+                         note=f"log file unreadable ({err.strerror or err}): lines from the daemon's memory "
+                         f"(its last {RECENT_LINES})")  # the same words each poll: a follower says them once
         return entry
 
     @staticmethod
