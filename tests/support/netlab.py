@@ -7,6 +7,7 @@ CI (CI=true) they fail instead, since CI runs as root and must run them.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import socket
@@ -16,15 +17,19 @@ from pathlib import Path
 from support.system_deps import require_binary, unavailable
 
 ETC_NETNS = Path("/etc/netns")
+LABS = itertools.count()  # labs made by this process
 
 
 class Lab:
     """`hosts` namespaces joined by one bridge in the root namespace, which holds the subnet's .1."""
 
     def __init__(self, hosts: int) -> None:
-        tag = f"{os.getpid() % 100000}"
+        # Names and subnet by process and by lab: a lab whose teardown left something behind (`ip netns del` with a
+        # daemon still inside) never collides with the next one in the same test process ("File exists").
+        pid, n = os.getpid(), next(LABS)
+        tag = f"{pid % 100000}{n % 10}"
         self.bridge = f"elbr{tag}"
-        self.subnet = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}"
+        self.subnet = f"10.{200 + pid % 50}.{(pid + n) % 250}"
         self.names = [f"el{tag}h{i}" for i in range(hosts)]
         self.addrs = [f"{self.subnet}.{i + 2}" for i in range(hosts)]
         self.links = [f"el{tag}v{i}" for i in range(hosts)]  # the namespace's end of its veth pair
