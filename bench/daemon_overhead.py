@@ -21,7 +21,6 @@ import re
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from procs import PY, ROOT, TOY, Launched, free_port, is_zygote, kill_all, on_signal, tree
+from procs import PY, ROOT, TOY, Launched, free_port, is_zygote, on_signal, stop_tree
 
 STEP = re.compile(r"BENCH_STEP t=(\S+) step=(\d+) world=(\d+)")
 SUMMARY = re.compile(r"BENCH_SUMMARY t=(\S+) steps=(\d+) world=(\d+) median=(\S+)")
@@ -64,11 +63,7 @@ class Proc(Launched):
                 self.cond.wait(0.5)
 
     def stop(self) -> None:
-        procs = tree(self.proc.pid)
-        kill_all(procs[:1], signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(8)
-        kill_all(tree(self.proc.pid) + procs)
+        stop_tree(self.proc, 8)
         with contextlib.suppress(Exception):
             self.proc.wait(5)
         self.close()

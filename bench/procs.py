@@ -76,6 +76,15 @@ def kill_all(procs: list[psutil.Process], sig: int = signal.SIGKILL) -> None:
             p.send_signal(sig)
 
 
+def stop_tree(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM the agent or daemon, give it `grace_s` to stop its workers, then SIGKILL whatever of its tree is left."""
+    procs = tree(proc.pid)
+    kill_all(procs[:1], signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(grace_s)
+    kill_all(tree(proc.pid) + procs)
+
+
 def cleanup() -> None:
     """SIGKILL every process launched here, their descendants, and every worker pid seen."""
     victims: list[psutil.Process] = []

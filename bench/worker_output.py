@@ -17,7 +17,6 @@ Usage: worker_output.py [--window 10] [--followers 8] [--calls 200] [--out bench
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import re
 import shutil
@@ -30,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from procs import PY, ROOT, CpuMeter, free_port, kill_all, on_signal, tree, write_report
+from procs import PY, ROOT, CpuMeter, free_port, on_signal, stop_tree, write_report
 
 from elasticd.client import Client
 
@@ -61,11 +60,7 @@ class Agent:
         raise TimeoutError(pattern.pattern)
 
     def stop(self) -> None:
-        procs = tree(self.proc.pid)
-        kill_all(procs[:1], signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10)
-        kill_all(tree(self.proc.pid) + procs)
+        stop_tree(self.proc, 10)
 
 
 def log_lines(folder: Path) -> int:
