@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from elasticd.wire.protocol import ErrorCode, ProtocolError
 
 MAX_INT = 2**63  # decode refuses larger JSON numbers already; a record says which field held one
+MAX_TEXT = 64 * 1024  # characters in one text field: a mesh frame may hold 64 MB, no name or reason needs that
 Check = Callable[[Any, str, str], Any]  # (value, the op, the field's path in its body)
 R = TypeVar("R", bound="Record")
 
@@ -130,7 +131,7 @@ def _check_of(hint: Any) -> Check:  # one branch per kind of type a body may dec
     if hint is float:
         return _float
     if hint is str:
-        return lambda value, op, path: _typed(value, str, op, path)
+        return _text
     if hint is type(None):
         return lambda value, op, path: _typed(value, type(None), op, path)
     raise TypeError(f"a record field of type {hint!r} cannot be checked")
@@ -162,6 +163,13 @@ def _int(value: Any, op: str, path: str) -> int:
     if not -MAX_INT <= number <= MAX_INT:
         raise bad(op, f"field '{path}' is out of range")
     return int(number)
+
+
+def _text(value: Any, op: str, path: str) -> str:
+    text: str = _typed(value, str, op, path)
+    if len(text) > MAX_TEXT:
+        raise bad(op, f"field '{path}' holds {len(text)} characters, more than {MAX_TEXT}")
+    return text
 
 
 def _float(value: Any, op: str, path: str) -> float:

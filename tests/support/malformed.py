@@ -1,0 +1,75 @@
+"""Malformed bodies of every kind for a typed record, worked out from its fields: a new op is fuzzed by being declared."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from collections.abc import Iterator
+from typing import Any
+
+from elasticd.wire.protocol import ProtocolError
+from elasticd.wire.record import Record
+
+# One of each JSON type: a field's wrong value is the first its check refuses (none for a field typed Any).
+OTHERS: tuple[Any, ...] = (7, "7", 7.5, True, [7], {"z": 7})
+HUGE_INT = 2**64  # past the 2**63 any field or frame takes
+HUGE_TEXT = "x" * 300_000  # past the 256 KB a daemon reads in one frame
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    kind: str  # missing, wrong_type, huge, extra
+    field: str
+    body: dict[str, Any]
+
+
+def example(hint: Any) -> Any:
+    """A value of the declared type (the smallest that makes sense)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        return example(next(a for a in args if a is not type(None)))
+    if origin is list:
+        return []
+    if origin is dict or hint is Any:
+        return {}
+    if isinstance(hint, type) and issubclass(hint, Record):
+        return valid(hint)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return next(iter(hint)).value
+    return {bool: True, int: 1, float: 1.5, str: "s"}[hint]
+
+
+def valid(record: type[Record]) -> dict[str, Any]:
+    """A body the record takes: every field, each an example of its type."""
+    hints = typing.get_type_hints(record)
+    return {f.name: example(hints[f.name]) for f in dataclasses.fields(record)}  # type: ignore[arg-type]
+
+
+def refuses(record: type[Record], body: dict[str, Any]) -> bool:
+    try:
+        record.decode(body, "probe")
+    except ProtocolError:
+        return True
+    return False
+
+
+def cases(record: type[Record]) -> Iterator[Case]:
+    """Each kind of malformed body: a required field left out, each field of a wrong type, each number or text
+    too big, and a field the record does not declare (taken and ignored: a newer peer may send more)."""
+    good = valid(record)
+    hints = typing.get_type_hints(record)
+    for f in dataclasses.fields(record):  # type: ignore[arg-type]
+        name = f.name
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            yield Case("missing", name, {k: v for k, v in good.items() if k != name})
+        wrong = next((v for v in OTHERS if refuses(record, {**good, name: v})), None)
+        if wrong is not None:
+            yield Case("wrong_type", name, {**good, name: wrong})
+        kinds = set(typing.get_args(hints[name])) | {hints[name]}
+        if kinds & {int, float}:
+            yield Case("huge", name, {**good, name: HUGE_INT})
+        elif str in kinds:
+            yield Case("huge", name, {**good, name: HUGE_TEXT})
+    yield Case("extra", "zz_from_a_newer_peer", {**good, "zz_from_a_newer_peer": [1, {"a": None}]})
