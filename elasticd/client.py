@@ -16,6 +16,7 @@ from elasticd.job.runtime import live_daemons
 from elasticd.wire.handshake import WATCHED, Failure, Handshake
 from elasticd.wire.protocol import MAX_REPLY_BYTES, Envelope, ErrorCode, ProtocolError, decode, encode, new_id
 from elasticd.wire.results import JobStatus, RankMetrics, SteerResult
+from elasticd.wire.verb_replies import ErrorReply
 
 DEFAULT_TIMEOUT_S = 5.0
 _UNREACHABLE = "no connection to send {op!r} on within {limit:.1f}s (daemon down, or its keys refused ours?)"
@@ -80,9 +81,12 @@ def discover(job_id: str = "") -> list[Endpoints]:
 
 
 def _unwrap(env: Envelope) -> dict[str, Any]:
-    if env.body.get("ok") is False:
-        raise ClientError(str(env.body.get("code", "error")), str(env.body.get("reason", "")),
-                          int(env.body.get("errno", 0)))
+    try:
+        error = ErrorReply.of(env.body)
+    except ProtocolError as err:  # an error reply without its errno, code and reason
+        raise ClientError(ErrorCode.NAMES[err.errno], err.reason, err.errno) from None
+    if error is not None:
+        raise ClientError(error.code, error.reason, error.errno)
     return env.body
 
 
@@ -261,8 +265,7 @@ def parse_telemetry(frames: list[bytes]) -> Event | None:
         env = decode(frames[1], MAX_REPLY_BYTES, from_daemon=True)
     except ProtocolError:
         return None
-    kind = str(env.body.get("kind", env.op)) if env.type == "ev" else env.op
-    return Event(env.type, kind, env.node, env.seq, env.ts, env.body)
+    return Event(env.type, env.op, env.node, env.seq, env.ts, env.body)  # an event's op is its kind
 
 
 def _from_dict(event: dict[str, Any]) -> Event:
