@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Generic, TypeVar
 
 from elasticd.commands.port import JobPort, NodePort
@@ -77,6 +77,10 @@ class Command(Generic[Q]):
             raise TypeError(f"verb {self.name}: a verb with plan and apply takes a SteeringRequest, no other does")
         if (self.on_node is not None) != issubclass(self.request, NodeQueryRequest):  # the daemon routes by it
             raise TypeError(f"verb {self.name}: an on_node verb takes a NodeQueryRequest (its node), no other does")
+        # A request ignores fields it does not declare: an argument sent under another name would be lost silently.
+        unknown = {a.field or a.name for a in self.args if not a.cli_only} - {f.name for f in fields(self.request)}
+        if unknown:
+            raise TypeError(f"verb {self.name}: {self.request.__name__} has no field {', '.join(sorted(unknown))}")
 
     @property
     def steer(self) -> bool:
