@@ -90,7 +90,7 @@ def _unwrap(env: Envelope) -> dict[str, Any]:
     return env.body
 
 
-def _request(op: str, args: dict[str, Any]) -> tuple[str, bytes]:
+def _request(op: str, args: dict[str, object]) -> tuple[str, bytes]:
     msg_id = new_id()
     return msg_id, encode(Envelope("req", op, {**args, "client": _who()}, id=msg_id, ts=time.time()))
 
@@ -118,7 +118,7 @@ class Client:
         self.sock.connect(control)
         self.timeout_s = timeout_s
 
-    def call(self, op: str, timeout_s: float | None = None, **args: Any) -> dict[str, Any]:
+    def call(self, op: str, timeout_s: float | None = None, **args: object) -> dict[str, Any]:
         msg_id, frame = _request(op, args)
         limit = timeout_s or self.timeout_s
         deadline = time.monotonic() + limit
@@ -162,9 +162,10 @@ class Client:
     def metrics(self) -> list[RankMetrics]:
         return RankMetrics.parse_all(self.call("metrics"))
 
-    def steer(self, op: str, dry_run: bool = False, force: bool = False, **args: Any) -> SteerResult:
+    def steer(self, op: str, dry_run: bool = False, force: bool = False, **args: object) -> SteerResult:
         """scale (nodes=N), drain/cordon/uncordon (node=...), checkpoint, restart, kill-worker, stop."""
-        return SteerResult.parse(self.call(op, dry_run=dry_run, force=force, **args))
+        # The timeout given by position: an argument of the verb can never be taken for it.
+        return SteerResult.parse(self.call(op, None, dry_run=dry_run, force=force, **args))
 
     def close(self) -> None:
         _close(self.sock, self.monitor)
@@ -288,7 +289,7 @@ class AsyncClient:
         self._waiters: dict[str, asyncio.Future[Envelope]] = {}
         self._tasks: list[asyncio.Task[None]] = []  # the reply reader and the handshake watcher
 
-    async def call(self, op: str, timeout_s: float | None = None, **args: Any) -> dict[str, Any]:
+    async def call(self, op: str, timeout_s: float | None = None, **args: object) -> dict[str, Any]:
         if not self._tasks:
             self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._watch())]
         if self.handshake.failure is not None:
@@ -364,8 +365,8 @@ class AsyncClient:
     async def metrics(self) -> list[RankMetrics]:
         return RankMetrics.parse_all(await self.call("metrics"))
 
-    async def steer(self, op: str, dry_run: bool = False, force: bool = False, **args: Any) -> SteerResult:
-        return SteerResult.parse(await self.call(op, dry_run=dry_run, force=force, **args))
+    async def steer(self, op: str, dry_run: bool = False, force: bool = False, **args: object) -> SteerResult:
+        return SteerResult.parse(await self.call(op, None, dry_run=dry_run, force=force, **args))
 
     def close(self) -> None:
         for task in self._tasks:

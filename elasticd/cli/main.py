@@ -25,6 +25,7 @@ from elasticd.job.runtime import raise_open_file_limit
 from elasticd.keys.auth import KeyStoreError
 from elasticd.wire.names import EventKind
 from elasticd.wire.protocol import ProtocolError
+from elasticd.wire.verb_replies import Hello
 from elasticd.wire.verb_requests import EventsRequest, VerbRequest
 
 
@@ -108,8 +109,8 @@ def run_verb(ns: argparse.Namespace) -> int:
                 print(json.dumps(past) if ns.json else line(past), flush=True)
             if any(past.get("kind") == EventKind.job_end for past in result["events"]):
                 return 0  # the job is over: nothing more will happen
-            hello = client.call("hello")
-            pub = hello.get("events_pub") or hello["pub"]  # events are published by the coordinator's daemon
+            hello = Hello.decode(client.call("hello"), "hello")
+            pub = hello.events_pub or hello.pub  # events are published by the coordinator's daemon
             kinds = request.kinds if isinstance(request, EventsRequest) else []
             for frame in client.subscribe(pub):
                 if frame.type == "ev" and (not kinds or frame.kind in kinds):

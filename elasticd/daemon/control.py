@@ -34,7 +34,7 @@ from elasticd.wire.protocol import (
     new_id,
     reply,
 )
-from elasticd.wire.verb_replies import served
+from elasticd.wire.verb_replies import Hello, served
 from elasticd.wire.verb_requests import NodeQueryRequest, VerbRequest
 
 log = logging.getLogger("elasticd")
@@ -59,7 +59,7 @@ class ControlHost(Protocol):
     def coordinator(self) -> Coordinator | None: ...
     @property
     def events_pub(self) -> str: ...
-    def node_event(self, kind: EventKind, **fields: Any) -> None: ...
+    def node_event(self, kind: EventKind, **fields: object) -> None: ...
     def steering_held(self) -> str: ...
     def forward(self, op: str, body: dict[str, Any], msg_id: str) -> bool: ...
     def answer_forward(self, node_id: str, op: str, body: dict[str, Any], msg_id: str) -> None: ...
@@ -102,7 +102,7 @@ class ControlPlane:
             raise StartError(f"cannot bind {addr or 'a loopback port'}: {reason}") from None
         return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
-    def tasks(self) -> list[Any]:
+    def tasks(self) -> list[asyncio.Task[None]]:
         return [asyncio.create_task(self.serve())]
 
     # ---- telemetry ---------------------------------------------------------------------------
@@ -171,7 +171,7 @@ class ControlPlane:
 
     def handle(self, ident: bytes, env: Envelope, user: str = "") -> None:
         if env.op == "hello":
-            self.send(ident, reply(env, self.d.cfg.node_id, self.hello()))
+            self.send(ident, reply(env, self.d.cfg.node_id, self.hello().encode()))
             return
         command = REGISTRY.get(env.op)
         if command is None:
@@ -239,13 +239,13 @@ class ControlPlane:
     def refused_keys(self) -> int:
         return self.d.gate.refusals.total if self.d.gate is not None else 0
 
-    def hello(self) -> dict[str, Any]:
+    def hello(self) -> Hello:
         d = self.d
-        return {"ok": True, "version": __version__, "protocol": PROTOCOL_VERSION, "capabilities": CAPABILITIES,
-                "node": d.cfg.node_id, "job_id": d.cfg.job_id, "coordinator": d.coordinator is not None,
-                "rendezvous": f"{d.cfg.rdzv_host}:{d.cfg.rdzv_port}", **d.endpoints,
-                "events_pub": d.events_pub,
-                "stats": {**self.stats, "refused_keys": self.refused_keys()}}
+        return Hello(version=__version__, protocol=PROTOCOL_VERSION, capabilities=CAPABILITIES, node=d.cfg.node_id,
+                     job_id=d.cfg.job_id, coordinator=d.coordinator is not None,
+                     rendezvous=f"{d.cfg.rdzv_host}:{d.cfg.rdzv_port}", control=d.endpoints["control"],
+                     pub=d.endpoints["pub"], events_pub=d.events_pub,
+                     stats={**self.stats, "refused_keys": self.refused_keys()})
 
     # ---- forwarding between a member and the coordinator ------------------------------------------
     def on_forwarded(self, sender: str, env: Envelope) -> None:

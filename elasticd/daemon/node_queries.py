@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from elasticd.commands.port import NodePort
@@ -61,7 +61,7 @@ class NodeQueries:
     async def answer_here(self, op: str, request: NodeQueryRequest, answer: Answer) -> None:
         answer(await self.run(op, request))
 
-    async def run(self, op: str, request: NodeQueryRequest | dict[str, Any]) -> dict[str, Any]:
+    async def run(self, op: str, request: NodeQueryRequest | Mapping[str, object]) -> dict[str, Any]:
         """This node's answer to a request from its own control socket, or to a `node_query`'s args (decoded here)."""
         command = REGISTRY.get(op)
         if command is None or command.on_node is None:

@@ -1,9 +1,9 @@
-"""A verb's reply (docs/protocol.md §4, §5): the error every reply may be, and the steering verbs' plans and answers."""
+"""Control replies (docs/protocol.md §4, §5): the error any reply may be, `hello`'s, and the steering verbs'."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from elasticd.wire.record import Record
@@ -27,6 +27,24 @@ class ErrorReply(Record):
 def served(body: Mapping[str, object]) -> bool:
     """Whether a reply body answers its request (`ok` is not false)."""
     return body.get("ok") is not False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hello(Record):
+    """`hello`'s reply: what the daemon is, where it listens, and which verbs and features it has."""
+
+    ok: bool = True
+    version: str
+    protocol: int
+    capabilities: list[str]
+    node: str
+    job_id: str
+    coordinator: bool  # this daemon is the coordinator
+    rendezvous: str  # host:port of the coordinator mesh
+    control: str
+    pub: str
+    events_pub: str = ""  # the coordinator's PUB, where the job's events are ("" until a member is welcomed)
+    stats: dict[str, int] = field(default_factory=dict)  # this daemon's control counters
 
 
 @dataclass(frozen=True, kw_only=True)
