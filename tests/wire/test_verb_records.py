@@ -15,7 +15,7 @@ from elasticd.client import ClientError, _unwrap
 from elasticd.commands.registry import REGISTRY
 from elasticd.commands.verb import Command
 from elasticd.wire.protocol import Envelope, ErrorCode, ProtocolError
-from elasticd.wire.verb_replies import ErrorReply, Plan, Steered
+from elasticd.wire.verb_replies import ErrorReply, Hello, Plan, Steered
 from elasticd.wire.verb_requests import LogsRequest, SteeringRequest, VerbRequest
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
@@ -68,6 +68,13 @@ def test_each_field_of_a_verbs_request_is_in_its_section(op: str) -> None:
 def test_the_common_fields_are_documented_once_for_every_verb() -> None:
     preamble = DOC[DOC.index("## 3. Envelope"):DOC.index("### 5.1")]
     assert [name for name in sorted(COMMON) if f"`{name}`" not in preamble] == []
+
+
+def test_the_typed_replies_are_documented() -> None:
+    verbs = DOC[DOC.index("## 5. Verbs"):DOC.index("## 6.")]
+    assert [f.name for f in dataclasses.fields(Plan) if f"`{f.name}`" not in verbs] == []
+    assert [f.name for f in dataclasses.fields(Hello) if f.name != "ok" and f"`{f.name}`" not in section("hello")] == []
+    assert [f.name for f in dataclasses.fields(ErrorReply) if f"`{f.name}`" not in DOC[DOC.index("## 4."):]] == []
 
 
 @pytest.mark.parametrize("op", VERBS)
