@@ -16,6 +16,7 @@ from elasticd.job.runtime import live_daemons
 from elasticd.wire.handshake import WATCHED, Failure, Handshake
 from elasticd.wire.protocol import MAX_REPLY_BYTES, Envelope, ErrorCode, ProtocolError, decode, encode, new_id
 from elasticd.wire.results import JobStatus, RankMetrics, SteerResult
+from elasticd.wire.verb_replies import ErrorReply
 
 DEFAULT_TIMEOUT_S = 5.0
 _UNREACHABLE = "no connection to send {op!r} on within {limit:.1f}s (daemon down, or its keys refused ours?)"
@@ -80,13 +81,16 @@ def discover(job_id: str = "") -> list[Endpoints]:
 
 
 def _unwrap(env: Envelope) -> dict[str, Any]:
-    if env.body.get("ok") is False:
-        raise ClientError(str(env.body.get("code", "error")), str(env.body.get("reason", "")),
-                          int(env.body.get("errno", 0)))
+    try:
+        error = ErrorReply.of(env.body)
+    except ProtocolError as err:  # an error reply without its errno, code and reason
+        raise ClientError(ErrorCode.NAMES[err.errno], err.reason, err.errno) from None
+    if error is not None:
+        raise ClientError(error.code, error.reason, error.errno)
     return env.body
 
 
-def _request(op: str, args: dict[str, Any]) -> tuple[str, bytes]:
+def _request(op: str, args: dict[str, object]) -> tuple[str, bytes]:
     msg_id = new_id()
     return msg_id, encode(Envelope("req", op, {**args, "client": _who()}, id=msg_id, ts=time.time()))
 
@@ -114,7 +118,7 @@ class Client:
         self.sock.connect(control)
         self.timeout_s = timeout_s
 
-    def call(self, op: str, timeout_s: float | None = None, **args: Any) -> dict[str, Any]:
+    def call(self, op: str, timeout_s: float | None = None, **args: object) -> dict[str, Any]:
         msg_id, frame = _request(op, args)
         limit = timeout_s or self.timeout_s
         deadline = time.monotonic() + limit
@@ -158,9 +162,10 @@ class Client:
     def metrics(self) -> list[RankMetrics]:
         return RankMetrics.parse_all(self.call("metrics"))
 
-    def steer(self, op: str, dry_run: bool = False, force: bool = False, **args: Any) -> SteerResult:
+    def steer(self, op: str, dry_run: bool = False, force: bool = False, **args: object) -> SteerResult:
         """scale (nodes=N), drain/cordon/uncordon (node=...), checkpoint, restart, kill-worker, stop."""
-        return SteerResult.parse(self.call(op, dry_run=dry_run, force=force, **args))
+        # The timeout given by position: an argument of the verb can never be taken for it.
+        return SteerResult.parse(self.call(op, None, dry_run=dry_run, force=force, **args))
 
     def close(self) -> None:
         _close(self.sock, self.monitor)
@@ -261,8 +266,7 @@ def parse_telemetry(frames: list[bytes]) -> Event | None:
         env = decode(frames[1], MAX_REPLY_BYTES, from_daemon=True)
     except ProtocolError:
         return None
-    kind = str(env.body.get("kind", env.op)) if env.type == "ev" else env.op
-    return Event(env.type, kind, env.node, env.seq, env.ts, env.body)
+    return Event(env.type, env.op, env.node, env.seq, env.ts, env.body)  # an event's op is its kind
 
 
 def _from_dict(event: dict[str, Any]) -> Event:
@@ -285,7 +289,7 @@ class AsyncClient:
         self._waiters: dict[str, asyncio.Future[Envelope]] = {}
         self._tasks: list[asyncio.Task[None]] = []  # the reply reader and the handshake watcher
 
-    async def call(self, op: str, timeout_s: float | None = None, **args: Any) -> dict[str, Any]:
+    async def call(self, op: str, timeout_s: float | None = None, **args: object) -> dict[str, Any]:
         if not self._tasks:
             self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._watch())]
         if self.handshake.failure is not None:
@@ -361,8 +365,8 @@ class AsyncClient:
     async def metrics(self) -> list[RankMetrics]:
         return RankMetrics.parse_all(await self.call("metrics"))
 
-    async def steer(self, op: str, dry_run: bool = False, force: bool = False, **args: Any) -> SteerResult:
-        return SteerResult.parse(await self.call(op, dry_run=dry_run, force=force, **args))
+    async def steer(self, op: str, dry_run: bool = False, force: bool = False, **args: object) -> SteerResult:
+        return SteerResult.parse(await self.call(op, None, dry_run=dry_run, force=force, **args))
 
     def close(self) -> None:
         for task in self._tasks:

@@ -24,6 +24,9 @@ from elasticd.job.config import ConfigError
 from elasticd.job.runtime import raise_open_file_limit
 from elasticd.keys.auth import KeyStoreError
 from elasticd.wire.names import EventKind
+from elasticd.wire.protocol import ProtocolError
+from elasticd.wire.verb_replies import Hello
+from elasticd.wire.verb_requests import EventsRequest, VerbRequest
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,17 +61,17 @@ def add_verb_parser(sub: argparse._SubParsersAction, command: Command) -> None:
         p.add_argument("--force", action="store_true", help="override an interlock")
 
 
-def request_args(ns: argparse.Namespace) -> dict[str, Any]:
-    """The request body of a parsed verb command line."""
+def verb_request(ns: argparse.Namespace) -> VerbRequest:
+    """The request of a parsed verb command line, checked as the daemon checks it (ProtocolError: bad_argument)."""
     command = REGISTRY[ns.verb]
-    args: dict[str, Any] = {}
+    fields: dict[str, object] = {}
     for a in command.args:
         value = getattr(ns, a.name)
         if value is not None and not a.cli_only:
-            args[a.field or a.name] = a.to_request(value) if a.to_request else value
+            fields[a.field or a.name] = a.to_request(value) if a.to_request else value
     if command.steer:
-        args.update(dry_run=ns.dry_run, force=ns.force)
-    return args
+        fields.update(dry_run=ns.dry_run, force=ns.force)
+    return command.decode(fields)
 
 
 def run_verb(ns: argparse.Namespace) -> int:
@@ -86,25 +89,29 @@ def run_verb(ns: argparse.Namespace) -> int:
     except KeyStoreError as err:
         print(f"elasticd {ns.verb}: {err}", file=sys.stderr)
         return 2
-    op, args = ns.verb, request_args(ns)
+    op, command = ns.verb, REGISTRY[ns.verb]
+    try:
+        request = verb_request(ns)
+    except ProtocolError as err:  # e.g. a number past what the protocol carries
+        print(f"elasticd {op}: {err.reason} [bad_argument]", file=sys.stderr)
+        return 2
     with Client(control, ns.timeout, credentials) as client:
         try:
-            result = client.call(op, **args)
-            command = REGISTRY[op]
+            result = client.call(op, **request.encode())
             if not getattr(ns, "follow", False):  # `events --follow` goes on to stream what happens next
                 print(json.dumps(result, indent=1) if ns.json else command.render(result))
                 return 0
             if command.follow is not None:
-                for text in command.follow(client.call, args, result):
+                for text in command.follow(client.call, request, result):
                     print(text, flush=True)
                 return 0
             for past in result["events"]:
                 print(json.dumps(past) if ns.json else line(past), flush=True)
             if any(past.get("kind") == EventKind.job_end for past in result["events"]):
                 return 0  # the job is over: nothing more will happen
-            hello = client.call("hello")
-            pub = hello.get("events_pub") or hello["pub"]  # events are published by the coordinator's daemon
-            kinds = args.get("kinds")
+            hello = Hello.decode(client.call("hello"), "hello")
+            pub = hello.events_pub or hello.pub  # events are published by the coordinator's daemon
+            kinds = request.kinds if isinstance(request, EventsRequest) else []
             for frame in client.subscribe(pub):
                 if frame.type == "ev" and (not kinds or frame.kind in kinds):
                     print(json.dumps(frame.body) if ns.json else line(frame.body), flush=True)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TypeGuard
 
 from elasticd.commands.render import ELLIPSIS, significant, span
 
@@ -27,12 +27,12 @@ def telling_line(text: str) -> str:
     return lines[-1] if lines[0].startswith("Traceback") else lines[0]
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     """A plain int of a sane size (a bool is no count; a huge int has no short text)."""
     return isinstance(value, int) and not isinstance(value, bool) and value.bit_length() < 64
 
 
-def number(value: Any) -> float | None:
+def number(value: object) -> float | None:
     return float(value) if is_int(value) or isinstance(value, float) else None
 
 
@@ -66,7 +66,7 @@ def ranks_text(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {clip(span(sorted(ranks)), WORD_CHARS)}"
 
 
-def exit_text(code: Any) -> str:
+def exit_text(code: object) -> str:
     if not is_int(code):
         return "no exit code"
     if code < 0:
@@ -77,8 +77,8 @@ def exit_text(code: Any) -> str:
     return f"exit code {code}"
 
 
-def value_text(value: Any, limit: int = REASON_CHARS) -> str:
-    """Any field's value in a few words: never a dict's or a list's repr."""
+def value_text(value: object, limit: int = REASON_CHARS) -> str:
+    """A field's value, whatever it holds, in a few words: never a dict's or a list's repr."""
     if isinstance(value, bool):
         return "yes" if value else "no"
     if is_int(value):
@@ -95,14 +95,14 @@ def value_text(value: Any, limit: int = REASON_CHARS) -> str:
     return "?"
 
 
-def fields_text(fields: dict[str, Any], skip: tuple[str, ...] = ()) -> str:
+def fields_text(fields: Mapping[object, object], skip: tuple[str, ...] = ()) -> str:
     """`key: value, …` of the first few fields: what an event without its own sentence says."""
     shown = [f"{value_text(k, WORD_CHARS)}: {value_text(v, WORD_CHARS)}" for k, v in fields.items() if k not in skip]
     more = f" and {len(shown) - 2 * LISTED} more" if len(shown) > 2 * LISTED else ""
     return ", ".join(shown[:2 * LISTED]) + more
 
 
-def timeline_text(timeline: Any) -> str:
+def timeline_text(timeline: object) -> str:
     """detect 0.00 → rendezvous 0.10 → … → first_step 2.31 (seconds from detection)."""
     phases = [(value_text(p, WORD_CHARS), number(t)) for p, t in timeline.items()] if isinstance(timeline, dict) else []
     return " → ".join(f"{p} {t:.2f}" for p, t in phases[:PHASES_SHOWN] if t is not None)
@@ -111,8 +111,9 @@ def timeline_text(timeline: Any) -> str:
 class Body:
     """An event's fields, read so that a record from another version, or a broken one, still reads."""
 
-    def __init__(self, fields: Any, name: Name) -> None:
-        self.fields: dict[Any, Any] = fields if isinstance(fields, dict) else {}
+    def __init__(self, fields: object, name: Name) -> None:
+        # Keys too are whatever they are: an event not yet through JSON may have int keys (`exit_codes`).
+        self.fields: Mapping[object, object] = fields if isinstance(fields, Mapping) else {}
         self.name = name
 
     def has(self, key: str) -> bool:
@@ -137,7 +138,7 @@ class Body:
     def seconds(self, key: str) -> str:
         return seconds(self.number(key))
 
-    def name_of(self, node_id: Any) -> str:
+    def name_of(self, node_id: object) -> str:
         return clip(self.name(node_id), WORD_CHARS) if isinstance(node_id, str) and node_id else "?"
 
     def node(self, key: str) -> str:

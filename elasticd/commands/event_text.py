@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
 
 from elasticd.commands.event_fields import (
     WORD_CHARS,
@@ -156,8 +155,9 @@ def workers_stopped(b: Body) -> str:
             by_exit.setdefault(exit_text(code), []).append(int(rank))
     exits = listed([f"{how} ({ranks_text(sorted(ranks))})" for how, ranks in by_exit.items()])
     at = f" at step {b.count('last_step')}" if b.has("last_step") else ""
-    kept = f"; {len(b.fields['kept'])} kept in place" if isinstance(b.fields.get("kept"), list) else ""
-    return f"round {b.count('round')} stopped{at}: {exits}{kept}"
+    kept = b.fields.get("kept")
+    in_place = f"; {len(kept)} kept in place" if isinstance(kept, list) else ""
+    return f"round {b.count('round')} stopped{at}: {exits}{in_place}"
 
 
 def workers_started(b: Body) -> str:
@@ -264,7 +264,7 @@ SENTENCES: dict[str, Sentence] = {
 }
 
 
-def describe(event: dict[str, Any], name: Name = str) -> str:
+def describe(event: Mapping[str, object], name: Name = str) -> str:
     """The event's body as one short line (its time, seq, node and kind are the caller's to print beside it)."""
     body = Body(event, name)
     kind = body.fields.get("kind")
@@ -276,7 +276,7 @@ def describe(event: dict[str, Any], name: Name = str) -> str:
     return clip(" ".join(text.split()), SENTENCE_CHARS)
 
 
-def line(event: dict[str, Any]) -> str:
+def line(event: Mapping[str, object]) -> str:
     """`HH:MM:SS #seq [node] kind sentence`: one job event as `events` prints it and `events --follow` streams it."""
-    stamp = time.strftime("%H:%M:%S", time.localtime(float(event.get("ts", 0))))
+    stamp = time.strftime("%H:%M:%S", time.localtime(number(event.get("ts")) or 0.0))
     return f"{stamp} #{event.get('seq')} [{event.get('node')}] {event.get('kind')} {describe(event)}".rstrip()

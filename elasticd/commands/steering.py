@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
 
 from elasticd.commands.port import JobPort, RoundView
 from elasticd.commands.render import span
 from elasticd.wire.names import OUTPUT, After, Cause, JobState, Role, TransitionKind
 from elasticd.wire.protocol import ErrorCode, ProtocolError
+from elasticd.wire.verb_replies import Plan, Steered
 
 
 def refuse(reason: str, errno: int = ErrorCode.REFUSED) -> ProtocolError:
@@ -38,28 +39,28 @@ def shim_step(c: JobPort) -> int | None:
     return max(steps) if steps else None
 
 
-def plan(c: JobPort, members_after: list[str]) -> dict[str, Any]:
+def plan(c: JobPort, members_after: list[str]) -> Plan:
     """What a change does to the world: sizes, and which global ranks leave or move."""
     assert c.round is not None
     before = {e.node_id: e.ranks for e in c.round.members}
     after, world = c.rank_map(members_after)
     leaving = sorted(r for n, ranks in before.items() if n not in after for r in ranks)
     moved = {n: [before[n], after[n]] for n in after if n in before and before[n] != after[n]}
-    return {"world_before": c.round.world_size, "world_after": world, "nodes_after": members_after,
-            "ranks_leaving": leaving, "ranks_moving": moved,
-            "summary": f"world {c.round.world_size} → {world}" + (f"; ranks {span(leaving)} leave" if leaving else "")}
+    return Plan(world_before=c.round.world_size, world_after=world, nodes_after=members_after,
+                ranks_leaving=leaving, ranks_moving=moved,
+                summary=f"world {c.round.world_size} → {world}" + (f"; ranks {span(leaving)} leave" if leaving else ""))
 
 
-def without_stragglers(c: JobPort, leaving: list[str], planned: dict[str, Any]) -> dict[str, Any]:
+def without_stragglers(c: JobPort, leaving: list[str], planned: Plan) -> Plan:
     """A plan that lets a straggler go says what the job gains: the wait per step its peers no longer have."""
-    named = {n: c.stragglers.named[n] for n in leaving if n in c.stragglers.named}
+    named = {n: dict(c.stragglers.named[n]) for n in leaving if n in c.stragglers.named}
     if not named:
         return planned
     gain = max(float(f["cost_s_per_step"]) for f in named.values())
     step = max(float(f["step_time_s"]) for f in named.values())
-    return {**planned, "stragglers": named, "gain_s_per_step": gain,
-            "summary": f"{planned['summary']}; the straggler {', '.join(named)} goes: about {gain:.3f}s less per "
-                       f"{step:.3f}s step (~{gain / step:.0%} faster steps)" if step else planned["summary"]}
+    return replace(planned, stragglers=named, gain_s_per_step=gain,
+                   summary=f"{planned.summary}; the straggler {', '.join(named)} goes: about {gain:.3f}s less per "
+                           f"{step:.3f}s step (~{gain / step:.0%} faster steps)" if step else planned.summary)
 
 
 def check_leave(c: JobPort, nodes: list[str], force: bool) -> None:
@@ -83,8 +84,8 @@ def check_leave(c: JobPort, nodes: list[str], force: bool) -> None:
 
 
 def begin(c: JobPort, kind: TransitionKind, leaving: list[str], final_role: Role, then: After,
-          detail: str) -> dict[str, Any]:
+          detail: str) -> Steered:
     """Start a graceful transition, one at a time; shim workers stop at one agreed step, plain ones get SIGTERM."""
     require_idle(c)
     op_id = c.begin_transition(kind, leaving, final_role, then, detail, Cause.membership)
-    return {"ok": True, "accepted": True, "op_id": op_id}
+    return Steered(accepted=True, op_id=op_id)

@@ -1,22 +1,20 @@
-"""A verb declared once: its arguments, its console keys, and how it reads or steers the job."""
+"""A verb declared once: its request, its arguments, its console keys, and how it reads or steers the job."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields, replace
+from typing import Any, Generic, TypeVar
 
 from elasticd.commands.port import JobPort, NodePort
 from elasticd.commands.render import plain
-from elasticd.wire.protocol import ErrorCode, ProtocolError, arg
+from elasticd.wire.protocol import ErrorCode, ProtocolError
+from elasticd.wire.verb_replies import Plan, Steered
+from elasticd.wire.verb_requests import NodeQueryRequest, SteeringRequest, VerbRequest
 
-Body = dict[str, Any]
-Reader = Callable[[JobPort, Body], Body]
-Planner = Callable[[JobPort, Body], Body]
-Applier = Callable[[JobPort, Body, Body], Body]
-NodeReader = Callable[[NodePort, Body], Awaitable[Body]]
+Body = dict[str, Any]  # a reply as JSON, as the daemon sends it and the CLI prints it
+Q = TypeVar("Q", bound=VerbRequest)
 Caller = Callable[..., Body]  # the CLI's client.call(op, **args)
-Follower = Callable[[Caller, Body, Body], Iterator[str]]  # (call, request, first reply) -> lines to print
 
 
 @dataclass(frozen=True)
@@ -25,12 +23,12 @@ class Arg:
 
     name: str  # the argparse dest (an option's metavar is its upper case)
     help: str
-    type: Callable[[str], Any] | None = str
+    type: Callable[[str], object] | None = str
     flags: tuple[str, ...] = ()  # an option's spellings, e.g. ("--follow", "-f"); none: a positional argument
-    default: Any = None  # an option left at None is not sent
+    default: object = None  # an option left at None is not sent
     action: str = "store"  # argparse's: "store_true" for a flag (type None), "append" for a repeatable option
     field: str = ""  # the request field; "" for `name`
-    to_request: Callable[[Any], Any] | None = None  # the CLI value as the daemon wants it
+    to_request: Callable[[Any], object] | None = None  # the CLI value as the daemon wants it
     cli_only: bool = False  # the CLI itself acts on it (--follow); the daemon never sees it
     optional: bool = False  # a positional argument that may be left out
 
@@ -47,51 +45,66 @@ class ConsoleAction:
 
 
 @dataclass(frozen=True)
-class Command:
+class Command(Generic[Q]):
     """A control verb, declared once: the daemon runs it, the CLI parses and prints it, the console binds it.
 
-    A verb that looks has `read`. A verb that steers has `plan` (its checks and interlocks, then what it
-    would do; a dry run stops there) and `apply` (the change; its reply gets the plan added). A verb that looks at
-    one node's own workers has `on_node`: any daemon takes it, and the node named in its `node` argument answers
+    `request` is its request's record (elasticd/wire/verb_requests.py): the daemon decodes a body into it once,
+    where the frame arrives, and every function below gets the record. A verb that looks has `read`. A verb that
+    steers (its request a SteeringRequest) has `plan` (its checks and interlocks, then what it would do; a dry run
+    stops there) and `apply` (the change; its reply gets the plan added). A verb that looks at one node's own
+    workers has `on_node`: any daemon takes it, and the node named in its `node` argument answers
     (daemon/node_queries.py). `follow` is what `--follow` prints after the first reply.
     """
 
     name: str
     summary: str  # `elasticd --help`
+    request: type[Q]
     order: int = 1000  # place in `elasticd --help` and in the unknown-op reason; a new verb goes last
-    read: Reader | None = None
-    plan: Planner | None = None
-    apply: Applier | None = None
-    on_node: NodeReader | None = None
+    read: Callable[[JobPort, Q], Body] | None = None
+    plan: Callable[[JobPort, Q], Plan] | None = None
+    apply: Callable[[JobPort, Q, Plan], Steered] | None = None
+    on_node: Callable[[NodePort, Q], Awaitable[Body]] | None = None
     args: tuple[Arg, ...] = ()
     render: Callable[[Body], str] = plain
     console: tuple[ConsoleAction, ...] = ()
-    follow: Follower | None = None
+    follow: Callable[[Caller, Q, Body], Iterator[str]] | None = None  # (call, request, first reply) -> lines
 
     def __post_init__(self) -> None:
         shape = (self.read is not None, self.plan is not None, self.apply is not None, self.on_node is not None)
         if shape not in ((True, False, False, False), (False, True, True, False), (False, False, False, True)):
             raise TypeError(f"verb {self.name}: give either read, or plan and apply, or on_node")
+        if self.steer != issubclass(self.request, SteeringRequest):
+            raise TypeError(f"verb {self.name}: a verb with plan and apply takes a SteeringRequest, no other does")
+        if (self.on_node is not None) != issubclass(self.request, NodeQueryRequest):  # the daemon routes by it
+            raise TypeError(f"verb {self.name}: an on_node verb takes a NodeQueryRequest (its node), no other does")
+        # A request ignores fields it does not declare: an argument sent under another name would be lost silently.
+        unknown = {a.field or a.name for a in self.args if not a.cli_only} - {f.name for f in fields(self.request)}
+        if unknown:
+            raise TypeError(f"verb {self.name}: {self.request.__name__} has no field {', '.join(sorted(unknown))}")
 
     @property
     def steer(self) -> bool:
         """It changes the job: refused for viewers and under --readonly; takes dry_run and force."""
         return self.plan is not None
 
-    def run(self, c: JobPort, body: Body) -> Body:
+    def decode(self, body: object) -> Q:
+        """The request of a body, or ProtocolError(bad_argument) naming the field that is missing or mistyped."""
+        return self.request.decode(body, self.name)
+
+    def run(self, c: JobPort, request: Q) -> Body:
         """A job-wide verb at the coordinator (an `on_node` verb is run by daemon/node_queries.py)."""
         if self.read is not None:
-            return self.read(c, body)
+            return self.read(c, request)
         if self.on_node is not None:  # a routing mistake, never the coordinator's to answer
             raise ProtocolError(ErrorCode.BAD_MESSAGE, f"{self.name} is answered by the node it names, "
                                 "not by the coordinator")
         assert self.plan is not None and self.apply is not None
-        plan = self.plan(c, body)  # its checks and interlocks refuse a dry run as they would the real one
-        if arg(body, "dry_run", bool, False):
-            return {"ok": True, "dry_run": True, "plan": plan}
-        return {**self.apply(c, body, plan), "plan": plan}
+        plan = self.plan(c, request)  # its checks and interlocks refuse a dry run as they would the real one
+        if not changes(request):
+            return Steered(dry_run=True, plan=plan).encode()
+        return replace(self.apply(c, request, plan), plan=plan).encode()
 
 
-def forced(body: Body) -> bool:
-    """The request's `force`: override an interlock."""
-    return bool(arg(body, "force", bool, False))
+def changes(request: VerbRequest) -> bool:
+    """A steering request for real, not a dry run: a coordinator that cannot keep a change refuses it."""
+    return isinstance(request, SteeringRequest) and not request.dry_run

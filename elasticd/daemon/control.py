@@ -14,8 +14,9 @@ import zmq.asyncio
 
 from elasticd import __version__
 from elasticd.commands.registry import REGISTRY
+from elasticd.commands.verb import Command, changes
 from elasticd.coordinator.coordinator import Coordinator
-from elasticd.daemon.node_queries import NodeQueries, is_node_query
+from elasticd.daemon.node_queries import NodeQueries
 from elasticd.job.config import JobConfig, StartError
 from elasticd.job.events import EventLog
 from elasticd.keys.auth import Gatekeeper, NodeKeys, serve_curve
@@ -33,6 +34,8 @@ from elasticd.wire.protocol import (
     new_id,
     reply,
 )
+from elasticd.wire.verb_replies import Hello, served
+from elasticd.wire.verb_requests import NodeQueryRequest, VerbRequest
 
 log = logging.getLogger("elasticd")
 FORWARD_TIMEOUT_S = 5.0
@@ -56,7 +59,7 @@ class ControlHost(Protocol):
     def coordinator(self) -> Coordinator | None: ...
     @property
     def events_pub(self) -> str: ...
-    def node_event(self, kind: EventKind, **fields: Any) -> None: ...
+    def node_event(self, kind: EventKind, **fields: object) -> None: ...
     def steering_held(self) -> str: ...
     def forward(self, op: str, body: dict[str, Any], msg_id: str) -> bool: ...
     def answer_forward(self, node_id: str, op: str, body: dict[str, Any], msg_id: str) -> None: ...
@@ -99,7 +102,7 @@ class ControlPlane:
             raise StartError(f"cannot bind {addr or 'a loopback port'}: {reason}") from None
         return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
-    def tasks(self) -> list[Any]:
+    def tasks(self) -> list[asyncio.Task[None]]:
         return [asyncio.create_task(self.serve())]
 
     # ---- telemetry ---------------------------------------------------------------------------
@@ -168,88 +171,98 @@ class ControlPlane:
 
     def handle(self, ident: bytes, env: Envelope, user: str = "") -> None:
         if env.op == "hello":
-            self.send(ident, reply(env, self.d.cfg.node_id, self.hello()))
+            self.send(ident, reply(env, self.d.cfg.node_id, self.hello().encode()))
             return
         command = REGISTRY.get(env.op)
         if command is None:
             raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {env.op!r}; known: hello, {', '.join(REGISTRY)}")
-        who = self.authorize(env, command.steer, user)
-        if command.steer:
-            self.d.node_event(EventKind.command_received, op=env.op, by=who,
-                              args={k: v for k, v in env.body.items() if k != "client"})
-        if command.on_node is not None and self.d.queries.ask(
-                env.op, env.body, lambda body: self.send(ident, reply(env, self.d.cfg.node_id, body))):
+        try:
+            request = command.decode(env.body)  # once, here: everything after gets the record
+        except ProtocolError:
+            self.admit(env, command.steer, user, "?")  # a malformed request is authorized and recorded first too
+            raise
+        self.admit(env, command.steer, user, request.client)
+        if isinstance(request, NodeQueryRequest) and self.d.queries.ask(
+                env.op, request, lambda body: self.send(ident, reply(env, self.d.cfg.node_id, body))):
             return  # answered here, or carried to the node it names; else forwarded like any verb
         if self.d.coordinator is not None:
-            self.send(ident, reply(env, self.d.cfg.node_id, self.own_view(env.op, self.execute(env))))
+            self.send(ident, reply(env, self.d.cfg.node_id, self.own_view(env.op, self.execute(command, request))))
             return
         fwd = new_id()
         if not self.d.forward(env.op, env.body, fwd):
             raise ProtocolError(ErrorCode.NOT_RUNNING, "this daemon is not connected to its coordinator yet")
         self.pending[fwd] = (ident, env, time.time() + FORWARD_TIMEOUT_S)
 
-    def authorize(self, env: Envelope, steer: bool, user: str) -> str:
+    def admit(self, env: Envelope, steer: bool, user: str, claimed: str) -> None:
+        """Authorize the request; a steering one, valid or not, is recorded as it came (`command_received`)."""
+        who = self.authorize(env.op, steer, user, claimed)
+        if steer:
+            self.d.node_event(EventKind.command_received, op=env.op, by=who,
+                              args={k: v for k, v in env.body.items() if k != "client"})
+
+    def authorize(self, op: str, steer: bool, user: str, claimed: str) -> str:
         """Who is asking; a viewer's steer verb, or a key revoked since it connected, is refused and logged."""
-        claimed = str(env.body.get("client", "?"))
         if self.d.gate is None:
             return claimed  # no keys: loopback only (start refuses otherwise), every local user may steer
         key = self.d.gate.role_of(user)
         if key is None:
-            self.d.node_event(EventKind.unauthorized, op=env.op, by=claimed, reason="key not authorized (revoked?)")
+            self.d.node_event(EventKind.unauthorized, op=op, by=claimed, reason="key not authorized (revoked?)")
             raise ProtocolError(ErrorCode.UNAUTHORIZED, "this key is not authorized (revoked?)")
         if steer and key.role != "operator":
-            self.d.node_event(EventKind.unauthorized, op=env.op, by=key.name, reason=f"role {key.role} cannot steer")
+            self.d.node_event(EventKind.unauthorized, op=op, by=key.name, reason=f"role {key.role} cannot steer")
             raise ProtocolError(ErrorCode.UNAUTHORIZED, f"key '{key.name}' has role {key.role}: it may read, not steer")
         return f"{key.name} ({key.role})"
 
-    def execute(self, env: Envelope) -> dict[str, Any]:
+    def execute(self, command: Command[VerbRequest], request: VerbRequest) -> dict[str, Any]:
         """Run a verb at the coordinator; interlock refusals become events as well as replies."""
         c = self.d.coordinator
         assert c is not None
-        command = REGISTRY[env.op]
-        held = self.d.steering_held() if command.steer and not env.body.get("dry_run") else ""
+        held = self.d.steering_held() if changes(request) else ""
         if held:  # applied now, it would be lost or undone by the coordinator that takes over
-            return ProtocolError(ErrorCode.NOT_RUNNING, f"{env.op}: {held}; nothing was changed").as_body()
+            return ProtocolError(ErrorCode.NOT_RUNNING, f"{command.name}: {held}; nothing was changed").as_body()
         try:
-            return command.run(c, env.body)
+            return command.run(c, request)
         except ProtocolError as err:
             if err.errno == ErrorCode.REFUSED:
-                c.emit(EventKind.interlock_refused, op=env.op, reason=err.reason)
+                c.emit(EventKind.interlock_refused, op=command.name, reason=err.reason)
             return err.as_body()
         except Exception as exc:  # a verb's bug must not take the daemon down
-            log.exception("verb %s failed", env.op)
-            return ProtocolError(ErrorCode.INTERNAL, f"{env.op} failed inside the daemon: {exc!r}").as_body()
+            log.exception("verb %s failed", command.name)
+            return ProtocolError(ErrorCode.INTERNAL, f"{command.name} failed inside the daemon: {exc!r}").as_body()
 
     def own_view(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
         """A job-wide answer plus what only the daemon asked knows: `status` carries its refused handshakes."""
-        if op != "status" or body.get("ok") is False:
+        if op != "status" or not served(body):
             return body
         return {**body, "refused_keys": self.refused_keys()}
 
     def refused_keys(self) -> int:
         return self.d.gate.refusals.total if self.d.gate is not None else 0
 
-    def hello(self) -> dict[str, Any]:
+    def hello(self) -> Hello:
         d = self.d
-        return {"ok": True, "version": __version__, "protocol": PROTOCOL_VERSION, "capabilities": CAPABILITIES,
-                "node": d.cfg.node_id, "job_id": d.cfg.job_id, "coordinator": d.coordinator is not None,
-                "rendezvous": f"{d.cfg.rdzv_host}:{d.cfg.rdzv_port}", **d.endpoints,
-                "events_pub": d.events_pub,
-                "stats": {**self.stats, "refused_keys": self.refused_keys()}}
+        return Hello(version=__version__, protocol=PROTOCOL_VERSION, capabilities=CAPABILITIES, node=d.cfg.node_id,
+                     job_id=d.cfg.job_id, coordinator=d.coordinator is not None,
+                     rendezvous=f"{d.cfg.rdzv_host}:{d.cfg.rdzv_port}", control=d.endpoints["control"],
+                     pub=d.endpoints["pub"], events_pub=d.events_pub,
+                     stats={**self.stats, "refused_keys": self.refused_keys()})
 
     # ---- forwarding between a member and the coordinator ------------------------------------------
     def on_forwarded(self, sender: str, env: Envelope) -> None:
-        """Coordinator side: run a member's forwarded request and send the answer back."""
+        """Coordinator side: run a member's forwarded request (decoded here, where it arrives), answer it back."""
         op = env.op.removeprefix(CTL_PREFIX)
-        if is_node_query(op):
-            try:
-                self.d.queries.ask(op, env.body, lambda body: self.d.answer_forward(sender, env.op, body, env.id))
-            except ProtocolError as err:
-                self.d.answer_forward(sender, env.op, err.as_body(), env.id)
+        command = REGISTRY.get(op)
+        try:
+            if command is None:
+                raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {op!r}")
+            request = command.decode(env.body)
+            if isinstance(request, NodeQueryRequest):
+                self.d.queries.ask(op, request, lambda body: self.d.answer_forward(sender, env.op, body, env.id))
+                return
+        except ProtocolError as err:
+            self.d.answer_forward(sender, env.op, err.as_body(), env.id)
             return
-        body = (self.execute(Envelope("req", op, env.body, id=env.id)) if op in REGISTRY
-                else ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {op!r}").as_body())
-        self.d.answer_forward(sender, env.op, body, env.id)
+        self.d.answer_forward(sender, env.op, self.execute(command, request), env.id)
 
     def on_forwarded_reply(self, env: Envelope) -> None:
         entry = self.pending.pop(env.id, None)

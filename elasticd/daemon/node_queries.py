@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from elasticd.commands.port import NodePort
 from elasticd.commands.registry import REGISTRY
 from elasticd.wire.assignment import NodeQuery
 from elasticd.wire.names import MeshOp, NodeStatus
-from elasticd.wire.protocol import ErrorCode, ProtocolError, arg, new_id
+from elasticd.wire.protocol import ErrorCode, ProtocolError, new_id
+from elasticd.wire.verb_requests import NodeQueryRequest
 
 log = logging.getLogger("elasticd")
 QUERY_TIMEOUT_S = 4.0  # under a forwarding member's own 5 s, so its client hears why
@@ -23,11 +24,6 @@ MAX_PENDING = 1000  # questions in flight at the coordinator; past that, refused
 Answer = Callable[[dict[str, Any]], None]
 Send = Callable[[str, MeshOp, dict[str, Any]], None]
 NodeStatusOf = Callable[[str], NodeStatus | None]  # the coordinator's view of a node; None: unknown, or no coordinator
-
-
-def is_node_query(op: str) -> bool:
-    command = REGISTRY.get(op)
-    return command is not None and command.on_node is not None
 
 
 class NodeQueries:
@@ -41,11 +37,11 @@ class NodeQueries:
         self.status_of, self.is_coordinator, self.spawn = status_of, is_coordinator, spawn
         self.pending: dict[str, tuple[Answer, float, str]] = {}  # query id -> (answer, due, node)
 
-    def ask(self, op: str, args: dict[str, Any], answer: Answer) -> bool:
+    def ask(self, op: str, request: NodeQueryRequest, answer: Answer) -> bool:
         """Answer now or route to the node; False when this member must forward it to the coordinator first."""
-        target = arg(args, "node", str)
+        target = request.node
         if target == self.node_id:
-            self.spawn(self.answer_here(op, args, answer))
+            self.spawn(self.answer_here(op, request, answer))
             return True
         if not self.is_coordinator():
             return False
@@ -59,18 +55,20 @@ class NodeQueries:
             raise ProtocolError(ErrorCode.REFUSED, f"{len(self.pending)} node queries in flight; try again shortly")
         qid = new_id()
         self.pending[qid] = (answer, time.time() + QUERY_TIMEOUT_S, target)
-        self.send_to_node(target, MeshOp.node_query, {"id": qid, "op": op, "args": args})
+        self.send_to_node(target, MeshOp.node_query, {"id": qid, "op": op, "args": request.encode()})
         return True
 
-    async def answer_here(self, op: str, args: dict[str, Any], answer: Answer) -> None:
-        answer(await self.run(op, args))
+    async def answer_here(self, op: str, request: NodeQueryRequest, answer: Answer) -> None:
+        answer(await self.run(op, request))
 
-    async def run(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+    async def run(self, op: str, request: NodeQueryRequest | Mapping[str, object]) -> dict[str, Any]:
+        """This node's answer to a request from its own control socket, or to a `node_query`'s args (decoded here)."""
         command = REGISTRY.get(op)
         if command is None or command.on_node is None:
             return ProtocolError(ErrorCode.UNKNOWN_OP, f"{op!r} is no node query").as_body()
         try:
-            return await command.on_node(self.port, args)
+            return await command.on_node(self.port, request if isinstance(request, NodeQueryRequest)
+                                         else command.decode(request))
         except ProtocolError as err:
             return err.as_body()
         except Exception as exc:  # a reader's bug must not take the daemon down

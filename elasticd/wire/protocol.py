@@ -237,17 +237,3 @@ def reply(request: Envelope, node: str, body: dict[str, Any]) -> Envelope:
 def error_reply(request_id: str, op: str, node: str, err: ProtocolError) -> Envelope:
     return Envelope(type="rep", op=op or "error", body=err.as_body(), id=request_id, node=node, ts=time.time())
 
-
-def arg(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
-    """Fetch one typed request argument, or raise BAD_ARGUMENT naming it."""
-    if name not in body:
-        if default is ...:
-            raise ProtocolError(ErrorCode.BAD_ARGUMENT, f"missing argument '{name}'")
-        return default
-    value = body[name]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if isinstance(value, bool) and bool not in kinds:  # JSON true is not the integer 1 here
-        raise ProtocolError(ErrorCode.BAD_ARGUMENT, f"argument '{name}' has the wrong type")
-    if not isinstance(value, kind):
-        raise ProtocolError(ErrorCode.BAD_ARGUMENT, f"argument '{name}' has the wrong type")
-    return value

@@ -23,27 +23,29 @@ TESTS = Path(__file__).resolve().parents[1]  # where `support` is
 
 BOOKMARK = '''"""`bookmark`: a labelled marker in the job's event log (a verb only this test has)."""
 
-from typing import Any
+from dataclasses import dataclass
 
 from elasticd.commands.port import JobPort
 from elasticd.commands.verb import Arg, Command, ConsoleAction
-from elasticd.wire.protocol import arg
+from elasticd.wire.verb_replies import Plan, Steered
+from elasticd.wire.verb_requests import SteeringRequest
 
 
-def label(args: dict[str, Any]) -> str:
-    return arg(args, "label", str, "console")
+@dataclass(frozen=True, kw_only=True)
+class BookmarkRequest(SteeringRequest):
+    label: str = "console"
 
 
-def plan(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
-    return {"summary": f"bookmark '{label(args)}' goes into the event log"}
+def plan(c: JobPort, request: BookmarkRequest) -> Plan:
+    return Plan(summary=f"bookmark '{request.label}' goes into the event log")
 
 
-def apply(c: JobPort, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
-    c.emit("bookmark", label=label(args))
-    return {"ok": True, "accepted": True}
+def apply(c: JobPort, request: BookmarkRequest, plan: Plan) -> Steered:
+    c.emit("bookmark", label=request.label)
+    return Steered(accepted=True)
 
 
-COMMANDS = [Command("bookmark", "put a labelled marker into the event log", plan=plan, apply=apply,
+COMMANDS = [Command("bookmark", "put a labelled marker into the event log", BookmarkRequest, plan=plan, apply=apply,
                     args=(Arg("label", "the marker's text", flags=("--label",)),),
                     console=(ConsoleAction("bookmark", "b", "Bookmark the event log"),))]
 '''

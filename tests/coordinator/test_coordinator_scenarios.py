@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from support.sim import COORD, Sim
+from support.sim import COORD, Sim, verb
 
 from elasticd.commands.registry import REGISTRY
 from elasticd.coordinator.liveness import RECONNECT_GRACE_S
@@ -225,12 +225,12 @@ def test_drain_stops_every_rank_at_one_agreed_step_then_reforms_without_the_node
     sim = shim_job()
     c = sim.coordinator
     mark = sim.mark()
-    dry = REGISTRY["drain"].run(c, {"node": "c", "dry_run": True})
+    dry = verb(c, "drain", {"node": "c", "dry_run": True})
     assert dry["dry_run"] is True
     assert (dry["plan"]["world_after"], dry["plan"]["ranks_leaving"]) == (4, [4, 5])
     assert sim.events[-1]["order"] < mark and sim.sent[-1].order < mark  # nothing happened
     assert c.transition is None and c.nodes["c"].role == Role.active and c.target == 3
-    reply = REGISTRY["drain"].run(c, {"node": "c"})
+    reply = verb(c, "drain", {"node": "c"})
     assert reply["accepted"] is True
     sim.formed(2)
     agreed, = sim.of(K.step_agreed, since=mark)
@@ -269,7 +269,7 @@ def test_nodes_without_shim_ranks_are_told_but_not_waited_for() -> None:
     sim = shim_job()
     sim.nodes["c"].shim = False  # c's workers are plain: it answers with no step
     mark = sim.mark()
-    assert REGISTRY["drain"].run(sim.coordinator, {"node": "c"})["accepted"] is True
+    assert verb(sim.coordinator, "drain", {"node": "c"})["accepted"] is True
     sim.formed(2)
     assert sorted(m.dst for m in sim.msgs(MeshOp.drain_workers, since=mark)) == ["a", "b", "c"]
     assert sim.msgs(MeshOp.node_drained, src="c", since=mark) == []
@@ -288,9 +288,9 @@ def test_drain_interlocks_refuse_rank_0_and_the_coordinator_without_force() -> N
     mark = sim.mark()
     for node_id, why in (("b", "holds rank 0"), ("a", "is the coordinator")):
         with pytest.raises(ProtocolError, match=why):
-            REGISTRY["drain"].run(c, {"node": node_id})
+            verb(c, "drain", {"node": node_id})
     assert c.transition is None and sim.kinds(since=mark) == [] and c.target == 3
-    assert REGISTRY["drain"].run(c, {"node": "b", "force": True})["accepted"] is True
+    assert verb(c, "drain", {"node": "b", "force": True})["accepted"] is True
     sim.formed(3)
     assert sim.rank_map() == [("c", [0, 1]), ("a", [2, 3])] and c.nodes["b"].role == Role.standby
 
@@ -300,11 +300,11 @@ def test_scale_down_to_one_and_back_up_promotes_the_standby() -> None:
     sim.start()
     sim.formed()
     c = sim.coordinator
-    REGISTRY["scale"].run(c, {"nodes": 1})
+    verb(c, "scale", {"nodes": 1})
     sim.formed(2)
     assert sim.rank_map() == [("a", [0, 1])] and c.nodes["b"].role == Role.standby
     assert sim.nodes["b"].state == Role.standby
-    REGISTRY["scale"].run(c, {"nodes": 2})
+    verb(c, "scale", {"nodes": 2})
     sim.formed(3)
     assert sim.rank_map() == [("a", [0, 1]), ("b", [2, 3])] and c.nodes["b"].role == Role.active
     assert [(r.world_size, r.cause) for r in sim.rounds()] == [(4, Cause.start), (2, Cause.membership),
@@ -318,7 +318,7 @@ def test_step_query_a_member_never_answers_resolves_at_the_timeout_with_the_othe
     sim = shim_job()
     sim.nodes["c"].mute.add(MeshOp.step_query)  # c is the one ahead: its step would have decided at_step
     mark, asked = sim.mark(), sim.clock.now
-    REGISTRY["checkpoint"].run(sim.coordinator, {})
+    verb(sim.coordinator, "checkpoint", {})
     sim.run_until(lambda: bool(sim.of(K.step_agreed, since=mark)), timeout=5.0)
     agreed, = sim.of(K.step_agreed, since=mark)
     assert QUERY_TIMEOUT_S <= agreed["at"] - asked <= QUERY_TIMEOUT_S + sim.tick_s
@@ -335,7 +335,7 @@ def test_stop_barrier_waits_grace_plus_slack_for_a_node_that_never_stops() -> No
     sim.formed()
     sim.nodes["c"].stop_s = None  # its old workers never go away
     mark = sim.mark()
-    REGISTRY["restart"].run(sim.coordinator, {})
+    verb(sim.coordinator, "restart", {})
     sim.run_until(lambda: bool(sim.msgs(MeshOp.go, since=mark)), timeout=30.0)
     started, = sim.of(K.round_started, since=mark)
     timeout, = sim.of(K.stop_barrier_timeout, since=mark)
@@ -393,7 +393,7 @@ def test_a_member_gone_during_a_graceful_stop_abandons_it_and_reforms_promptly(c
     sim.configure(save_s=1.0)  # saving takes a while: b is gone before it says drained
     mark = sim.mark()
     if change == "drain":
-        REGISTRY["drain"].run(sim.coordinator, {"node": "d"})
+        verb(sim.coordinator, "drain", {"node": "d"})
     else:  # a join re-forms: healthy shim workers stop at one step first
         sim.add("e", shim=True, save_s=1.0).start()
     sim.run_until(lambda: bool(sim.of(K.step_agreed, since=mark)))
@@ -488,7 +488,7 @@ def test_a_lost_round_or_go_is_resent_on_the_members_next_heartbeat() -> None:
         sim.formed()
         sim.nodes["c"].mute.add(lost)
         mark = sim.mark()
-        REGISTRY["restart"].run(sim.coordinator, {})
+        verb(sim.coordinator, "restart", {})
         sim.run(0.5)
         sim.nodes["c"].mute.clear()  # the next one gets through
         sim.formed(2, timeout=5.0)
@@ -580,15 +580,15 @@ def test_status_pages_the_node_list_and_counts_every_node() -> None:
     sim.formed()
     sim.nodes["n0005"].kill()
     sim.formed(2)
-    whole = REGISTRY["status"].run(sim.coordinator, {})
-    page = REGISTRY["status"].run(sim.coordinator, {"nodes_offset": 2, "nodes_limit": 3})
+    whole = verb(sim.coordinator, "status", {})
+    page = verb(sim.coordinator, "status", {"nodes_offset": 2, "nodes_limit": 3})
     assert [n["node_id"] for n in whole["nodes"]] == [f"n{i:04d}" for i in range(6)]
     assert [n["node_id"] for n in page["nodes"]] == ["n0002", "n0003", "n0004"]
     assert (page["nodes_total"], page["nodes_offset"]) == (6, 2)
     assert page["node_counts"] == {"alive/active": 5, "lost": 1} == whole["node_counts"]
     assert "nodes 3-5 of 6 (5 alive/active, 1 lost)" in REGISTRY["status"].render(page)
     with pytest.raises(ProtocolError):
-        REGISTRY["status"].run(sim.coordinator, {"nodes_limit": -1})
+        verb(sim.coordinator, "status", {"nodes_limit": -1})
 
 
 def test_a_join_waits_for_the_in_place_generation_in_flight_and_is_bounded() -> None:

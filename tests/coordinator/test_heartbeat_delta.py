@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from support.sim import Sim
+from support.sim import Sim, verb
 
-from elasticd.commands.registry import REGISTRY
 from elasticd.member.beats import DELTA_FIELDS, SLOW_REFRESH_S, BeatDiff, PortPool
 from elasticd.wire.names import MeshOp
 
@@ -83,7 +82,7 @@ def test_in_the_sim_steady_heartbeats_carry_nothing_and_the_verbs_show_the_last_
     assert len(beats) >= 16 and not any(carried(b) for b in beats)
     node = sim.coordinator.nodes["n0001"]
     assert len(node.ports) == 4
-    metrics = REGISTRY["metrics"].run(sim.coordinator, {})
+    metrics = verb(sim.coordinator, "metrics", {})
     assert {str(r) for r in sim.round.node_ids() for r in sim.round.entry(r).ranks} == \
         {str(r["rank"]) for r in metrics["ranks"]}  # every rank's last report is still shown
 
@@ -96,7 +95,7 @@ def test_the_coordinator_keeps_worker_records_a_quiet_beat_leaves_out() -> None:
     body = {"instance": member.instance, "state": "running", "round": 1, "assigned": 1}
     c.heartbeat("n0001", {**body, "workers": [WORKER], "metrics": {"0": {"step": 3, "round": 1}}}, sim.clock.now)
     c.heartbeat("n0001", body, sim.clock.now)
-    assert REGISTRY["workers"].run(c, {})["nodes"]["n0001"] == [WORKER]
+    assert verb(c, "workers", {})["nodes"]["n0001"] == [WORKER]
     assert c.nodes["n0001"].metrics == {"0": {"step": 3, "round": 1}}
     assert c.status(sim.clock.now)["nodes"][1]["node_id"] == "n0001"
 

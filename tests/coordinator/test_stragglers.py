@@ -82,11 +82,11 @@ def test_the_console_marks_a_straggler_and_a_drain_plan_says_what_the_job_gains(
     assert "SLOW" in cells["c"][3].plain and "SLOW" not in cells["a"][3].plain + cells["b"][3].plain
 
     from elasticd.commands.steering import without_stragglers
+    from elasticd.wire.verb_replies import Plan
     port = SimpleNamespace(stragglers=SimpleNamespace(named=named))
-    plan = without_stragglers(port, ["c"], {"summary": "world 6 → 4"})  # type: ignore[arg-type]
-    assert plan["gain_s_per_step"] == 0.116 and "the straggler c goes: about 0.116s less per 0.150s step" in \
-        plan["summary"]
-    assert without_stragglers(port, ["a"], {"summary": "world 6 → 4"}) == {"summary": "world 6 → 4"}  # type: ignore[arg-type]
+    plan = without_stragglers(port, ["c"], Plan(summary="world 6 → 4"))  # type: ignore[arg-type]
+    assert plan.gain_s_per_step == 0.116 and "the straggler c goes: about 0.116s less per 0.150s step" in plan.summary
+    assert without_stragglers(port, ["a"], Plan(summary="world 6 → 4")) == Plan(summary="world 6 → 4")  # type: ignore[arg-type]
 
 
 def test_each_nodes_others_median_is_the_median_without_it() -> None:

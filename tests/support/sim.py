@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from elasticd.commands.registry import REGISTRY
 from elasticd.coordinator.coordinator import Coordinator
 from elasticd.coordinator.membership import MembershipStore, MemoryStore, Round
 from elasticd.job.config import STOP_SLACK_S, JobConfig
@@ -21,6 +22,12 @@ from elasticd.wire.protocol import Envelope
 
 COORD = "coordinator"  # the destination of member -> coordinator messages in the trace
 Timer = tuple[float, int, Callable[..., None], tuple[Any, ...]]  # (due, order, fn, args)
+
+
+def verb(c: Coordinator, op: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A verb as daemon/control.py runs it at the coordinator: its body decoded into its request, then run."""
+    command = REGISTRY[op]
+    return command.run(c, command.decode(body or {}))
 
 
 class FakeClock:

@@ -13,7 +13,8 @@ import pytest
 from elasticd.coordinator.membership import NodeRecord, build_rank_map, sticky_order
 from elasticd.job.config import ConfigError, parse_endpoint, parse_nnodes
 from elasticd.job.logsink import SecondCachedFormatter, TurnBufferedHandler
-from elasticd.wire.protocol import MAX_FRAME_BYTES, Envelope, ErrorCode, ProtocolError, arg, decode, encode
+from elasticd.wire.protocol import MAX_FRAME_BYTES, Envelope, ErrorCode, ProtocolError, decode, encode
+from elasticd.wire.verb_requests import RanksRequest, ScaleRequest
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 
@@ -59,11 +60,11 @@ def test_bad_frames_are_refused_with_their_error_number(frame: bytes, errno: int
 
 
 def test_typed_arguments_refuse_booleans_for_integers() -> None:
-    assert arg({"n": 3}, "n", int) == 3
-    assert arg({}, "n", int, 5) == 5
-    for body in ({"n": True}, {"n": "3"}, {}):
+    assert ScaleRequest.decode({"nodes": 3}).nodes == 3
+    assert RanksRequest.decode({}).history == 20
+    for body in ({"nodes": True}, {"nodes": "3"}, {}):
         with pytest.raises(ProtocolError) as info:
-            arg(body, "n", int)
+            ScaleRequest.decode(body)
         assert info.value.errno == ErrorCode.BAD_ARGUMENT
 
 

@@ -1,29 +1,28 @@
 """`drain NODE`: a graceful leave; shim workers checkpoint and stop at one step, the node stays as standby."""
 
-from typing import Any
-
 from elasticd.commands import steering
 from elasticd.commands.port import JobPort
-from elasticd.commands.verb import Arg, Command, ConsoleAction, forced
+from elasticd.commands.verb import Arg, Command, ConsoleAction
 from elasticd.wire.names import After, Role, TransitionKind
-from elasticd.wire.protocol import arg
+from elasticd.wire.verb_replies import Plan, Steered
+from elasticd.wire.verb_requests import NodeRequest
 
 
-def plan(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
-    node = arg(args, "node", str)
+def plan(c: JobPort, request: NodeRequest) -> Plan:
     rnd = steering.require_running(c)
-    steering.check_leave(c, [node], forced(args))
-    return steering.without_stragglers(c, [node], steering.plan(c, [n for n in rnd.node_ids() if n != node]))
+    steering.check_leave(c, [request.node], request.force)
+    return steering.without_stragglers(c, [request.node],
+                                       steering.plan(c, [n for n in rnd.node_ids() if n != request.node]))
 
 
-def apply(c: JobPort, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
-    node = args["node"]
+def apply(c: JobPort, request: NodeRequest, plan: Plan) -> Steered:
     c.aim_at(max(1, len(steering.require_running(c).node_ids()) - 1))
-    return steering.begin(c, TransitionKind.drain, [node], Role.standby, After.round, f"drain of {node}")
+    return steering.begin(c, TransitionKind.drain, [request.node], Role.standby, After.round,
+                          f"drain of {request.node}")
 
 
 COMMANDS = [Command(
-    "drain", "graceful leave of a node: drain NODE", order=70, plan=plan, apply=apply,
+    "drain", "graceful leave of a node: drain NODE", NodeRequest, order=70, plan=plan, apply=apply,
     args=(Arg("node", "node id"),),
     console=(ConsoleAction("drain", "D", "Drain node(s): graceful leave", targets="nodes", destructive=True),),
 )]

@@ -1,27 +1,16 @@
 """`events`: the bounded job event history, filtered by kind, time or sequence number."""
 
-import math
 import time
 from typing import Any
 
 from elasticd.commands.event_text import line
 from elasticd.commands.port import JobPort
 from elasticd.commands.verb import Arg, Command
-from elasticd.wire.protocol import ErrorCode, ProtocolError, arg
+from elasticd.wire.verb_requests import EventsRequest
 
 
-def read(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
-    kinds = arg(args, "kinds", list, [])
-    if not all(isinstance(k, str) for k in kinds):
-        kinds = []
-    try:
-        since_ts = float(arg(args, "since_ts", (int, float), 0.0))
-    except OverflowError:  # an integer too large for a float
-        since_ts = math.inf
-    if not math.isfinite(since_ts):
-        raise ProtocolError(ErrorCode.BAD_ARGUMENT, "argument 'since_ts' must be a finite UNIX time")
-    events = c.events.query(kinds, since_ts,
-                            arg(args, "since_seq", int, 0), arg(args, "limit", int, 500))
+def read(c: JobPort, request: EventsRequest) -> dict[str, Any]:
+    events = c.events.query(request.kinds, request.since_ts, request.since_seq, request.limit)
     return {"ok": True, "events": events, "seq": c.events.seq}
 
 
@@ -34,7 +23,7 @@ def render(result: dict[str, Any]) -> str:
 
 
 COMMANDS = [Command(
-    "events", "job events (--follow to stream them)", order=40, read=read, render=render,
+    "events", "job events (--follow to stream them)", EventsRequest, order=40, read=read, render=render,
     args=(Arg("follow", "stream events as they happen", type=None, flags=("--follow", "-f"), default=False,
               action="store_true", cli_only=True),
           Arg("kind", "only these kinds (repeatable)", flags=("--kind",), default=[], action="append", field="kinds"),

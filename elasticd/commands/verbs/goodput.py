@@ -4,14 +4,13 @@ from typing import Any
 
 from elasticd.commands.port import JobPort
 from elasticd.commands.verb import Arg, Command
-from elasticd.wire.protocol import arg
+from elasticd.wire.verb_requests import GOODPUT_NODES, GoodputRequest
 
 BUCKETS = ("training", "checkpoint", "redone", "waiting")
-NODES_SHOWN = 20  # nodes in a reply, the lowest goodput first, unless asked for more
 
 
-def read(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
-    return {"ok": True, **c.goodput.report(c.clock(), arg(args, "nodes", int, NODES_SHOWN))}
+def read(c: JobPort, request: GoodputRequest) -> dict[str, Any]:
+    return {"ok": True, **c.goodput.report(c.clock(), request.nodes)}
 
 
 def render(result: dict[str, Any]) -> str:
@@ -35,6 +34,7 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-COMMANDS = [Command("goodput", "share of the job's time that trained; lost time by cause", order=55, read=read,
-                    render=render, args=(Arg("nodes", "this many nodes, the lowest goodput first (-1: every node)",
-                                             type=int, flags=("--nodes",), default=NODES_SHOWN),))]
+COMMANDS = [Command("goodput", "share of the job's time that trained; lost time by cause", GoodputRequest, order=55,
+                    read=read, render=render,
+                    args=(Arg("nodes", "this many nodes, the lowest goodput first (-1: every node)", type=int,
+                              flags=("--nodes",), default=GOODPUT_NODES),))]

@@ -6,24 +6,13 @@ from typing import Any
 
 from elasticd.commands.port import NodePort
 from elasticd.commands.verb import Arg, Caller, Command
-from elasticd.wire.protocol import ErrorCode, ProtocolError, arg
+from elasticd.wire.verb_requests import LogsRequest
 
 FOLLOW_POLL_S = 0.25
 
 
-def optional_int(args: dict[str, Any], name: str) -> int | None:
-    value = arg(args, name, int, None)
-    if value is not None and not 0 <= value < 2**53:
-        raise ProtocolError(ErrorCode.BAD_ARGUMENT, f"argument '{name}' must be a whole number ≥ 0")
-    return value
-
-
-async def on_node(port: NodePort, args: dict[str, Any]) -> dict[str, Any]:
-    since = optional_int(args, "since")
-    rank = optional_int(args, "rank")
-    if since is not None and rank is None:
-        raise ProtocolError(ErrorCode.BAD_ARGUMENT, "'since' reads one rank's log: give 'rank' too")
-    return port.output(rank, optional_int(args, "round"), optional_int(args, "tail") or 0, since)
+async def on_node(port: NodePort, request: LogsRequest) -> dict[str, Any]:
+    return port.output(request.rank, request.round, request.tail, request.since)
 
 
 def render(result: dict[str, Any]) -> str:
@@ -47,7 +36,7 @@ def lines_of(entry: dict[str, Any], said: str = "") -> list[str]:
     return [*notes, *skipped, *entry.get("lines", [])]
 
 
-def follow(call: Caller, request: dict[str, Any], first: dict[str, Any]) -> Iterator[str]:
+def follow(call: Caller, request: LogsRequest, first: dict[str, Any]) -> Iterator[str]:
     """Print the tail, then poll for lines past its offset, one rank at a time, until the node stops answering."""
     yield render(first)
     entries = first.get("ranks", [])
@@ -55,12 +44,12 @@ def follow(call: Caller, request: dict[str, Any], first: dict[str, Any]) -> Iter
         yield "(--follow follows one rank: give RANK)"
         return
     rank, offset, said = entries[0]["rank"], entries[0].get("offset", 0), entries[0].get("note", "")
-    ask = {"node": request["node"], "rank": rank, "round": first.get("round")}
     while True:
         time.sleep(FOLLOW_POLL_S)
-        entries = call("logs", **ask, since=offset).get("ranks") or []
+        ask = LogsRequest(node=request.node, rank=rank, round=first.get("round"), since=offset)
+        entries = call("logs", **ask.encode()).get("ranks") or []
         if not entries:
-            yield f"(node {request['node']} no longer holds rank {rank}'s log: the follow ends)"
+            yield f"(node {request.node} no longer holds rank {rank}'s log: the follow ends)"
             return
         entry = entries[0]
         offset = entry.get("offset", offset)
@@ -69,8 +58,8 @@ def follow(call: Caller, request: dict[str, Any], first: dict[str, Any]) -> Iter
 
 
 COMMANDS = [Command(
-    "logs", "a worker's output: logs NODE [RANK] [--tail N] [--round R] [--follow]", order=35, on_node=on_node,
-    render=render, follow=follow,
+    "logs", "a worker's output: logs NODE [RANK] [--tail N] [--round R] [--follow]", LogsRequest, order=35,
+    on_node=on_node, render=render, follow=follow,
     args=(Arg("node", "node id"),
           Arg("rank", "global rank (default: every rank of the node)", type=int, optional=True),
           Arg("tail", "the last N lines (at most 1000)", type=int, flags=("--tail", "-n"), default=20),

@@ -5,9 +5,10 @@ from typing import Any
 from elasticd.commands.port import JobPort
 from elasticd.commands.verb import Command
 from elasticd.wire.names import STEP_WAIT_METRIC
+from elasticd.wire.verb_requests import VerbRequest
 
 
-def read(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
+def read(c: JobPort, request: VerbRequest) -> dict[str, Any]:
     now, ranks = c.clock(), []
     for node in c.alive():
         for data in node.metrics.values():
@@ -37,4 +38,5 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-COMMANDS = [Command("metrics", "step, loss, throughput, checkpoint age per rank", order=50, read=read, render=render)]
+COMMANDS = [Command("metrics", "step, loss, throughput, checkpoint age per rank", VerbRequest, order=50, read=read,
+                    render=render)]

@@ -4,11 +4,11 @@ from typing import Any
 
 from elasticd.commands.port import JobPort
 from elasticd.commands.verb import Command
-from elasticd.wire.protocol import arg
+from elasticd.wire.verb_requests import RanksRequest
 
 
-def read(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
-    limit = arg(args, "history", int, 20)
+def read(c: JobPort, request: RanksRequest) -> dict[str, Any]:
+    limit = request.history
     rounds = [r.public() for r in c.store.rounds()[-limit:]] if limit > 0 else []
     return {"ok": True, "round": c.round.public() if c.round else None, "history": rounds}
 
@@ -21,4 +21,5 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines) or "(no rounds yet)"
 
 
-COMMANDS = [Command("ranks", "rank map of this round and earlier ones", order=20, read=read, render=render)]
+COMMANDS = [Command("ranks", "rank map of this round and earlier ones", RanksRequest, order=20, read=read,
+                    render=render)]

@@ -1,17 +1,18 @@
 """`scale N`: set the target node count within min:max; activates standbys or drains the surplus."""
 
-from typing import Any
+from dataclasses import replace
 
 from elasticd.commands import steering
 from elasticd.commands.port import JobPort
-from elasticd.commands.verb import Arg, Command, ConsoleAction, forced
+from elasticd.commands.verb import Arg, Command, ConsoleAction
 from elasticd.wire.names import After, Cause, EventKind, Role, TransitionKind
-from elasticd.wire.protocol import ErrorCode, arg
+from elasticd.wire.protocol import ErrorCode
+from elasticd.wire.verb_replies import Plan, Steered
+from elasticd.wire.verb_requests import ScaleRequest
 
 
-def plan(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
-    target = arg(args, "nodes", int)
-    force = forced(args)
+def plan(c: JobPort, request: ScaleRequest) -> Plan:
+    target, force = request.nodes, request.force
     if not 1 <= target <= c.cfg.max_nodes:
         raise steering.refuse(f"scale {target}: must be within 1..{c.cfg.max_nodes} (--nnodes max)",
                            ErrorCode.BAD_ARGUMENT)
@@ -25,7 +26,8 @@ def plan(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
                if n.role == Role.standby][: target - len(members)]
     result = steering.plan(c, members + joining)
     if len(members) + len(joining) < target:
-        result["summary"] += f"; only {len(joining)} standby node(s) available, the rest join when they register"
+        return replace(result, summary=f"{result.summary}; only {len(joining)} standby node(s) available, the rest "
+                                       "join when they register")
     return result
 
 
@@ -33,21 +35,21 @@ def leaving(c: JobPort, target: int) -> list[str]:
     return steering.require_running(c).node_ids()[target:]  # the newest members leave; rank 0 and the coordinator stay
 
 
-def apply(c: JobPort, args: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
-    target, members = args["nodes"], steering.require_running(c).node_ids()
+def apply(c: JobPort, request: ScaleRequest, plan: Plan) -> Steered:
+    target, members = request.nodes, steering.require_running(c).node_ids()
     c.aim_at(target)
     if target < len(members):
         return steering.begin(c, TransitionKind.scale, leaving(c, target), Role.standby, After.round,
                               f"scale to {target}")
-    joining = [n for n in plan["nodes_after"] if n not in members]
+    joining = [n for n in plan.nodes_after or [] if n not in members]
     if joining:
         c.schedule(Cause.membership, f"scale to {target}", c.clock())
     c.emit(EventKind.scale_set, target=target, joining=joining)
-    return {"ok": True, "accepted": True}
+    return Steered(accepted=True)
 
 
 COMMANDS = [Command(
-    "scale", "set the target node count: scale N", order=60, plan=plan, apply=apply,
+    "scale", "set the target node count: scale N", ScaleRequest, order=60, plan=plan, apply=apply,
     args=(Arg("nodes", "target number of nodes", type=int),),
     console=(ConsoleAction("scale_up", "plus", "Scale up: target world +1 node"),
              ConsoleAction("scale_down", "minus", "Scale down: target world -1 node")),

@@ -4,11 +4,11 @@ from typing import Any
 
 from elasticd.commands.port import NodePort
 from elasticd.commands.verb import Arg, Command
-from elasticd.commands.verbs.logs import optional_int
+from elasticd.wire.verb_requests import NodeQueryRequest
 
 
-async def on_node(port: NodePort, args: dict[str, Any]) -> dict[str, Any]:
-    return await port.stacks(optional_int(args, "rank"))
+async def on_node(port: NodePort, request: NodeQueryRequest) -> dict[str, Any]:
+    return await port.stacks(request.rank)
 
 
 def render(result: dict[str, Any]) -> str:
@@ -24,7 +24,8 @@ def render(result: dict[str, Any]) -> str:
 
 
 COMMANDS = [Command(
-    "stacks", "Python stacks of a node's ranks, taken live: stacks NODE [RANK]", order=36, on_node=on_node,
-    render=render, args=(Arg("node", "node id"),
-                         Arg("rank", "global rank (default: every rank of the node)", type=int, optional=True)),
+    "stacks", "Python stacks of a node's ranks, taken live: stacks NODE [RANK]", NodeQueryRequest, order=36,
+    on_node=on_node, render=render,
+    args=(Arg("node", "node id"),
+          Arg("rank", "global rank (default: every rank of the node)", type=int, optional=True)),
 )]

@@ -4,14 +4,11 @@ from typing import Any
 
 from elasticd.commands.port import JobPort
 from elasticd.commands.verb import Arg, Command
-from elasticd.wire.protocol import ErrorCode, ProtocolError, arg
+from elasticd.wire.verb_requests import StatusRequest
 
 
-def read(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
-    offset, limit = arg(args, "nodes_offset", int, 0), arg(args, "nodes_limit", int, None)
-    if offset < 0 or (limit is not None and limit < 0):
-        raise ProtocolError(ErrorCode.BAD_ARGUMENT, "nodes_offset and nodes_limit must be 0 or more")
-    return {"ok": True, **c.status(c.clock(), offset, limit)}
+def read(c: JobPort, request: StatusRequest) -> dict[str, Any]:
+    return {"ok": True, **c.status(c.clock(), request.nodes_offset, request.nodes_limit)}
 
 
 def render(s: dict[str, Any]) -> str:
@@ -48,7 +45,7 @@ def render(s: dict[str, Any]) -> str:
 
 
 COMMANDS = [Command(
-    "status", "job state, round, nodes, restarts by cause", order=10, read=read, render=render,
+    "status", "job state, round, nodes, restarts by cause", StatusRequest, order=10, read=read, render=render,
     args=(Arg("nodes_offset", "first node of the page (join order)", type=int, flags=("--nodes-offset",)),
           Arg("nodes_limit", "at most this many nodes (default: all)", type=int, flags=("--nodes-limit",))),
 )]

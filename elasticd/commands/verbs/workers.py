@@ -6,13 +6,13 @@ from elasticd.commands.port import JobPort
 from elasticd.commands.render import GPU_COLUMNS, format_bytes, gpu_cells, has_gpu
 from elasticd.commands.verb import Arg, Command
 from elasticd.wire.names import NodeStatus
-from elasticd.wire.protocol import arg
+from elasticd.wire.verb_requests import WorkersRequest
 
 COLUMNS = ("NODE", "RANK", "LOCAL", "PID", "STATE", "EXIT", "CPU%", "RSS", "UPTIME")
 
 
-def read(c: JobPort, args: dict[str, Any]) -> dict[str, Any]:
-    only = arg(args, "node", str, "")
+def read(c: JobPort, request: WorkersRequest) -> dict[str, Any]:
+    only = request.node
     nodes = {n.node_id: n.workers for n in c.nodes.values() if n.status == NodeStatus.alive and only in ("", n.node_id)}
     return {"ok": True, "nodes": nodes}
 
@@ -32,5 +32,5 @@ def render(result: dict[str, Any]) -> str:
                      for row in rows)
 
 
-COMMANDS = [Command("workers", "worker processes of every node", order=30, read=read, render=render,
+COMMANDS = [Command("workers", "worker processes of every node", WorkersRequest, order=30, read=read, render=render,
                     args=(Arg("only_node", "only this node", flags=("--node",), field="node"),))]
