@@ -19,6 +19,7 @@ import zmq
 from support import malformed
 from support.harness import PLAIN, DaemonProc, Job
 
+from elasticd.commands.registry import REGISTRY
 from elasticd.job.runtime import id_digest
 from elasticd.wire.assignment import TO_MEMBER
 from elasticd.wire.member_reports import TO_COORDINATOR
@@ -144,14 +145,34 @@ def test_the_member_refuses_each_malformed_coordinator_message_by_name(tmp_path:
 
 
 def test_the_control_socket_refuses_each_malformed_request_by_name(coordinator: Job) -> None:
+    """Every verb: the reply says `bad_argument` (the operator's to fix) and names the field; steering verbs are
+    decoded before any interlock, so nothing is changed or even planned."""
     a = coordinator.daemon("a")
     control = socket(zmq.DEALER, a.control)
+
+    def ask(op: str, body: Any, v: int = 1) -> dict[str, Any]:
+        control.send(frame(op, body, v=v))
+        assert control.poll(10_000), f"no reply to a malformed {op}"
+        reply: dict[str, Any] = json.loads(control.recv())["body"]
+        return reply
+
     try:
-        control.send(frame("status", {}, v=2))
-        assert control.poll(10_000)
-        reply = json.loads(control.recv())["body"]
+        asked = 0
+        for op, case in refused_cases({name: command.request for name, command in REGISTRY.items()}):
+            reply, asked = ask(op, case.body), asked + 1
+            if case.kind == "huge" and not isinstance(case.body[case.field], str):
+                assert (reply["ok"], reply["code"]) == (False, "invalid_json"), (op, case, reply)
+            elif case.kind == "huge":  # 300 KB of text: the frame is over the request cap before any field is read
+                assert (reply["ok"], reply["code"]) == (False, "bad_message"), (op, case, reply)
+                assert "exceeds" in reply["reason"]
+            else:
+                assert (reply["ok"], reply["code"]) == (False, "bad_argument"), (op, case, reply)
+                assert f"{op}: field '{case.field}'" in reply["reason"], (op, case, reply)
+        assert asked >= 3 * len(REGISTRY)  # every verb has at least `client`: wrong type, too big, and one more
+        reply = ask("status", {}, v=2)
         assert (reply["ok"], reply["code"]) == (False, "version"), reply
         assert "protocol version 2 unsupported" in reply["reason"]
     finally:
         control.close()
+    assert "Traceback" not in a.output() and a.proc.poll() is None, a.output()[-3000:]
     assert coordinator.status()["state"] == "waiting"

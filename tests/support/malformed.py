@@ -1,4 +1,4 @@
-"""Malformed bodies of every kind for a typed record, worked out from its fields: a new op is fuzzed by being declared."""
+"""Malformed bodies of each kind for a typed record, worked out from its fields: a declared op is fuzzed too."""
 
 from __future__ import annotations
 
