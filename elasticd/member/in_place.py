@@ -165,7 +165,7 @@ class InPlace:
         survivors = [w for w in group.running if w.proc.pid in self.capable]
         for worker in survivors:
             if worker.proc.pid not in self.left:  # a crash or a loss: nobody agreed a step; leave at once
-                self.send(worker.proc.pid, WorkerOp.resize, Resize(new_id(), None, round_id))
+                self.send(worker.proc.pid, WorkerOp.resize, Resize(new_id(), round=round_id))
                 self.abort(worker.proc.pid)
         deadline = time.monotonic() + self.node.cfg.grace_s + LEAVE_SLACK_S
         while time.monotonic() < deadline and any(w.exit_code is None and w.proc.pid not in self.left
@@ -184,6 +184,7 @@ class InPlace:
         for worker in kept:
             self.left.pop(worker.proc.pid, None)
             self.send(worker.proc.pid, WorkerOp.generation, Generation(
-                group.round_id, worker.rank, assignment.world_size, worker.local_rank, assignment.group_rank,
-                assignment.group_world_size, assignment.store, assignment.prefix))
+                round=group.round_id, rank=worker.rank, world_size=assignment.world_size, local_rank=worker.local_rank,
+                group_rank=assignment.group_rank, group_world_size=assignment.group_world_size, store=assignment.store,
+                prefix=assignment.prefix))
         self.resizing = False
