@@ -63,7 +63,7 @@ class NodeAgent:
         self._exit_watch: asyncio.TimerHandle | None = None  # armed when a worker finished before its peers
         self._tasks: set[asyncio.Future[Any]] = set()
         self._go: dict[int, asyncio.Event] = {}  # round -> set when the coordinator says its workers may start
-        self.reports: dict[str, dict[str, Any]] = {}  # this round's `round_progress` (stopped, spawned), to resend
+        self.reports: dict[str, tuple[float, dict[str, Any]]] = {}  # phase -> (sent at, its `round_progress`)
         self.output_pattern = compile_pattern(cfg.metrics_from_output) if cfg.metrics_from_output else None
         self.gpu = GpuSampler(cfg.heartbeat_s)  # NVML read once per heartbeat for all workers
         self.beats = BeatDiff()  # what the coordinator already holds: heartbeats carry only the rest
@@ -211,14 +211,14 @@ class NodeAgent:
 
     def report(self, phase: str, body: dict[str, Any]) -> None:
         """A step of this round, kept until the next round: the mesh may drop it, the coordinator asks again."""
-        self.reports[phase] = body
+        self.reports[phase] = (time.time(), body)
         self.to_coord(MeshOp.round_progress, body)
 
     def report_again(self, phase: str) -> None:
         """Only a report older than the loss limit: a younger one is more likely queued than lost, and a
         busy coordinator asking again must not get a second copy of every member's report."""
-        body = self.reports.get(phase)
-        if body is not None and time.time() - float(body[phase]) > self.cfg.lost_after_s:
+        sent, body = self.reports.get(phase, (0.0, None))
+        if body is not None and time.time() - sent > self.cfg.lost_after_s:
             self.to_coord(MeshOp.round_progress, body)
 
     async def stop_workers(self, kept: list[Worker] | None = None, held: list[dict[str, Any]] | None = None) -> float:

@@ -22,11 +22,14 @@ from elasticd.wire.assignment import RoundAssignment
 from elasticd.wire.heal_report import merge_heals
 from elasticd.wire.names import EventKind, MeshOp, NodeState, WorkerOp
 from elasticd.wire.protocol import new_id
+from elasticd.wire.record import Record
+from elasticd.wire.worker_reports import Hello, Joined, JoinFailed, LeftGroup
+from elasticd.wire.worker_requests import Generation, Resize
 
 PRESTART_ENV = "ELASTICD_AWAIT_GENERATION"  # a pre-started worker: RANK and WORLD_SIZE come with its generation
 
 log = logging.getLogger("elasticd")
-SendToWorker = Callable[[int, WorkerOp, dict[str, Any]], bool]  # (pid, op, body) -> sent
+SendToWorker = Callable[[int, WorkerOp, Record], bool]  # (pid, op, body) -> sent
 
 
 class Agent(Protocol):
@@ -54,20 +57,20 @@ class InPlace:
         self.node = node
         self.send: SendToWorker = lambda _pid, _op, _body: False  # the worker channel wires itself in
         self.capable: set[int] = set()  # pids whose hello said they resize in place (trainer_shim.Elastic)
-        self.left: dict[int, dict[str, Any]] = {}  # pid -> its `left` (the step it holds), until it joins again
-        self.joined: dict[int, dict[str, Any]] = {}  # pid -> its `joined` in the current round
+        self.left: dict[int, LeftGroup | Hello] = {}  # pid -> its `left` (or waiting `hello`), until it joins again
+        self.joined: dict[int, Joined] = {}  # pid -> its `joined` in the current round
         self.failed_round = 0  # the last round whose failure was reported (one report per round)
         self.abort_signals: dict[int, int] = {}  # pid -> the signal that aborts its group (its `hello` said)
         self.resizing = False  # between an in-place round's arrival and its workers' publication
 
     # -- what the workers say ------------------------------------------------------------------------
-    def on_hello(self, pid: int, body: dict[str, Any]) -> None:
-        if body.get("in_place") is True:
-            self.capable.add(pid)
-        if isinstance(body.get("abort_signal"), int) and body.get("in_place") is True:
-            self.abort_signals[pid] = int(body["abort_signal"])
-        if body.get("waiting") is True:  # pre-started: out of any group, like a survivor that has left
-            self.left[pid] = body
+    def on_hello(self, hello: Hello) -> None:
+        if hello.in_place:
+            self.capable.add(hello.pid)
+            if hello.abort_signal is not None:
+                self.abort_signals[hello.pid] = hello.abort_signal
+        if hello.waiting:  # pre-started: out of any group, like a survivor that has left
+            self.left[hello.pid] = hello
             group = self.node.group
             if group is not None and group.round_id == 0 and {w.proc.pid for w in group.running} <= self.left.keys():
                 self.node.to_coord(MeshOp.warm, {})
@@ -115,41 +118,39 @@ class InPlace:
         group = self.node.group
         return group is not None and bool(group.running) and all(w.proc.pid in self.capable for w in group.running)
 
-    def on_left(self, body: dict[str, Any]) -> None:
-        pid, rank = int(body["pid"]), int(body["rank"])
-        self.left[pid] = body
-        error = body.get("error")
-        if not error:
-            self.node.drained_ranks.add(rank)  # out of the group at the agreed step: the node's part is done
+    def on_left(self, left: LeftGroup) -> None:
+        self.left[left.pid] = left
+        if not left.error:
+            self.node.drained_ranks.add(left.rank)  # out of the group at the agreed step: the node's part is done
             self.node.check_drained()
             return
-        self.node.event(EventKind.worker_left, round=body.get("round"), rank=rank, pid=pid, step=body.get("step"),
-                        error=error)
+        self.node.event(EventKind.worker_left, round=left.round, rank=left.rank, pid=left.pid, step=left.step,
+                        error=left.error)
         if not self.resizing and self.node.state == NodeState.running:  # a peer died: heal in place
-            self.node.report_failure(None, f"worker rank {rank} on node {self.node.cfg.node_id} lost its process "
-                                     f"group at step {body.get('step')}: {error}")
+            self.node.report_failure(None, f"worker rank {left.rank} on node {self.node.cfg.node_id} lost its "
+                                     f"process group at step {left.step}: {left.error}")
 
-    def on_joined(self, body: dict[str, Any]) -> None:
+    def on_joined(self, joined: Joined) -> None:
         group = self.node.group
-        if group is None or body.get("round") != group.round_id:
+        if group is None or joined.round != group.round_id:
             return
-        self.joined[int(body["pid"])] = body
+        self.joined[joined.pid] = joined
         pids = {w.proc.pid for w in group.workers}
         if pids and pids <= self.joined.keys():
             mine = [self.joined[p] for p in pids]
-            heals = [j["heal"] for j in mine if isinstance(j.get("heal"), dict)]
+            heals = [j.heal.encode() for j in mine if j.heal is not None]
             self.node.to_coord(MeshOp.round_progress, {
-                "round": group.round_id, "in_place": all(j.get("in_place") is True for j in mine),
-                **{k: max(float(j.get(k) or 0.0) for j in mine) for k in ("group_ready", "synced")},
+                "round": group.round_id, "in_place": all(j.in_place for j in mine),
+                "group_ready": max(j.group_ready or 0.0 for j in mine), "synced": max(j.synced or 0.0 for j in mine),
                 **({"heal": merge_heals(heals)} if heals else {})})
 
-    def on_failed(self, body: dict[str, Any]) -> None:
-        self.capable.discard(int(body["pid"]))  # it waits to be replaced: no later round keeps it
-        round_id = int(body.get("round") or 0)
+    def on_failed(self, failed: JoinFailed) -> None:
+        self.capable.discard(failed.pid)  # it waits to be replaced: no later round keeps it
+        round_id = failed.round or 0
         if round_id <= self.failed_round:
             return
         self.failed_round = round_id
-        reason = f"rank {body.get('rank')} on node {self.node.cfg.node_id}: {body.get('reason')}"
+        reason = f"rank {failed.rank} on node {self.node.cfg.node_id}: {failed.reason}"
         self.node.to_coord(MeshOp.resize_failed, {"round": round_id, "reason": reason})
 
     # -- the round ---------------------------------------------------------------------------------------
@@ -164,8 +165,7 @@ class InPlace:
         survivors = [w for w in group.running if w.proc.pid in self.capable]
         for worker in survivors:
             if worker.proc.pid not in self.left:  # a crash or a loss: nobody agreed a step; leave at once
-                self.send(worker.proc.pid, WorkerOp.resize, {"request_id": new_id(), "at_step": None,
-                                                             "round": round_id})
+                self.send(worker.proc.pid, WorkerOp.resize, Resize(new_id(), round=round_id))
                 self.abort(worker.proc.pid)
         deadline = time.monotonic() + self.node.cfg.grace_s + LEAVE_SLACK_S
         while time.monotonic() < deadline and any(w.exit_code is None and w.proc.pid not in self.left
@@ -183,9 +183,8 @@ class InPlace:
         self.joined = {}
         for worker in kept:
             self.left.pop(worker.proc.pid, None)
-            self.send(worker.proc.pid, WorkerOp.generation, {
-                "round": group.round_id, "rank": worker.rank, "world_size": assignment.world_size,
-                "local_rank": worker.local_rank, "group_rank": assignment.group_rank,
-                "group_world_size": assignment.group_world_size, "store": assignment.store,
-                "prefix": assignment.prefix})
+            self.send(worker.proc.pid, WorkerOp.generation, Generation(
+                round=group.round_id, rank=worker.rank, world_size=assignment.world_size, local_rank=worker.local_rank,
+                group_rank=assignment.group_rank, group_world_size=assignment.group_world_size, store=assignment.store,
+                prefix=assignment.prefix))
         self.resizing = False

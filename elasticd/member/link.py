@@ -87,9 +87,9 @@ class Member:
             MeshOp.step_query: lambda msg: to_coord(MeshOp.step_report, {
                 "op_id": msg.op_id, **node.rank_reports.step_answer(node.round_id),
                 "in_place": node.in_place.ready()}),
-            MeshOp.drain_workers: lambda msg: channel.request(WorkerOp.drain, msg.encode()),
-            MeshOp.checkpoint_workers: lambda msg: channel.request(WorkerOp.checkpoint, msg.encode()),
-            MeshOp.resize_workers: lambda msg: channel.request(WorkerOp.resize, msg.encode()),
+            MeshOp.drain_workers: lambda msg: channel.request(WorkerOp.drain, msg),
+            MeshOp.checkpoint_workers: lambda msg: channel.request(WorkerOp.checkpoint, msg),
+            MeshOp.resize_workers: lambda msg: channel.request(WorkerOp.resize, msg),
             MeshOp.kill_worker: lambda msg: life.spawn(node.kill_worker(msg.rank)),
             MeshOp.relay: lambda msg: link.route(msg.via),
             MeshOp.node_query: on_node_query,  # `logs`, `stacks`: daemon/node_queries.py

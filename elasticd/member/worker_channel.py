@@ -15,9 +15,22 @@ import zmq.asyncio
 
 from elasticd.job.config import JobConfig, StartError
 from elasticd.job.runtime import worker_socket
+from elasticd.wire.assignment import WorkerRequest
 from elasticd.wire.names import EventKind, NodeState, WorkerOp
-from elasticd.wire.protocol import Envelope, decode, encode, new_id
-from elasticd.wire.worker_reports import IN_ROUND, Acked, Drained, Saved, SaveSkipped
+from elasticd.wire.protocol import Envelope, ProtocolError, decode, encode, new_id
+from elasticd.wire.record import Record
+from elasticd.wire.worker_reports import (
+    FROM_WORKER,
+    Acked,
+    Drained,
+    Hello,
+    Joined,
+    JoinFailed,
+    LeftGroup,
+    Saved,
+    SaveSkipped,
+)
+from elasticd.wire.worker_requests import AtStep, WorkerWelcome
 
 if TYPE_CHECKING:
     from elasticd.member.agent import NodeAgent
@@ -27,6 +40,7 @@ log = logging.getLogger("elasticd")
 
 ReportHandler = Callable[[Any, float], None]  # (the op's record, wire/worker_reports.py IN_ROUND; now)
 WELCOMES_ENV = "ELASTICD_WELCOMES"  # tells the shim that a hello asking for a `welcome` gets one
+WARN_EVERY_S = 60.0  # a worker that keeps sending a malformed op is warned of once a minute, not per frame
 
 
 class WorkerChannel:
@@ -42,13 +56,10 @@ class WorkerChannel:
         self.hung_reported: set[tuple[int, int]] = set()
         self.dropped_frames = 0
         self.pids: dict[int, bytes] = {}  # pid -> identity: a worker kept in place keeps its socket, not its rank
-        self.round_drain: tuple[int, dict[str, Any]] | None = None  # (round, the drain asked of its workers)
+        self.round_drain: tuple[int, AtStep] | None = None  # (round, the drain asked of its workers)
+        self.warned: dict[str, float] = {}  # op -> when a malformed one was last warned of
         node.in_place.send = self.send_to_pid
-        # From a worker between rounds: its rank and round are changing.
-        self.between_rounds: dict[str, Callable[[dict[str, Any]], None]] = {
-            WorkerOp.left: node.in_place.on_left, WorkerOp.joined: node.in_place.on_joined,
-            WorkerOp.resize_failed: node.in_place.on_failed}
-        # From a rank of the node's round.
+        # From a rank of the node's round (wire/worker_reports.py IN_ROUND).
         self.in_round: dict[str, ReportHandler] = {
             WorkerOp.step: self.node.step_reported, WorkerOp.checkpoint: self.on_checkpoint,
             WorkerOp.checkpoint_skipped: self.on_checkpoint_skipped, WorkerOp.drained: self.on_drained,
@@ -74,33 +85,55 @@ class WorkerChannel:
                 continue
             try:
                 env = decode(frames[1])
+            except ProtocolError as err:
+                self.dropped_frames += 1
+                log.debug("worker channel: dropped a bad frame: %s", err.reason)
+                continue
+            try:
                 self.on_message(frames[0], env)
+            except ProtocolError as err:  # a body its record refuses: a shim of another version, or a bug
+                self.dropped_frames += 1
+                self.malformed(env.op, err.reason)
             except Exception as exc:  # one bad frame must never end the loop that watches every worker
                 self.dropped_frames += 1
                 log.debug("worker channel: dropped a bad frame: %r", exc)
             await asyncio.sleep(0)
 
-    def on_message(self, ident: bytes, env: Envelope) -> None:
-        body, now = env.body, time.time()
-        rank = int(body["rank"])
-        if env.op == WorkerOp.hello:
-            self.on_hello(ident, rank, body, now)
-        elif env.op in self.between_rounds:
-            self.between_rounds[env.op](body)
-        elif env.op in self.in_round and self.node.rank_reports.has(rank, self.node.round_id):
-            self.in_round[env.op](IN_ROUND[env.op].decode(body, env.op), now)  # else an old round's worker
+    def malformed(self, op: str, reason: str) -> None:
+        """Said, not acted on; the worker goes on. Once a minute per op: a worker may send one every step."""
+        now = time.monotonic()
+        quiet = now - self.warned.get(op, -WARN_EVERY_S) < WARN_EVERY_S
+        if not quiet:
+            self.warned[op] = now
+        log.log(logging.DEBUG if quiet else logging.WARNING, "[%s] worker channel: dropped a malformed %s: %s",
+                self.cfg.node_id, op, reason)
 
-    def on_hello(self, ident: bytes, rank: int, body: dict[str, Any], now: float) -> None:
-        round_id = int(body.get("round", self.node.round_id))
-        in_place = body.get("in_place") is True
-        self.idents[rank] = (ident, round_id)
-        self.pids[int(body.get("pid", 0))] = ident
-        self.node.in_place.on_hello(int(body.get("pid", 0)), body)
-        if body.get("welcome") is True:
+    def on_message(self, ident: bytes, env: Envelope) -> None:
+        kind = FROM_WORKER.get(env.op)
+        if kind is None:
+            return  # not a worker's op (a newer shim's, or a stray frame)
+        report, now = kind.decode(env.body, env.op), time.time()
+        if isinstance(report, Hello):
+            self.on_hello(ident, report, now)
+        elif isinstance(report, LeftGroup):
+            self.node.in_place.on_left(report)
+        elif isinstance(report, Joined):
+            self.node.in_place.on_joined(report)
+        elif isinstance(report, JoinFailed):
+            self.node.in_place.on_failed(report)
+        elif self.node.rank_reports.has(report.rank, self.node.round_id):
+            self.in_round[env.op](report, now)  # else an old round's worker
+
+    def on_hello(self, ident: bytes, hello: Hello, now: float) -> None:
+        round_id = self.node.round_id if hello.round is None else hello.round
+        self.idents[hello.rank] = (ident, round_id)
+        self.pids[hello.pid] = ident
+        self.node.in_place.on_hello(hello)
+        if hello.welcome:
             self.welcome(ident, round_id)
-        if body.get("waiting") is True:
+        if hello.waiting:
             return  # started before its round: its rank is a placeholder, no metrics until it joins one
-        self.node.rank_reports.hello(rank, round_id, now, in_place)
+        self.node.rank_reports.hello(hello.rank, round_id, now, hello.in_place)
 
     def welcome(self, ident: bytes, round_id: int) -> None:
         """Answer a worker's first hello before it trains. A drain agreed in its round while it was still
@@ -109,7 +142,7 @@ class WorkerChannel:
         drain = self.round_drain[1] if self.round_drain and self.round_drain[0] == round_id else None
         if drain is not None:
             self.send_to(ident, WorkerOp.drain, drain)
-        self.send_to(ident, WorkerOp.welcome, {"hold": drain is not None and drain.get("at_step") is None})
+        self.send_to(ident, WorkerOp.welcome, WorkerWelcome(hold=drain is not None and drain.at_step is None))
 
     def on_checkpoint(self, saved: Saved, now: float) -> None:
         self.node.rank_reports.checkpoint(saved, now)
@@ -127,14 +160,14 @@ class WorkerChannel:
     def on_ack(self, acked: Acked, _now: float) -> None:
         self.node.rank_reports.ack(acked.rank, acked.request_id)
 
-    def request(self, op: WorkerOp, body: dict[str, Any]) -> int:
-        """Send checkpoint/drain to this round's shim workers; returns how many were asked."""
+    def request(self, op: WorkerOp, asked: WorkerRequest) -> int:
+        """Send checkpoint/drain/resize to this round's shim workers; returns how many were asked."""
         if self.sock is None:
             return 0
-        payload = {"request_id": body.get("request_id") or new_id(), "at_step": body.get("at_step")}
+        ask = AtStep(asked.request_id or new_id(), asked.at_step)
         if op == WorkerOp.drain:
-            self.round_drain = (self.node.round_id, payload)  # also for the ranks that say hello later
-        frame = encode(Envelope("req", op, payload, node=self.cfg.node_id, ts=time.time()))
+            self.round_drain = (self.node.round_id, ask)  # also for the ranks that say hello later
+        frame = encode(Envelope("req", op, ask.encode(), node=self.cfg.node_id, ts=time.time()))
         sent = 0
         for ident, round_id in list(self.idents.values()):
             if round_id == self.node.round_id:
@@ -145,15 +178,15 @@ class WorkerChannel:
                     self.dropped_frames += 1
         return sent
 
-    def send_to_pid(self, pid: int, op: WorkerOp, body: dict[str, Any]) -> bool:
+    def send_to_pid(self, pid: int, op: WorkerOp, body: Record) -> bool:
         """One request to one worker (in-place resizes address a process, whatever its rank)."""
         ident = self.pids.get(pid)
         return ident is not None and self.send_to(ident, op, body)
 
-    def send_to(self, ident: bytes, op: WorkerOp, body: dict[str, Any]) -> bool:
+    def send_to(self, ident: bytes, op: WorkerOp, body: Record) -> bool:
         if self.sock is None:
             return False
-        frame = encode(Envelope("req", op, body, node=self.cfg.node_id, ts=time.time()))
+        frame = encode(Envelope("req", op, body.encode(), node=self.cfg.node_id, ts=time.time()))
         try:
             self.sock.send_multipart([ident, frame], flags=zmq.NOBLOCK)
         except zmq.ZMQError:

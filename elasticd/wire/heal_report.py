@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+from elasticd.wire.record import Record
+
+
+@dataclass(frozen=True)
+class Heal(Record):
+    """What one rank's heal moved, and why its state came from the newest checkpoint instead (null: it did not)."""
+
+    received_bytes: int = 0
+    sent_bytes: int = 0
+    senders: int = 0  # how many ranks it received from
+    seconds: float = 0.0
+    fallback: str | None = None
 
 
 def merge_heals(heals: list[dict[str, Any]]) -> dict[str, Any]:
