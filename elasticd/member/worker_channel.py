@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -40,7 +41,7 @@ log = logging.getLogger("elasticd")
 
 ReportHandler = Callable[[Any, float], None]  # (the op's record, wire/worker_reports.py IN_ROUND; now)
 WELCOMES_ENV = "ELASTICD_WELCOMES"  # tells the shim that a hello asking for a `welcome` gets one
-WARN_EVERY_S = 60.0  # a worker that keeps sending a malformed op is warned of once a minute, not per frame
+WARN_EVERY_S = 60.0  # a worker that keeps sending one bad frame is warned of once a minute, not per frame
 
 
 class WorkerChannel:
@@ -57,7 +58,7 @@ class WorkerChannel:
         self.dropped_frames = 0
         self.pids: dict[int, bytes] = {}  # pid -> identity: a worker kept in place keeps its socket, not its rank
         self.round_drain: tuple[int, AtStep] | None = None  # (round, the drain asked of its workers)
-        self.warned: dict[str, float] = {}  # op -> when a malformed one was last warned of
+        self.warned: dict[str, float] = {}  # a reason, its numbers aside -> when it was last warned of
         node.in_place.send = self.send_to_pid
         # From a rank of the node's round (wire/worker_reports.py IN_ROUND).
         self.in_round: dict[str, ReportHandler] = {
@@ -85,28 +86,29 @@ class WorkerChannel:
                 continue
             try:
                 env = decode(frames[1])
-            except ProtocolError as err:
+            except ProtocolError as err:  # not JSON, or a shim of another protocol version
                 self.dropped_frames += 1
-                log.debug("worker channel: dropped a bad frame: %s", err.reason)
+                self.malformed("a bad frame", err.reason)
                 continue
             try:
                 self.on_message(frames[0], env)
             except ProtocolError as err:  # a body its record refuses: a shim of another version, or a bug
                 self.dropped_frames += 1
-                self.malformed(env.op, err.reason)
+                self.malformed(f"a malformed {env.op}", err.reason)
             except Exception as exc:  # one bad frame must never end the loop that watches every worker
                 self.dropped_frames += 1
                 log.debug("worker channel: dropped a bad frame: %r", exc)
             await asyncio.sleep(0)
 
-    def malformed(self, op: str, reason: str) -> None:
-        """Said, not acted on; the worker goes on. Once a minute per op: a worker may send one every step."""
-        now = time.monotonic()
-        quiet = now - self.warned.get(op, -WARN_EVERY_S) < WARN_EVERY_S
+    def malformed(self, what: str, reason: str) -> None:
+        """Said, not acted on; the worker goes on. Once a minute per reason (its numbers aside): a worker may send
+        the same bad frame every step, while each different fault is worth its line."""
+        now, key = time.monotonic(), re.sub(r"\d+", "#", reason)
+        quiet = now - self.warned.get(key, -WARN_EVERY_S) < WARN_EVERY_S
         if not quiet:
-            self.warned[op] = now
-        log.log(logging.DEBUG if quiet else logging.WARNING, "[%s] worker channel: dropped a malformed %s: %s",
-                self.cfg.node_id, op, reason)
+            self.warned[key] = now
+        log.log(logging.DEBUG if quiet else logging.WARNING, "[%s] worker channel: dropped %s: %s",
+                self.cfg.node_id, what, reason)
 
     def on_message(self, ident: bytes, env: Envelope) -> None:
         kind = FROM_WORKER.get(env.op)

@@ -125,7 +125,8 @@ async def test_malformed_hello_left_and_joined_are_dropped_and_the_worker_still_
         live: Channel, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="elasticd")
     await live.send(WorkerOp.hello, {**HELLO, "rank": "3"})
-    await live.send(WorkerOp.hello, {**HELLO, "in_place": 1})  # once `False`; now said, and quietly: once a minute
+    await live.send(WorkerOp.hello, {**HELLO, "rank": "4"})  # the same fault again: said once a minute, no more
+    await live.send(WorkerOp.hello, {**HELLO, "in_place": 1})  # once `False`; now refused
     await live.send(WorkerOp.left, {"rank": 3, "round": 4, "step": 7, "error": "boom"})
     await live.send(WorkerOp.joined, {"rank": 3, "pid": PID, "round": 4, "heal": "all of it"})
     await live.send(WorkerOp.resize_failed, {"rank": 3, "pid": str(PID), "round": 5})
@@ -135,16 +136,22 @@ async def test_malformed_hello_left_and_joined_are_dropped_and_the_worker_still_
     await live.send(WorkerOp.hello, HELLO)
     await live.send(WorkerOp.step, {"rank": 3, "step": 1, "loss": 0.5})
     await live.until(lambda: live.node.steps)
-    assert live.channel.dropped_frames == 8
+    assert live.channel.dropped_frames == 9
     assert [(op, body) for op, body in await live.answers()] == [(WorkerOp.welcome, {"hold": False})]  # no error
     assert live.channel.idents[3][1] == 4 and live.node.in_place.capable == {PID}
     assert live.node.in_place.abort_signals == {PID: 12} and live.node.steps[0].loss == 0.5
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warned == ["[a] worker channel: dropped a malformed hello: hello: field 'rank' must be int, got str",
+                      "[a] worker channel: dropped a malformed hello: hello: field 'in_place' must be bool, got int",
                       "[a] worker channel: dropped a malformed left: left: field 'pid' is missing",
                       "[a] worker channel: dropped a malformed joined: joined: field 'heal' must be an object, got str",
                       "[a] worker channel: dropped a malformed resize_failed: resize_failed: field 'pid' must be "
-                      "int, got str"]
+                      "int, got str",
+                      "[a] worker channel: dropped a bad frame: field 'body' must be an object",
+                      "[a] worker channel: dropped a bad frame: not valid JSON: integer 11805916207174113034 is "
+                      "out of range",
+                      "[a] worker channel: dropped a bad frame: not valid JSON: Expecting value: line 1 column 1 "
+                      "(char 0)"]
     assert live.node.events == [] and live.node.failures == [] and live.node.sent == []
 
 
