@@ -157,11 +157,13 @@ class DaemonCollector(Collector):
                                    ("elasticd_train_loss", "loss", "The rank's last reported loss"),
                                    ("elasticd_train_samples_per_second", "throughput",
                                     "Samples per second between the rank's last two step reports")):
-                if _is_number(m.get(key)):
-                    out.gauge(name, doc, m[key], rank=rank)
+                value = m.get(key)
+                if _is_number(value):
+                    out.gauge(name, doc, value, rank=rank)
             out.gauge("elasticd_train_step_age_seconds", "Seconds since the rank's last step report (or its hello)",
                       now - m.get("last_step_at", now), rank=rank)
-            saved_at = (m.get("last_checkpoint") or {}).get("at")
+            saved = m.get("last_checkpoint")
+            saved_at = saved["at"] if saved else None
             if isinstance(saved_at, float):
                 out.gauge("elasticd_checkpoint_age_seconds", "Seconds since the rank's last checkpoint this round",
                           now - saved_at, rank=rank)
