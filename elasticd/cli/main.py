@@ -9,7 +9,6 @@ import logging
 import os
 import sys
 from collections.abc import Coroutine
-from typing import Any
 
 from elasticd import __version__
 from elasticd.cli.keys import add_keys_parser, run_keys
@@ -24,6 +23,7 @@ from elasticd.job.config import ConfigError
 from elasticd.job.runtime import raise_open_file_limit
 from elasticd.keys.auth import KeyStoreError
 from elasticd.wire.names import EventKind
+from elasticd.wire.protocol import JsonObject
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,10 +58,10 @@ def add_verb_parser(sub: argparse._SubParsersAction, command: Command) -> None:
         p.add_argument("--force", action="store_true", help="override an interlock")
 
 
-def request_args(ns: argparse.Namespace) -> dict[str, Any]:
+def request_args(ns: argparse.Namespace) -> JsonObject:
     """The request body of a parsed verb command line."""
     command = REGISTRY[ns.verb]
-    args: dict[str, Any] = {}
+    args: JsonObject = {}
     for a in command.args:
         value = getattr(ns, a.name)
         if value is not None and not a.cli_only:
@@ -89,7 +89,7 @@ def run_verb(ns: argparse.Namespace) -> int:
     op, args = ns.verb, request_args(ns)
     with Client(control, ns.timeout, credentials) as client:
         try:
-            result = client.call(op, **args)
+            result = client.call(op, timeout_s=None, **args)  # None: the client's own (--timeout)
             command = REGISTRY[op]
             if not getattr(ns, "follow", False):  # `events --follow` goes on to stream what happens next
                 print(json.dumps(result, indent=1) if ns.json else command.render(result))
@@ -105,6 +105,7 @@ def run_verb(ns: argparse.Namespace) -> int:
             hello = client.call("hello")
             pub = hello.get("events_pub") or hello["pub"]  # events are published by the coordinator's daemon
             kinds = args.get("kinds")
+            kinds = kinds if isinstance(kinds, list) else []  # --kind, when given
             for frame in client.subscribe(pub):
                 if frame.type == "ev" and (not kinds or frame.kind in kinds):
                     print(json.dumps(frame.body) if ns.json else line(frame.body), flush=True)
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             remove_job_keys(cfg.scheduler)
 
 
-def run_profiled(main: Coroutine[Any, Any, int]) -> int:
+def run_profiled(main: Coroutine[object, object, int]) -> int:
     """ELASTICD_PROFILE=FILE: cProfile the daemon's whole life into FILE (for scale benchmarks; off by default)."""
     path = os.environ.get("ELASTICD_PROFILE")
     if not path:
