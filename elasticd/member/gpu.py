@@ -36,15 +36,21 @@ class GpuRecord(GpuDevice):
 
 
 class MemoryInfo(Protocol):
+    """A device's memory, in bytes (nvmlDeviceGetMemoryInfo)."""
+
     used: int
     total: int
 
 
 class Utilization(Protocol):
+    """A device's utilisation, in percent (nvmlDeviceGetUtilizationRates)."""
+
     gpu: int
 
 
 class GpuProcess(Protocol):
+    """A process on a device, and its memory there in bytes (None where the driver does not say)."""
+
     pid: int
     usedGpuMemory: int | None  # NVML's name
 

@@ -38,18 +38,24 @@ class SpawnRequest(TypedDict):
 
 
 class Ready(TypedDict):
+    """The zygote started: what it preloaded."""
+
     op: Literal["ready"]
     preloaded: list[str]
     pid: int
 
 
 class Spawned(TypedDict):
+    """A request's worker was forked: its pid."""
+
     op: Literal["spawned"]
     id: int
     pid: int
 
 
 class Exited(TypedDict):
+    """A worker exited, with its exit code (negative: the signal)."""
+
     op: Literal["exited"]
     pid: int
     code: int
