@@ -25,7 +25,7 @@ class StoredJob(Record):
     state: JobState
     reason: str
     join_seq: int
-    coordinator: str  # the daemon that wrote it: the one a takeover's `coordinator_elected` names as previous
+    coordinator: str = ""  # the daemon that wrote it: a takeover's `coordinator_elected` names it (restore needs none)
 
 
 def reset_events(events: EventLog, stored: list[JsonObject]) -> None:
