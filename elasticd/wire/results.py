@@ -57,7 +57,7 @@ class JobStatus:
     nodes: list[NodeInfo] = field(default_factory=list)
     rank_map: dict[str, list[int]] = field(default_factory=dict)
     refused_keys: int = 0  # connections the daemon that answered has refused since it started
-    raw: dict[str, object] = field(default_factory=dict, repr=False)  # the reply, its nodes and rank map as above
+    raw: dict[str, object] = field(default_factory=dict, repr=False)  # the reply, with `nodes` and `rank_map` as parsed
 
     @classmethod
     def parse(cls, reply: JsonObject) -> JobStatus:
