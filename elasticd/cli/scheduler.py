@@ -12,12 +12,12 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from elasticd.cli.torchrun_flags import Default
 from elasticd.job.config import DEFAULT_LEAVE_SIGNALS, ConfigError
 from elasticd.job.slurm import SlurmStep, in_batch_script, slurm_step
 from elasticd.keys.auth import KeyStore, KeyStoreError
+from elasticd.wire.protocol import Json, JsonObject
 
 PREEMPTION_NOTICE = "SIGUSR1"  # SLURM's --signal=USR1@N: the node leaves gracefully before SIGTERM comes
 KEYS_WAIT_S = 60.0  # how long a node waits for the coordinator's node to write the job's keys (a shared filesystem)
@@ -33,7 +33,7 @@ def unset(value: object) -> bool:
     return isinstance(value, Default)
 
 
-def apply_slurm(ns: argparse.Namespace, env: Mapping[str, str] = os.environ) -> tuple[dict[str, Any], list[str]]:
+def apply_slurm(ns: argparse.Namespace, env: Mapping[str, str] = os.environ) -> tuple[JsonObject, list[str]]:
     """Fill the flags nobody gave from the SLURM step this daemon runs in; the step as `status` says it (with the
     keys made for the job), and what was derived."""
     step = slurm_step(env)
@@ -110,7 +110,7 @@ def job_keys(step: SlurmStep, home: Path, wait_s: float = KEYS_WAIT_S) -> Path:
     return root
 
 
-def remove_job_keys(scheduler: dict[str, Any]) -> None:
+def remove_job_keys(scheduler: Mapping[str, Json]) -> None:
     """At the coordinator's node's exit: the keys made for this job go with it."""
     if scheduler.get("keys_owner") and isinstance(scheduler.get("keys"), str):
         shutil.rmtree(str(scheduler["keys"]), ignore_errors=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 from elasticd.cli.scheduler import apply_slurm
 from elasticd.cli.torchrun_flags import Default, add_torchrun_flags, torchrun_values
-from elasticd.cli.torchrun_parse import console_ranks, parse_rdzv_conf, parse_signals
+from elasticd.cli.torchrun_parse import Setting, console_ranks, parse_rdzv_conf, parse_signals
 from elasticd.coordinator.goodput import WINDOW_S
 from elasticd.job.config import (
     DEFAULT_LEAVE_SIGNALS,
@@ -122,7 +122,7 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
         max_restarts=ns.max_restarts, grace_s=timeouts["grace_period"],
         log_dir=os.path.abspath(ns.log_dir or "elastic-logs"), join_timeout_s=timeouts["join_timeout"],
         hang_timeout_s=timeouts["hang_timeout"], exit_timeout_s=timeouts["exit_timeout"],
-        heartbeat_s=timeouts["heartbeat"], heartbeat_misses=conf.get("heartbeat_misses", 3),
+        heartbeat_s=timeouts["heartbeat"], heartbeat_misses=int(conf.get("heartbeat_misses", 3)),
         local_addr=ns.local_addr or "", control_bind=ns.control, pub_bind=ns.pub,
         zygote=not (ns.no_zygote or ns.no_python), preload=ns.preload, keys_dir=ns.keys, insecure=ns.insecure,
         metrics_from_output=ns.metrics_from_output, role=ns.role, console_ranks=console, no_python=ns.no_python,
@@ -132,7 +132,7 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
         metrics_port=parse_metrics_port(ns.metrics_port),
         etcd_endpoints=parse_endpoints(ns.rdzv_endpoint) if etcd else (),
         lease_ttl_s=int(conf.get("lease_ttl", 5)), etcd_outage_s=float(conf.get("etcd_outage_timeout", 300.0)),
-        relay_group=conf.get("relay_group", 32), relay_from=conf.get("relay_from", 256),
+        relay_group=int(conf.get("relay_group", 32)), relay_from=int(conf.get("relay_from", 256)),
         on_event=tuple(parse_alert(rule, EventKind) for rule in ns.on_event),
         alert_goodput_below=below, alert_goodput_window_s=window, alert_checkpoint_age_s=age,
         scheduler=scheduler,
@@ -197,7 +197,7 @@ def _rendezvous(ns: argparse.Namespace, low: int, high: int, etcd: bool = False)
     return host, port, ns.rdzv_id or "default"
 
 
-def _timeouts(ns: argparse.Namespace, conf: dict[str, Any]) -> dict[str, float]:
+def _timeouts(ns: argparse.Namespace, conf: dict[str, Setting]) -> dict[str, float]:
     """Our flag when given, else the torchrun flag that sets the same thing, else our default."""
     if ns.shutdown_timeout is not None and ns.shutdown_timeout <= 0:
         raise ConfigError("--shutdown-timeout must be positive")

@@ -6,11 +6,11 @@ import argparse
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from elasticd.job.config import ConfigError
 
-Convert = Callable[[str], Any]
+Value = str | int | float | bool | None  # a flag's, converted (None: not given)
+Convert = Callable[[str], Value]
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class TorchrunFlag:
     """One torchrun flag: its spellings, its PET_* default, and what `elasticd start` does with it."""
 
     name: str  # torchrun's dash spelling; the underscore spelling is added when it differs
-    default: Any = None  # None on a flag with `ignored`: tells "given" from "not given"
+    default: Value = None  # None on a flag with `ignored`: tells "given" from "not given"
     short: str = ""  # -m, -r, -t
     switch: bool = False  # takes no value (torchrun's check_env action)
     convert: Convert = str  # applied to the text from the command line or PET_<NAME>
@@ -103,15 +103,14 @@ def add_torchrun_flags(p: argparse.ArgumentParser) -> None:
     for flag in TORCHRUN_FLAGS:
         # The env text is kept raw here and converted by torchrun_values: a bad PET_* value must be a
         # one-line ConfigError at `start`, not a crash while building the parser for every verb.
-        default = os.environ.get(flag.env_var) if flag.pet else None
+        default: Value = os.environ.get(flag.env_var) if flag.pet else None
         if default is None:
             default = Default(flag.default) if isinstance(flag.default, str) else flag.default
-        kw: dict[str, Any] = {"dest": flag.dest, "default": default, "help": flag.help or f"accepted; {flag.ignored}"}
+        text = flag.help or f"accepted; {flag.ignored}"
         if flag.switch:
-            kw["action"] = "store_true"
-        elif flag.choices:
-            kw["choices"] = flag.choices
-        p.add_argument(*flag.spellings, **kw)
+            p.add_argument(*flag.spellings, dest=flag.dest, default=default, help=text, action="store_true")
+        else:  # choices=None: any value
+            p.add_argument(*flag.spellings, dest=flag.dest, default=default, help=text, choices=flag.choices or None)
 
 
 def torchrun_values(ns: argparse.Namespace) -> list[str]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Callable
-from typing import Any
 
 from elasticd.job.config import ConfigError
 
 _TRUE, _FALSE = ("1", "true", "t", "yes", "y"), ("0", "false", "f", "no", "n")  # torch's RendezvousParameters
+Setting = int | float | bool  # a --rdzv-conf value, converted
 
 
 def _positive(text: str) -> float:
@@ -40,7 +40,7 @@ def _bool(text: str) -> bool:
 
 
 # rdzv-conf key -> (our setting, its conversion); a setting of None: accepted, and the text says why it does nothing.
-_RDZV_CONF: dict[str, tuple[str | None, Callable[[str], Any] | str]] = {
+_RDZV_CONF: dict[str, tuple[str | None, Callable[[str], Setting] | str]] = {
     "join_timeout": ("join_timeout", _positive),
     "read_timeout": ("connect_timeout", _positive),
     "timeout": ("connect_timeout", _positive),
@@ -57,9 +57,9 @@ _RDZV_CONF: dict[str, tuple[str | None, Callable[[str], Any] | str]] = {
 }
 
 
-def parse_rdzv_conf(text: str) -> tuple[dict[str, Any], list[str]]:
+def parse_rdzv_conf(text: str) -> tuple[dict[str, Setting], list[str]]:
     """torchrun's KEY=VALUE,... into our settings, plus a line for each key that has no effect here."""
-    settings: dict[str, Any] = {}
+    settings: dict[str, Setting] = {}
     notes = []
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = (s.strip() for s in part.partition("="))
@@ -75,7 +75,7 @@ def parse_rdzv_conf(text: str) -> tuple[dict[str, Any], list[str]]:
         try:
             settings[setting] = handling(value)
         except ValueError:
-            kinds: dict[Callable[[str], Any], str] = {_bool: "true or false", _natural: "0 or more"}
+            kinds: dict[Callable[[str], Setting], str] = {_bool: "true or false", _natural: "0 or more"}
             kind = kinds.get(handling, "a positive number")
             raise ConfigError(f"--rdzv-conf: {key} must be {kind}, got {value!r}") from None
     return settings, notes

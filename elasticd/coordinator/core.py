@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from elasticd.coordinator.membership import NodeRecord, Round
 from elasticd.job.config import JobConfig
 from elasticd.wire.names import Cause, EventKind, JobState, MeshOp
+from elasticd.wire.protocol import Json, JsonObject
 
-Send = Callable[[str, MeshOp, dict[str, Any]], None]  # (node_id, op, body)
-SendAll = Callable[[list[str], MeshOp, dict[str, Any]], None]  # one message to many: the mesh encodes it once
+Send = Callable[[str, MeshOp, JsonObject], None]  # (node_id, op, body)
+SendAll = Callable[[list[str], MeshOp, JsonObject], None]  # one message to many: the mesh encodes it once
 
 
 @dataclass
@@ -43,4 +44,4 @@ class CoordinatorCore(Protocol):
 
     def alive(self) -> list[NodeRecord]: ...
 
-    def emit(self, kind: EventKind, node: str = "", ts: float = 0.0, **fields: Any) -> dict[str, Any]: ...
+    def emit(self, kind: EventKind, node: str = "", ts: float = 0.0, **fields: Json) -> JsonObject: ...

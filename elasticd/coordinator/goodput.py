@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from elasticd.coordinator.goodput_nodes import IDLE, NodeTime
+from elasticd.coordinator.goodput_nodes import IDLE, NodeTime, NodeTotals, seconds_of
+from elasticd.job.events import ts_of
 from elasticd.wire.names import Cause, EventKind
+from elasticd.wire.protocol import Json, JsonObject
 
 TRAINING, CHECKPOINT, REDONE, WAITING = "training", "checkpoint", "redone", "waiting"
 # Recovery, by what began it.
@@ -24,6 +25,7 @@ WINDOW_S = 3600.0  # the sliding window `goodput` reports beside the job's life
 TIMELINE_BINS = 30  # slices of the window (or of the job's life, if shorter) in the report's timeline
 FAILURES = (Cause.failure, Cause.hang)
 TRANSITION_REASONS = {"drain": LEAVE, "cordon": LEAVE, "stop": LEAVE, "scale": SCALE}
+Event = Mapping[str, Json]  # one of the job log's (elasticd/job/events.py)
 
 
 @dataclass
@@ -40,6 +42,16 @@ class Split:
         if seconds:
             self.seconds[bucket] = self.seconds.get(bucket, 0.0) + seconds
         return seconds
+
+
+class LedgerState(NodeTotals):
+    """What a `goodput` event carries: the closed totals a coordinator taking over resumes from."""
+
+    totals: dict[str, float]
+    rank_totals: dict[str, float]
+    started: float
+    redone_steps: int
+    last_save: float | None
 
 
 def overlap(spans: list[tuple[float, float]], start: float, end: float) -> float:
@@ -78,7 +90,7 @@ class GoodputLedger:
         self.ended = False
         self.last_save: float | None = None  # the newest checkpoint's time, or the job's first step before one
         self.nodes = NodeTime()
-        self.handlers: dict[str, Callable[[dict[str, Any], float], object]] = {
+        self.handlers: dict[str, Callable[[Event, float], object]] = {
             EventKind.worker_exited: self.crashed, EventKind.worker_left: self.crashed,
             EventKind.node_joined: lambda e, ts: self.nodes.joined_at(str(e.get("node")), ts),
             EventKind.node_left: lambda e, ts: self.nodes.left_at(str(e.get("node")), ts),
@@ -90,9 +102,9 @@ class GoodputLedger:
             EventKind.job_end: self.job_end}
 
     # -- the events -----------------------------------------------------------------------------------
-    def observe(self, event: dict[str, Any], replay: bool = False) -> None:
+    def observe(self, event: Event, replay: bool = False) -> None:
         """One event of the job log; `replay`: a log adopted at a takeover, whose `goodput` events resume."""
-        kind, ts = str(event.get("kind")), float(event.get("ts") or 0.0)
+        kind, ts = str(event.get("kind")), ts_of(event)
         if self.ended or not ts:
             return
         if kind == EventKind.goodput:
@@ -112,32 +124,33 @@ class GoodputLedger:
         self.training, self.stop_at, self.reason = False, at, reason
         return True
 
-    def lost(self, event: dict[str, Any], ts: float) -> None:
+    def lost(self, event: Event, ts: float) -> None:
         self.nodes.left_at(str(event.get("node")), ts)
         self.disrupt(ts, NODE_LOSS)
 
-    def crashed(self, event: dict[str, Any], ts: float) -> None:
+    def crashed(self, event: Event, ts: float) -> None:
         """A worker exited with an error, or left its group on one (a peer died): everyone stops training."""
         if event.get("exit_code") not in (0, None) or event.get("error"):
             self.disrupt(ts, CRASH)
 
-    def stopped(self, event: dict[str, Any], _ts: float) -> None:
-        if isinstance(event.get("last_step"), int):
-            self.high_step = max(self.high_step or 0, int(event["last_step"]))
+    def stopped(self, event: Event, _ts: float) -> None:
+        last_step = event.get("last_step")
+        if isinstance(last_step, int):
+            self.high_step = max(self.high_step or 0, int(last_step))
 
-    def waiting(self, _event: dict[str, Any], ts: float) -> None:
+    def waiting(self, _event: Event, ts: float) -> None:
         self.disrupt(ts, NODE_LOSS)
         self.waiting_since = self.waiting_since or ts
 
-    def took_over(self, _event: dict[str, Any], _ts: float) -> None:
+    def took_over(self, _event: Event, _ts: float) -> None:
         if not self.training:
             self.reason = TAKEOVER
 
-    def job_end(self, _event: dict[str, Any], ts: float) -> None:
+    def job_end(self, _event: Event, ts: float) -> None:
         self.close(ts)
         self.ended = True
 
-    def saved(self, event: dict[str, Any], ts: float) -> None:
+    def saved(self, event: Event, ts: float) -> None:
         duration = event.get("duration_s")
         if not isinstance(duration, int | float) or duration < 0:
             return
@@ -146,19 +159,20 @@ class GoodputLedger:
         if event.get("request_id") and event.get("request_id") == self.transition:
             self.disrupt(ts - float(duration), self.transition_reason)  # its ranks stopped to save
 
-    def round_started(self, event: dict[str, Any], ts: float) -> None:
+    def round_started(self, event: Event, ts: float) -> None:
         self.disrupt(ts, self.transition_reason)  # still training: its workers stop with the round
         if self.waiting_since is not None:
             self.waits.append((self.waiting_since, ts))
             self.waiting_since = None
         if self.reason in ("", START):  # named by the round unless a crash, a loss or a takeover named it
             self.reason = reason_of(event)
-        self.world = int(event.get("world_size") or 0)
-        self.nodes.round_ranks(dict(event.get("rank_map") or {}), ts)
+        world, rank_map = event.get("world_size"), event.get("rank_map")
+        self.world = int(world) if isinstance(world, int | float) else 0
+        self.nodes.round_ranks(rank_map if isinstance(rank_map, Mapping) else {}, ts)
         self.cause = str(event.get("cause") or "")
         self.transition = self.transition_reason = ""
 
-    def first_step(self, event: dict[str, Any], ts: float) -> None:
+    def first_step(self, event: Event, ts: float) -> None:
         if self.training:
             return
         self.close(ts)
@@ -226,7 +240,7 @@ class GoodputLedger:
         training = sum(s.seconds.get(TRAINING, 0.0) * s.ranks for s in splits)
         return ratio(training, sum(sum(s.seconds.values()) * s.ranks for s in splits))
 
-    def report(self, now: float, nodes: int = -1) -> dict[str, Any]:
+    def report(self, now: float, nodes: int = -1) -> JsonObject:
         """Seconds by bucket over the job's life and the last WINDOW_S, with goodput for each; the `nodes` nodes
         with the lowest goodput (all for a negative count); the window's timeline."""
         live = self.live(now)
@@ -240,31 +254,31 @@ class GoodputLedger:
                 "wall_s": round(now - self.started, 3), "nodes": by_node, "idle_node_s": round(idle, 3),
                 "timeline": timeline([*self.recent, live], max(self.started, now - WINDOW_S), now)}
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> LedgerState:
         """What a `goodput` event carries: the closed totals, to resume from."""
         return {"totals": dict(self.totals), "rank_totals": dict(self.rank_totals), "started": self.started,
                 "redone_steps": self.redone_steps, "last_save": self.last_save, **self.nodes.state()}
 
-    def replay(self, events: list[dict[str, Any]]) -> None:
+    def replay(self, events: list[JsonObject]) -> None:
         """A takeover: the job's log as adopted, from its start or its oldest kept `goodput` event on."""
         if events:
-            self.started = self.mark = float(events[0].get("ts") or self.started)
+            self.started = self.mark = ts_of(events[0]) or self.started
         for event in events:
             self.observe(event, replay=True)
 
-    def resume(self, event: dict[str, Any]) -> None:
+    def resume(self, event: Event) -> None:
         """A coordinator taking over: the totals of the last round's `goodput` event, and the job's start."""
-        self.totals = {str(k): float(v) for k, v in dict(event["totals"]).items()}
-        self.rank_totals = {str(k): float(v) for k, v in dict(event.get("rank_totals") or {}).items()}
-        self.started = float(event.get("started") or self.started)
-        self.redone_steps = int(event.get("redone_steps") or 0)
-        self.last_save = float(event["last_save"]) if isinstance(event.get("last_save"), int | float) else None
-        self.mark = float(event["ts"])
+        started, redone, last_save = event.get("started"), event.get("redone_steps"), event.get("last_save")
+        self.totals, self.rank_totals = seconds_of(event.get("totals")), seconds_of(event.get("rank_totals"))
+        self.started = float(started) if isinstance(started, int | float) and started else self.started
+        self.redone_steps = int(redone) if isinstance(redone, int | float) else 0
+        self.last_save = float(last_save) if isinstance(last_save, int | float) else None
+        self.mark = ts_of(event)
         self.nodes.resume(event)
         self.recent.clear()
 
 
-def reason_of(event: dict[str, Any]) -> str:
+def reason_of(event: Event) -> str:
     """A round's cause, in the words of the recovery it ends."""
     cause, detail = event.get("cause"), str(event.get("detail") or "")
     if cause == Cause.start:
@@ -286,7 +300,7 @@ def clip(split: Split, since: float) -> Split:
     return Split(max(split.start, since), split.end, split.ranks, {k: v * share for k, v in split.seconds.items()})
 
 
-def timeline(splits: list[Split], start: float, end: float, bins: int = TIMELINE_BINS) -> dict[str, Any]:
+def timeline(splits: list[Split], start: float, end: float, bins: int = TIMELINE_BINS) -> JsonObject:
     """Seconds by bucket in equal slices of [start, end] (at least 1 s each); a stretch is spread evenly over its
     slices: the timeline is as fine as the stretches, which end at each round's first step."""
     width = max((end - start) / bins, 1.0)
@@ -314,7 +328,7 @@ def sum_splits(splits: list[Split]) -> dict[str, float]:
     return out
 
 
-def described(seconds: dict[str, float]) -> dict[str, Any]:
+def described(seconds: dict[str, float]) -> JsonObject:
     """Buckets as `goodput` shows them: recovery by reason nested, and the share that was training."""
     recovery = {k.split(".", 1)[1]: round(v, 3) for k, v in seconds.items() if k.startswith("recovery.") and v > 5e-4}
     flat = {k: round(v, 3) for k, v in seconds.items() if not k.startswith("recovery.")}

@@ -7,10 +7,20 @@ recovery...); while it is not (standby beyond `--nnodes` max, cordoned, waiting 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TypedDict
+
+from elasticd.wire.protocol import Json, JsonObject
 
 IDLE = "idle"  # a node in the job holding no ranks: paid for, training nothing
 TRAINING = "training"
+
+
+class NodeTotals(TypedDict):
+    """What a `goodput` event carries of the nodes: each one's seconds by bucket, and when each joined."""
+
+    node_totals: dict[str, dict[str, float]]
+    node_joined: dict[str, float]
 
 
 class NodeTime:
@@ -30,7 +40,7 @@ class NodeTime:
         if node_id in self.joined:
             self.left[node_id] = ts
 
-    def round_ranks(self, rank_map: dict[str, Any], ts: float) -> None:
+    def round_ranks(self, rank_map: Mapping[str, Json], ts: float) -> None:
         """The round's rank map ({node: [ranks]}); a member the log never saw join is in the job from now."""
         self.ranks = {str(n): len(r) for n, r in rank_map.items() if isinstance(r, list)}
         for node_id in self.ranks:
@@ -53,20 +63,21 @@ class NodeTime:
             if node_id in self.left:
                 del self.joined[node_id], self.left[node_id]
 
-    def report(self, live: dict[str, dict[str, float]], limit: int) -> list[dict[str, Any]]:
+    def report(self, live: dict[str, dict[str, float]], limit: int) -> list[JsonObject]:
         """The `limit` nodes with the lowest goodput first (all for a negative limit), the open stretch included."""
-        rows = []
+        rows: list[tuple[float, str, JsonObject]] = []  # (goodput, or 2 for none: last; node id; the row)
         for node_id in set(self.totals) | set(live):
             seconds = dict(self.totals.get(node_id, {}))
             for bucket, value in live.get(node_id, {}).items():
                 seconds[bucket] = seconds.get(bucket, 0.0) + value
             total = sum(seconds.values())
-            rows.append({"node": node_id, "goodput": round(seconds.get(TRAINING, 0.0) / total, 4) if total else None,
-                         "seconds": round(total, 3), "idle": round(seconds.get(IDLE, 0.0), 3),
-                         "lost": {k: round(v, 3) for k, v in sorted(seconds.items())
-                                  if k not in (TRAINING, IDLE) and v > 5e-4}})
-        rows.sort(key=lambda r: (r["goodput"] if r["goodput"] is not None else 2.0, r["node"]))
-        return rows if limit < 0 else rows[:limit]
+            goodput = round(seconds.get(TRAINING, 0.0) / total, 4) if total else None
+            lost = {k: round(v, 3) for k, v in sorted(seconds.items()) if k not in (TRAINING, IDLE) and v > 5e-4}
+            row: JsonObject = {"node": node_id, "goodput": goodput, "seconds": round(total, 3),
+                               "idle": round(seconds.get(IDLE, 0.0), 3), "lost": lost}
+            rows.append((goodput if goodput is not None else 2.0, node_id, row))
+        rows.sort(key=lambda r: r[:2])
+        return [row for *_, row in (rows if limit < 0 else rows[:limit])]
 
     def live(self, start: float, end: float, seconds: dict[str, float]) -> dict[str, dict[str, float]]:
         """The open stretch as `account` would spend it, changing nothing."""
@@ -75,12 +86,19 @@ class NodeTime:
         probe.account(start, end, seconds)
         return probe.totals
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> NodeTotals:
         return {"node_totals": {n: {b: round(v, 3) for b, v in t.items()} for n, t in self.totals.items()},
                 "node_joined": dict(self.joined)}
 
-    def resume(self, event: dict[str, Any]) -> None:
-        self.totals = {str(n): {str(b): float(v) for b, v in dict(t).items()}
-                       for n, t in dict(event.get("node_totals") or {}).items()}
-        self.joined = {str(n): float(t) for n, t in dict(event.get("node_joined") or {}).items()}
+    def resume(self, event: Mapping[str, Json]) -> None:
+        by_node = event.get("node_totals")
+        self.totals = {str(n): seconds_of(t) for n, t in by_node.items()} if isinstance(by_node, Mapping) else {}
+        self.joined = seconds_of(event.get("node_joined"))
         self.left = {}
+
+
+def seconds_of(value: Json) -> dict[str, float]:
+    """A `goodput` event's seconds by key (bucket, node) as it reads back; a value that is no number is left out."""
+    if not isinstance(value, Mapping):
+        return {}
+    return {str(k): float(v) for k, v in value.items() if isinstance(v, int | float)}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from elasticd.coordinator.core import CoordinatorCore
 from elasticd.coordinator.goodput import GoodputLedger
@@ -14,6 +14,7 @@ from elasticd.coordinator.stragglers import Stragglers
 from elasticd.coordinator.tally import NodeTally
 from elasticd.job.events import EventLog
 from elasticd.wire.names import Cause
+from elasticd.wire.protocol import JsonObject
 
 
 class StatusSource(CoordinatorCore, Protocol):
@@ -23,7 +24,7 @@ class StatusSource(CoordinatorCore, Protocol):
     target: int
     restarts: dict[Cause, int]
     events: EventLog
-    status_extra: Callable[[], dict[str, Any]]  # --rdzv-backend etcd: epoch, etcd health
+    status_extra: Callable[[], JsonObject]  # --rdzv-backend etcd: epoch, etcd health
     goodput: GoodputLedger
     stragglers: Stragglers
     probe: FailureProbe
@@ -35,7 +36,7 @@ class StatusSource(CoordinatorCore, Protocol):
     def relays(self) -> RelayPlan: ...
 
 
-def job_status(c: StatusSource, now: float, offset: int = 0, limit: int | None = None) -> dict[str, Any]:
+def job_status(c: StatusSource, now: float, offset: int = 0, limit: int | None = None) -> JsonObject:
     """The job summary, and one page of the node list in join order (all of it when `limit` is None)."""
     rnd = c.round
     ordered = sorted(c.nodes.values(), key=lambda n: n.joined_seq)

@@ -12,14 +12,14 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from elasticd.wire.member_reports import StepReport
 from elasticd.wire.names import MeshOp, StepRequest
+from elasticd.wire.protocol import JsonObject
 
 DELIVERY_BUDGET_S = 0.15  # the shim's 50 ms report coalescing plus request delivery, with room to spare
 QUERY_TIMEOUT_S = 1.0
-SendAll = Callable[[list[str], MeshOp, dict[str, Any]], None]  # (node ids, op, body): one message to many
+SendAll = Callable[[list[str], MeshOp, JsonObject], None]  # (node ids, op, body): one message to many
 
 
 WORKER_OPS: dict[StepRequest, MeshOp] = {StepRequest.drain: MeshOp.drain_workers,

@@ -27,7 +27,7 @@ class Stragglers:
         self.due = 0.0
         self.slow_since: dict[str, float] = {}
         self.fine_since: dict[str, float] = {}
-        self.named: dict[str, dict[str, Any]] = {}  # node id -> its `straggler` event's figures
+        self.named: dict[str, dict[str, float]] = {}  # node id -> its `straggler` event's figures
 
     def check(self, now: float) -> None:
         if now < self.due:
@@ -63,7 +63,7 @@ class Stragglers:
         report = next(iter(node.metrics.values()), None) if node else None
         return isinstance(report, dict) and STEP_WAIT_METRIC in (report.get("extra") or {})
 
-    def track(self, node_id: str, slow: bool, now: float, figures: dict[str, Any]) -> None:
+    def track(self, node_id: str, slow: bool, now: float, figures: dict[str, float]) -> None:
         if slow:
             self.fine_since.pop(node_id, None)
             since = self.slow_since.setdefault(node_id, now)

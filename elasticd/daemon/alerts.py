@@ -8,9 +8,10 @@ import json
 import logging
 import os
 import urllib.request
-from typing import Any
+from collections.abc import Mapping
 
 from elasticd.job.config import AlertRule
+from elasticd.wire.protocol import Json
 
 log = logging.getLogger("elasticd")
 ALERT_TIMEOUT_S = 30.0  # a command or a post that takes longer is stopped: the next event must not wait behind it
@@ -26,7 +27,7 @@ class Alerts:
         self.running: dict[int, asyncio.Task[None]] = {}  # rule index -> its action in flight
         self.skipped = 0
 
-    def on_event(self, event: dict[str, Any]) -> None:
+    def on_event(self, event: Mapping[str, Json]) -> None:
         if not self.rules:
             return
         try:
@@ -43,7 +44,7 @@ class Alerts:
                 continue
             self.running[index] = loop.create_task(self.act(rule, event))
 
-    async def act(self, rule: AlertRule, event: dict[str, Any]) -> None:
+    async def act(self, rule: AlertRule, event: Mapping[str, Json]) -> None:
         body = json.dumps(event, default=str)
         try:
             if rule.webhook:
@@ -59,7 +60,7 @@ class Alerts:
         except Exception as exc:  # an alert that fails must never touch the job
             log.warning("alert: %r for %s failed: %s", rule.action, event.get("kind"), exc)
 
-    async def run(self, command: str, event: dict[str, Any], body: str) -> int | None:
+    async def run(self, command: str, event: Mapping[str, Json], body: str) -> int | None:
         env = {**os.environ, "ELASTICD_EVENT": body, "ELASTICD_EVENT_KIND": str(event.get("kind")),
                "ELASTICD_JOB_ID": self.job_id}
         proc = await asyncio.create_subprocess_shell(command, stdin=asyncio.subprocess.PIPE, env=env,

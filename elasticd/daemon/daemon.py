@@ -11,7 +11,6 @@ import sys
 import time
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -39,7 +38,7 @@ from elasticd.mesh.coordinator_mesh import CoordinatorMesh
 from elasticd.mesh.member_mesh import MemberMesh
 from elasticd.mesh.relay import Relay
 from elasticd.wire.names import CTL_PREFIX, EventKind, JobState, MeshOp, NodeState, NodeStatus
-from elasticd.wire.protocol import Envelope
+from elasticd.wire.protocol import Envelope, Json, JsonObject
 
 log = logging.getLogger("elasticd")
 
@@ -62,7 +61,7 @@ class Daemon:
         self.exit_message = ""
         self.exit_code: int | None = None  # set when the daemon should exit
         self.leave = Leave(self)  # what a leave signal does, by the role we hold
-        self.tasks: list[asyncio.Task[Any]] = []
+        self.tasks: list[asyncio.Task[object]] = []
         self.endpoints: dict[str, str] = {}
         self.plane: ControlPlane | None = None  # the operator sockets, bound in start()
         self.channel = WorkerChannel(self.ctx, cfg, self.node)
@@ -226,19 +225,19 @@ class Daemon:
         remove_endpoints(self.cfg.job_id, self.cfg.node_id, os.getpid())
 
     # ---- messages between this node, the coordinator and the members -------------------------------
-    def to_coord(self, op: MeshOp, body: dict[str, Any]) -> None:
+    def to_coord(self, op: MeshOp, body: JsonObject) -> None:
         if self.coordinator is not None:
             self.on_peer(self.cfg.node_id, Envelope("req", op, body, node=self.cfg.node_id, ts=time.time()))
         elif self.member_mesh is not None:
             self.member_mesh.send(op, body)
 
-    def send_to_node(self, node_id: str, op: MeshOp, body: dict[str, Any]) -> None:
+    def send_to_node(self, node_id: str, op: MeshOp, body: JsonObject) -> None:
         if node_id == self.cfg.node_id:
             self.to_member(Envelope("req", op, body, node=node_id, ts=time.time()))
         elif self.coord_mesh is not None:
             self.coord_mesh.send(node_id, op, body)
 
-    def send_to_nodes(self, node_ids: list[str], op: MeshOp, body: dict[str, Any]) -> None:
+    def send_to_nodes(self, node_ids: list[str], op: MeshOp, body: JsonObject) -> None:
         """One message to many nodes: encoded once for the members, handed as is to our own node."""
         if self.coord_mesh is not None:
             self.coord_mesh.send_all([n for n in node_ids if n != self.cfg.node_id], op, body)
@@ -270,14 +269,14 @@ class Daemon:
         if self.coordinator is not None:
             self.coordinator.connection_lost(node_id, time.time())
 
-    def forward(self, op: str, body: dict[str, Any], msg_id: str) -> bool:
+    def forward(self, op: str, body: JsonObject, msg_id: str) -> bool:
         """Member side: pass an operator request to the coordinator; False while not connected to it."""
         if not self.member.registered or self.member_mesh is None:
             return False
         self.member_mesh.send(CTL_PREFIX + op, body, kind="req", msg_id=msg_id)
         return True
 
-    def answer_forward(self, node_id: str, op: str, body: dict[str, Any], msg_id: str) -> None:
+    def answer_forward(self, node_id: str, op: str, body: JsonObject, msg_id: str) -> None:
         if self.coord_mesh is not None:
             self.coord_mesh.send(node_id, op, body, kind="rep", msg_id=msg_id)
 
@@ -286,7 +285,7 @@ class Daemon:
             self.plane.on_forwarded_reply(env)
 
     # ---- events -------------------------------------------------------------------------------
-    def node_event(self, kind: EventKind, **fields: Any) -> None:
+    def node_event(self, kind: EventKind, **fields: Json) -> None:
         self.to_coord(MeshOp.event, {"kind": kind, "node": self.cfg.node_id, "ts": time.time(), **fields})
 
     def steering_held(self) -> str:
@@ -295,7 +294,7 @@ class Daemon:
             return "this coordinator's etcd lease is not confirmed (etcd unreachable, or a takeover under way)"
         return ""
 
-    def on_job_event(self, event: dict[str, Any]) -> None:
+    def on_job_event(self, event: JsonObject) -> None:
         """The coordinator numbered an event: it is published once, here (members get only what they act on)."""
         self.publish_event(event)
         self.alerts.on_event(event)
@@ -305,7 +304,7 @@ class Daemon:
         """Where the job's events are published: the coordinator's PUB (a member learns it from its welcome)."""
         return self.endpoints.get("pub", "") if self.coordinator is not None else self.member.events_pub
 
-    def publish_event(self, event: dict[str, Any]) -> None:
+    def publish_event(self, event: JsonObject) -> None:
         if self.plane is not None:
             self.plane.publish_event(event)
 
@@ -358,7 +357,7 @@ class Daemon:
             await asyncio.sleep(0.3)  # let job_end reach the members before the ROUTER closes
         self.done.set()
 
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def spawn(self, coro: Coroutine[object, object, object]) -> None:
         task = asyncio.create_task(coro)
         self.tasks.append(task)
         task.add_done_callback(log_failure)
@@ -394,6 +393,6 @@ class Daemon:
         self.member.follow_new_coordinator(now)
 
 
-def log_failure(task: asyncio.Task[Any]) -> None:
+def log_failure(task: asyncio.Task[object]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("task failed: %r", task.exception())

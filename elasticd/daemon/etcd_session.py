@@ -10,12 +10,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from elasticd.coordinator.etcd.client import EtcdClient, EtcdClusterChanged, EtcdUnavailable
 from elasticd.coordinator.etcd.election import Elector, EtcdHealth, Leader
 from elasticd.coordinator.etcd.store import job_prefix
 from elasticd.job.config import JobConfig, StartError
+from elasticd.wire.protocol import JsonObject
 
 log = logging.getLogger("elasticd")
 News = TypeVar("News")
@@ -86,10 +87,10 @@ class EtcdSession:
         """etcd has been unreachable past --rdzv-conf etcd_outage_timeout: the job stops."""
         return not self.health.ok and now - self.health.since > self.cfg.etcd_outage_s
 
-    def status(self, epoch: int) -> dict[str, Any]:
+    def status(self, epoch: int) -> JsonObject:
         """What `status` adds on an elected coordinator: its epoch and etcd's health."""
         health, now = self.health, time.time()
-        extra: dict[str, Any] = {
+        extra: JsonObject = {
             "rdzv_backend": "etcd", "epoch": epoch,
             "etcd": {"ok": health.ok, "since": health.since, "detail": health.detail,
                      "endpoints": [f"{h}:{p}" for h, p in self.cfg.etcd_endpoints],

@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Protocol, TypeGuard
 
 import psutil
 from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, start_http_server
@@ -22,6 +22,7 @@ from elasticd.coordinator.round_progress import timeline
 from elasticd.job.config import JobConfig, StartError
 from elasticd.keys.auth import Gatekeeper
 from elasticd.member.agent import NodeAgent
+from elasticd.member.gpu import GpuReading
 from elasticd.member.processes.workers import Worker
 from elasticd.wire.names import RESTART_CAUSES, JobState, NodeState, NodeStatus, Role
 
@@ -143,8 +144,9 @@ class DaemonCollector(Collector):
                 continue
             labels = {"rank": running[pid], "gpu": str(gpu["index"])}
             for name, key, scale, doc in GPU_GAUGES:
-                if _is_number(gpu.get(key)):
-                    out.gauge(name, doc, gpu[key] * scale, **labels)
+                value = gpu[key]
+                if _is_number(value):
+                    out.gauge(name, doc, value * scale, **labels)
 
     def shim_metrics(self, out: Families) -> None:
         """What trainer_shim ranks of the current round reported (`elasticd metrics` shows the same)."""
@@ -155,11 +157,13 @@ class DaemonCollector(Collector):
                                    ("elasticd_train_loss", "loss", "The rank's last reported loss"),
                                    ("elasticd_train_samples_per_second", "throughput",
                                     "Samples per second between the rank's last two step reports")):
-                if _is_number(m.get(key)):
-                    out.gauge(name, doc, m[key], rank=rank)
+                value = m.get(key)
+                if _is_number(value):
+                    out.gauge(name, doc, value, rank=rank)
             out.gauge("elasticd_train_step_age_seconds", "Seconds since the rank's last step report (or its hello)",
                       now - m.get("last_step_at", now), rank=rank)
-            saved_at = (m.get("last_checkpoint") or {}).get("at")
+            saved = m.get("last_checkpoint")
+            saved_at = saved["at"] if saved else None
             if isinstance(saved_at, float):
                 out.gauge("elasticd_checkpoint_age_seconds", "Seconds since the rank's last checkpoint this round",
                           now - saved_at, rank=rank)
@@ -221,7 +225,7 @@ class DaemonCollector(Collector):
                     self.recovery.labels(c.cfg.job_id, rnd.cause, phase).observe(seconds)
 
 
-GPU_GAUGES = (  # (metric, worker-record key, scale to base units, help)
+GPU_GAUGES: tuple[tuple[str, GpuReading, float, str], ...] = (  # (metric, worker-record key, scale to base units, help)
     ("elasticd_gpu_utilization_ratio", "util_percent", 0.01, "Utilisation of the worker's GPU (0-1)"),
     ("elasticd_gpu_memory_used_bytes", "mem_used_bytes", 1, "Memory used on the worker's GPU, all processes"),
     ("elasticd_gpu_memory_total_bytes", "mem_total_bytes", 1, "Memory of the worker's GPU"),
@@ -231,7 +235,7 @@ GPU_GAUGES = (  # (metric, worker-record key, scale to base units, help)
 )
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 

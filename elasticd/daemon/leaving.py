@@ -11,7 +11,7 @@ import logging
 import signal
 import time
 from collections.abc import Coroutine
-from typing import Any, Protocol
+from typing import Protocol
 
 from elasticd.coordinator.coordinator import Coordinator
 from elasticd.daemon.failover import Failover
@@ -31,7 +31,7 @@ class Leaver(Protocol):
 
     @property
     def coordinator(self) -> Coordinator | None: ...
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+    def spawn(self, coro: Coroutine[object, object, object]) -> None: ...
 
 
 class Leave:

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any
 
 import zmq.asyncio
 
@@ -55,10 +54,11 @@ class WorkerServices:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.zygote.ready.wait(), ZYGOTE_WARMUP_S)
 
-    def tasks(self) -> list[asyncio.Task[Any]]:
+    def tasks(self) -> list[asyncio.Task[object]]:
         return [asyncio.create_task(self.tunnel.serve())] if self.tunnel is not None else []
 
-    def host_job_store(self, coordinator: Coordinator, spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:
+    def host_job_store(self, coordinator: Coordinator,
+                       spawn: Callable[[Coroutine[object, object, object]], None]) -> None:
         """In-place resizes need the job's store on the coordinator's node: ours, while we coordinate."""
         if not self.cfg.no_python:
             coordinator.resizer.store_pending = True  # the first round waits for it: its workers use it

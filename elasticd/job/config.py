@@ -6,7 +6,8 @@ import re
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+
+from elasticd.wire.protocol import JsonObject
 
 DEFAULT_LEAVE_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")  # the signals on which a node leaves the job
 STOP_SLACK_S = 5.0  # beyond the grace period, how long a new round waits for a node to stop its old workers
@@ -91,7 +92,7 @@ class JobConfig:
     alert_goodput_below: float = 0.0  # --alert-goodput-below: `goodput_low` under this share (0: never)
     alert_goodput_window_s: float = 3600.0  # --alert-goodput-window: over this many seconds
     alert_checkpoint_age_s: float = 0.0  # --alert-checkpoint-age: `checkpoint_stale` past this age (0: never)
-    scheduler: dict[str, Any] = field(default_factory=dict)  # the SLURM step it runs in (job/slurm.py), for status
+    scheduler: JsonObject = field(default_factory=dict)  # the SLURM step it runs in (job/slurm.py), for status
 
     @property
     def lost_after_s(self) -> float:

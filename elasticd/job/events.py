@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Any
+from collections.abc import Mapping
 
 from elasticd.job import logsink
+from elasticd.wire.protocol import Json, JsonObject
 
 log = logging.getLogger("elasticd")
 
@@ -23,7 +24,7 @@ class EventLog:
         return max(5000, cls.EVENTS_PER_NODE * max_nodes)
 
     def __init__(self, capacity: int = 5000) -> None:
-        self._events: deque[dict[str, Any]] = deque(maxlen=capacity)
+        self._events: deque[tuple[int, float, JsonObject]] = deque(maxlen=capacity)  # (seq, ts, the event)
         self.seq = 0
 
     @property
@@ -35,35 +36,49 @@ class EventLog:
         self._events.clear()
         self.seq = 0
 
-    def append(self, kind: str, node: str, ts: float = 0.0, **fields: Any) -> dict[str, Any]:
+    def append(self, kind: str, node: str, ts: float = 0.0, **fields: Json) -> JsonObject:
         self.seq += 1
-        event = {"seq": self.seq, "ts": ts or time.time(), "kind": kind, "node": node, **fields}
-        self._events.append(event)
+        stamp = ts or time.time()
+        event: JsonObject = {"seq": self.seq, "ts": stamp, "kind": kind, "node": node, **fields}
+        self._events.append((self.seq, stamp, event))
         return event
 
-    def adopt(self, event: dict[str, Any]) -> None:
+    def adopt(self, event: JsonObject) -> None:
         """Store an event numbered elsewhere (a member's replica of the coordinator's log)."""
-        self.seq = max(self.seq, int(event.get("seq", 0)))
-        self._events.append(event)
+        seq = seq_of(event)
+        self.seq = max(self.seq, seq)
+        self._events.append((seq, ts_of(event), event))
 
     def note_seq(self, seq: int) -> None:
         """A member learns the job's newest seq from the coordinator's heartbeat answer (its `hb` carries it)."""
         self.seq = max(self.seq, seq)
 
     def query(self, kinds: list[str] | None = None, since_ts: float = 0.0, since_seq: int = 0,
-              limit: int = 500) -> list[dict[str, Any]]:
+              limit: int = 500) -> list[JsonObject]:
         chosen = [
-            e for e in self._events
-            if e["seq"] > since_seq and e["ts"] >= since_ts and (not kinds or e["kind"] in kinds)
+            e for seq, ts, e in self._events
+            if seq > since_seq and ts >= since_ts and (not kinds or e["kind"] in kinds)
         ]
         return chosen[-limit:] if limit > 0 else chosen
 
 
-def log_line(event: dict[str, Any]) -> str:
+def seq_of(event: Mapping[str, Json]) -> int:
+    """An event's number in the job's log; 0 where it has none (an event read from elsewhere may not)."""
+    seq = event.get("seq")
+    return seq if isinstance(seq, int) else 0
+
+
+def ts_of(event: Mapping[str, Json]) -> float:
+    """When an event happened; 0.0 where it does not say."""
+    ts = event.get("ts")
+    return float(ts) if isinstance(ts, int | float) else 0.0
+
+
+def log_line(event: Mapping[str, Json]) -> str:
     skip = {"seq", "ts", "kind", "node"}
     details = " ".join(f"{k}={v}" for k, v in event.items() if k not in skip and not isinstance(v, dict | list))
     return f"[{event['node']}] {event['kind']} {details}".rstrip()
 
 
-def emit_log(event: dict[str, Any]) -> None:
+def emit_log(event: Mapping[str, Json]) -> None:
     logsink.info(log, log_line(event))

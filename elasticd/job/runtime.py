@@ -11,12 +11,13 @@ import socket
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import psutil
 import zmq
 
 from elasticd.job.config import StartError
+from elasticd.wire.protocol import Json
 
 
 def runtime_dir() -> Path:
@@ -82,7 +83,21 @@ def endpoint_file(job_id: str, node_id: str) -> Path:
     return runtime_dir() / f"{node_file_stem(job_id, node_id)}.json"
 
 
-def write_endpoints(job_id: str, node_id: str, info: dict[str, Any]) -> Path:
+class EndpointsFile(TypedDict, total=False):
+    """A daemon's endpoints file (Daemon.announce writes it): which job and node, and where to reach it."""
+
+    job_id: str
+    node_id: str
+    pid: int
+    host: str
+    coordinator: bool
+    version: str
+    control: str
+    pub: str
+    server_key: str  # "" without --keys
+
+
+def write_endpoints(job_id: str, node_id: str, info: Mapping[str, Json]) -> Path:
     path = endpoint_file(job_id, node_id)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(info, indent=1))
@@ -97,12 +112,12 @@ def remove_endpoints(job_id: str, node_id: str, pid: int) -> None:
             path.unlink()
 
 
-def live_daemons() -> list[dict[str, Any]]:
+def live_daemons() -> list[EndpointsFile]:
     """Endpoint files of daemons still running; stale files (dead pid) are removed on the way."""
     found = []
     for path in sorted(runtime_dir().glob("*--*.json")):
         try:
-            info = json.loads(path.read_text())
+            info: EndpointsFile = json.loads(path.read_text())  # as a daemon wrote it; a file without a pid is none
             pid = int(info["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue

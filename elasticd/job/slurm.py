@@ -11,11 +11,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import hostlist
 
 from elasticd.job.config import ConfigError
+from elasticd.wire.protocol import JsonObject
 
 PORT_BASE, PORT_SPAN = 10000, 20000  # below Linux's ephemeral ports (32768+): a port per job id, modulo the span
 _TASKS = re.compile(r"(\d+)(?:\(x\d+\))?")  # one group of SLURM's tasks-per-node list: 2, or 1(x4)
@@ -49,7 +49,7 @@ class SlurmStep:
     def nproc(self) -> int:
         return self.gpus or max(1, self.cpus)
 
-    def public(self) -> dict[str, Any]:
+    def public(self) -> JsonObject:
         """What `status` says of it: which job and step, and how often SLURM requeued the job."""
         return {"kind": "slurm", "job_id": self.job_id, "step_id": self.step_id, "node": self.node_name,
                 "restart_count": self.restart_count}

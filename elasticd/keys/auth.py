@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import zmq
 import zmq.auth
@@ -25,6 +24,7 @@ from zmq.auth.asyncio import AsyncioAuthenticator
 from elasticd.keys.peer_watch import PeerWatch, Refused, watch_of
 from elasticd.keys.refusals import RefusalLog, fingerprint
 from elasticd.wire.names import EventKind
+from elasticd.wire.protocol import JsonObject
 
 log = logging.getLogger("elasticd")
 Report = Callable[..., None]  # the daemon's node_event(kind, **fields)
@@ -246,8 +246,8 @@ class Gatekeeper:
         suppressed = self.refusals.record(refused.domain, refused.peer, key, time.time())
         if suppressed is None:
             return
-        fields: dict[str, Any] = {**refused._asdict(), "key": key, "suppressed": suppressed,
-                                  "refused_keys": self.refusals.total}
+        fields: JsonObject = {**refused._asdict(), "key": key, "suppressed": suppressed,
+                              "refused_keys": self.refusals.total}
         more = f"; {suppressed} more from it since its last report" if suppressed else ""
         what = f"key {key}" if key != NO_KEY else "a connection"
         log.warning("refused %s from %s on %s (%s)%s", what, refused.peer, refused.domain, refused.reason, more)

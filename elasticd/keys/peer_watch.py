@@ -15,7 +15,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar
+from typing import NamedTuple, TypeVar
 
 import zmq
 
@@ -42,7 +42,7 @@ _ids = itertools.count()
 _WATCHES: dict[int, PeerWatch] = {}  # context (libzmq address) -> its watch; one per context, as with ZAP
 
 Peer = tuple[str, int]  # IP address and port
-S = TypeVar("S", bound=zmq.Socket[Any])  # a socket and its monitor's copy are of one kind (asyncio or plain)
+S = TypeVar("S", bound=zmq.Socket[object])  # a socket and its monitor's copy are of one kind (asyncio or plain)
 
 
 class Refused(NamedTuple):
@@ -170,13 +170,13 @@ class PeerWatch:
     kernel frees on that port (tcp_closed.py).
     """
 
-    def __init__(self, ctx: zmq.Context[Any], deliver: Callable[[list[Refused]], object]) -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[object]], deliver: Callable[[list[Refused]], object]) -> None:
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.shadow(ctx.underlying)  # plain: the thread blocks
         self.deliver = deliver
         self.incoming: queue.Queue[_Listener] = queue.Queue()
         # The daemon's sockets, touched only from its thread; weakly: one dropped after a failed bind is closed by
         # the garbage collector, as it would be unwatched (else the context's term would wait on it forever).
-        self.watched: weakref.WeakKeyDictionary[zmq.Socket[Any], _Listener] = weakref.WeakKeyDictionary()
+        self.watched: weakref.WeakKeyDictionary[zmq.Socket[object], _Listener] = weakref.WeakKeyDictionary()
         # The watch thread's own, from here on.
         self.listeners: dict[zmq.Socket[bytes], _Listener] = {}
         self.feed: ClosedFeed | None = None
@@ -349,7 +349,7 @@ class PeerWatch:
         return found
 
 
-def watch_of(sock: zmq.Socket[Any]) -> PeerWatch | None:
+def watch_of(sock: zmq.Socket[object]) -> PeerWatch | None:
     """The watch started in `sock`'s context, if any: with one, every CURVE server made there is watched."""
     return _WATCHES.get(sock.context.underlying)
 

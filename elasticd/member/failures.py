@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import signal
 import time
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from elasticd.member.processes.workers import Worker
 from elasticd.wire.diagnosis import ERROR_FILE, OUTPUT, ErrorInfo, Failure
+from elasticd.wire.protocol import Json
 
 MAX_ERROR_FILE_BYTES = 1024 * 1024
 
@@ -18,10 +19,10 @@ def read_error_file(worker: Worker) -> ErrorInfo | None:
     "extraInfo": {"py_callstack": "Traceback…"}}}; an older plain `message` string too. None if absent or unreadable."""
     try:
         with open(worker.error_file, "rb") as handle:
-            data = json.loads(handle.read(MAX_ERROR_FILE_BYTES))
+            data: Json = json.loads(handle.read(MAX_ERROR_FILE_BYTES))
     except (OSError, ValueError, RecursionError):
         return None
-    message: Any = data.get("message") if isinstance(data, dict) else None
+    message = data.get("message") if isinstance(data, dict) else None
     if isinstance(message, str):
         return ErrorInfo.from_traceback("", ERROR_FILE, headline=message.strip().splitlines()[0] if message else "")
     if not isinstance(message, dict):
@@ -68,7 +69,7 @@ def describe_exit(code: int | None) -> str:
     return f"signal {signal_name(code)}" if code < 0 else f"exit code {code}"
 
 
-def failure_summary(entry: str, cause: dict[str, Any] | None, consequences: list[dict[str, Any]]) -> str:
+def failure_summary(entry: str, cause: Mapping[str, Json] | None, consequences: Sequence[Mapping[str, Json]]) -> str:
     """torchrun's closing table for a job that failed for good: the root cause, then the failures that followed."""
     if cause is None:
         return ""

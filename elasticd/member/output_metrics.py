@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TypedDict
 
 from elasticd.job.config import ConfigError
 
 GROUPS = ("step", "loss", "epoch")
+
+
+class LineFields(TypedDict, total=False):
+    """What one output line states: any of its step, loss and epoch."""
+
+    step: int
+    loss: float
+    epoch: int
 
 
 def compile_pattern(text: str) -> re.Pattern[str]:
@@ -21,15 +29,18 @@ def compile_pattern(text: str) -> re.Pattern[str]:
     return pattern
 
 
-def parse_line(pattern: re.Pattern[str], line: str) -> dict[str, Any] | None:
+def parse_line(pattern: re.Pattern[str], line: str) -> LineFields | None:
     """The step, loss and epoch one output line states, or None when it states none (or garbles a number)."""
     match = pattern.search(line)
     if match is None:
         return None
     found = {k: v for k, v in match.groupdict().items() if k in GROUPS and v is not None}
     try:
-        fields: dict[str, Any] = {"loss": float(found["loss"])} if "loss" in found else {}
-        fields.update({k: int(found[k]) for k in ("step", "epoch") if k in found})
+        fields: LineFields = {"loss": float(found["loss"])} if "loss" in found else {}
+        if "step" in found:
+            fields["step"] = int(found["step"])
+        if "epoch" in found:
+            fields["epoch"] = int(found["epoch"])
     except ValueError:
         return None
     return fields or None

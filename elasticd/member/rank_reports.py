@@ -3,13 +3,52 @@
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import TypedDict
 
 from elasticd.wire.names import OUTPUT
 from elasticd.wire.worker_reports import RankStep, Saved
 
-Report = dict[str, Any]  # one rank's: `rank`, `round`, then what it said (docs/worker-channel.md); JSON as is
-SAVE_FIELDS = ("step", "path", "bytes", "duration_s")  # of a `checkpoint` report, kept as the rank's last save
+
+class LastSave(TypedDict):
+    """A rank's last `checkpoint` report, and when it came."""
+
+    step: int
+    path: str
+    bytes: int | None
+    duration_s: float | None
+    at: float
+
+
+class _Reported(TypedDict):
+    rank: int
+    round: int
+    last_step_at: float  # its hello's time until its first step
+
+
+class Report(_Reported, total=False):
+    """One rank's: `rank`, `round`, then what it said (docs/worker-channel.md); a heartbeat carries it as it is."""
+
+    hello: float
+    in_place: bool
+    source: str  # OUTPUT: its steps are read from its output lines
+    step: int
+    loss: float | None
+    samples: int
+    tokens: int | None
+    step_time: float | None
+    dropped: int
+    extra: dict[str, float | None]  # RankStep.metrics
+    throughput: float
+    last_checkpoint: LastSave
+    drained_step: int | None
+    last_ack: str | None
+
+
+class StepAnswer(TypedDict):
+    """A node's answer to a step query."""
+
+    step: int | None
+    step_time: float | None
 
 
 class RankReports:
@@ -49,7 +88,7 @@ class RankReports:
             self._by_rank[rank] = {"rank": rank, "round": round_id, "source": OUTPUT, "last_step_at": now}
         return self._by_rank[rank].get("source") == OUTPUT
 
-    def last_step(self, rank: int) -> Any:
+    def last_step(self, rank: int) -> int:
         return self._by_rank[rank].get("step", 0)
 
     def step(self, reported: RankStep, now: float) -> bool:
@@ -58,20 +97,21 @@ class RankReports:
         first = "step" not in report
         self._moved = True
         elapsed = now - report["last_step_at"]
-        report.update(step=reported.step, loss=reported.loss, samples=reported.samples, tokens=reported.tokens,
-                      step_time=reported.step_time, dropped=reported.dropped, extra=reported.metrics,
-                      last_step_at=now)
+        report.update({"step": reported.step, "loss": reported.loss, "samples": reported.samples,
+                       "tokens": reported.tokens, "step_time": reported.step_time, "dropped": reported.dropped,
+                       "extra": reported.metrics, "last_step_at": now})
         if elapsed > 0 and reported.samples:
             report["throughput"] = round(reported.samples / elapsed, 2)
         return first
 
     def checkpoint(self, saved: Saved, now: float) -> None:
-        self._by_rank[saved.rank]["last_checkpoint"] = {**{k: getattr(saved, k) for k in SAVE_FIELDS}, "at": now}
+        self._by_rank[saved.rank]["last_checkpoint"] = {"step": saved.step, "path": saved.path, "bytes": saved.bytes,
+                                                        "duration_s": saved.duration_s, "at": now}
 
-    def drained(self, rank: int, step: Any) -> None:
+    def drained(self, rank: int, step: int | None) -> None:
         self._by_rank[rank]["drained_step"] = step
 
-    def ack(self, rank: int, request_id: Any) -> None:
+    def ack(self, rank: int, request_id: str | None) -> None:
         self._by_rank[rank]["last_ack"] = request_id
 
     # -- what the node's readers read -------------------------------------------------------------------
@@ -93,17 +133,17 @@ class RankReports:
                 found.append((rank, silent))
         return found
 
-    def step_answer(self, round_id: int) -> dict[str, Any]:
+    def step_answer(self, round_id: int) -> StepAnswer:
         """This node's answer to a step query (the function below)."""
         return step_answer(self._by_rank, round_id)
 
 
-def step_answer(reports: dict[int, Report], round_id: int) -> dict[str, Any]:
+def step_answer(reports: dict[int, Report], round_id: int) -> StepAnswer:
     """A node's reply to a step query: the highest step its shim ranks reported in this round, and their step time."""
     # A shim rank that said hello but whose first step report is still on its way counts as step 0: it is
     # a shim rank, so it must stop at the agreed step rather than be restarted (and lose what it trained).
     current = [r for r in reports.values() if r.get("round") == round_id and r.get("source") != OUTPUT
                and (r.get("step") is not None or "hello" in r)]  # steps read from output have no shim behind
-    times = [float(r["step_time"]) for r in current if isinstance(r.get("step_time"), int | float)]
+    times = [float(t) for r in current if isinstance(t := r.get("step_time"), int | float)]
     return {"step": max((int(r.get("step") or 0) for r in current), default=None),
             "step_time": statistics.median(times) if times else None}

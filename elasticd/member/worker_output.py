@@ -6,14 +6,14 @@ import asyncio
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 
 from elasticd.job.config import JobConfig
 from elasticd.member.processes import stack_dumps, zygote
 from elasticd.member.processes.output import RECENT_LINES, readable
 from elasticd.member.processes.workers import Worker, WorkerGroup
 from elasticd.wire.diagnosis import StackDump, main_thread_where
-from elasticd.wire.protocol import ErrorCode, ProtocolError
+from elasticd.wire.protocol import ErrorCode, JsonObject, ProtocolError
 
 MAX_TAIL_LINES = 1000
 TAIL_WINDOW_BYTES = 256 * 1024  # how far back a tail reads: a 10 MB line gives its end, not the whole line
@@ -35,7 +35,7 @@ class WorkerOutput:
         return self.cfg.node_id
 
     # ---- logs --------------------------------------------------------------------------------
-    def output(self, rank: int | None, round_id: int | None, tail: int, since: int | None) -> dict[str, Any]:
+    def output(self, rank: int | None, round_id: int | None, tail: int, since: int | None) -> JsonObject:
         round_id, workers = self.find(rank, round_id)
         tail = max(0, min(tail, MAX_TAIL_LINES))
         ranks = [self.read(worker, path, tail, since) for worker, path in workers]
@@ -65,8 +65,8 @@ class WorkerOutput:
     def round_folder(self, round_id: int) -> Path:
         return Path(self.cfg.log_dir) / self.cfg.job_id / self.cfg.node_id / f"round-{round_id:04d}"
 
-    def read(self, worker: Worker | None, path: Path, tail: int, since: int | None) -> dict[str, Any]:
-        entry: dict[str, Any] = {"path": str(path), "source": "file", "note": "", "skipped": 0}
+    def read(self, worker: Worker | None, path: Path, tail: int, since: int | None) -> JsonObject:
+        entry: JsonObject = {"path": str(path), "source": "file", "note": "", "skipped": 0}
         if worker is not None:
             entry.update(rank=worker.rank, pid=worker.proc.pid, state=worker.status, exit_code=worker.exit_code)
         else:
@@ -89,7 +89,7 @@ class WorkerOutput:
         return entry
 
     @staticmethod
-    def follow(handle: Any, size: int, since: int) -> dict[str, Any]:
+    def follow(handle: BinaryIO, size: int, since: int) -> JsonObject:
         """The complete lines written after byte `since`, at most FOLLOW_BYTES; far behind, it skips ahead."""
         since = min(max(0, since), size)  # a file that shrank (truncated by hand) goes on from its end
         skipped = 0
@@ -105,7 +105,7 @@ class WorkerOutput:
         return {"lines": split(data[:cut], whole_first=True), "offset": since + cut, "skipped": skipped}
 
     # ---- stacks ------------------------------------------------------------------------------
-    async def stacks(self, rank: int | None) -> dict[str, Any]:
+    async def stacks(self, rank: int | None) -> JsonObject:
         """Every thread's Python stack of the newest round's workers (or one rank); a live rank goes on running."""
         round_id, found = self.find(rank, None)
         dumps = await asyncio.gather(*(self.dump(worker) for worker, _path in found if worker is not None))

@@ -6,8 +6,10 @@ Stdlib only (trainer_shim may import wire/). docs/protocol.md, "Diagnosis", is t
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+
+from elasticd.wire.protocol import Json, JsonObject
 
 MAX_TRACEBACK_CHARS = 4000  # an event's traceback: its head and its end, where the innermost frames are
 MAX_MESSAGE_CHARS = 500
@@ -60,16 +62,16 @@ class ErrorInfo:
     traceback: str = ""
     source: str = "output"  # ERROR_FILE or OUTPUT
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> JsonObject:
         return asdict(self)
 
     @classmethod
-    def from_body(cls, body: Any) -> ErrorInfo | None:
+    def from_body(cls, body: Json) -> ErrorInfo | None:
         """None for anything that is not an error record (a member of an older version sends none)."""
-        if not isinstance(body, dict) or not isinstance(body.get("type"), str):
+        if not isinstance(body, dict) or not isinstance(kind := body.get("type"), str):
             return None
         line = body.get("line")
-        return cls(body["type"][:200], str(body.get("message", ""))[:MAX_MESSAGE_CHARS],
+        return cls(kind[:200], str(body.get("message", ""))[:MAX_MESSAGE_CHARS],
                    str(body.get("where", ""))[:300], str(body.get("file", ""))[:300],
                    line if isinstance(line, int) and not isinstance(line, bool) else 0,
                    clip(str(body.get("traceback", "")), MAX_TRACEBACK_CHARS), str(body.get("source", "output"))[:20])
@@ -120,21 +122,25 @@ class Failure:
     log: str = ""  # the rank's log file on its node
     error_file: str = ""
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> JsonObject:
         body = asdict(self)
         body["error"] = self.error.body() if self.error else None
         return body
 
     @classmethod
-    def from_body(cls, node: str, body: dict[str, Any]) -> Failure:
+    def from_body(cls, node: str, body: Mapping[str, Json]) -> Failure:
         """A `worker_failed` body; what is missing or mistyped is left at its default."""
-        def num(key: str, kind: type | tuple[type, ...]) -> Any:
+        def whole(key: str) -> int | None:
             value = body.get(key)
-            return value if isinstance(value, kind) and not isinstance(value, bool) else None
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
 
-        rank, code, pid = num("rank", int), num("exit_code", int), num("pid", int)
-        at = num("detected", (int, float)) or num("at", (int, float)) or 0.0
-        return cls(node, rank, num("round", int) or 0, code, str(body.get("signal") or "")[:20], pid or 0, float(at),
+        def number(key: str) -> float | None:
+            value = body.get(key)
+            return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+        rank, code, pid = whole("rank"), whole("exit_code"), whole("pid")
+        at = number("detected") or number("at") or 0.0
+        return cls(node, rank, whole("round") or 0, code, str(body.get("signal") or "")[:20], pid or 0, float(at),
                    ErrorInfo.from_body(body.get("error")), body.get("hang") is True,
                    str(body.get("reason", ""))[:1000], str(body.get("log", ""))[:500],
                    str(body.get("error_file", ""))[:500])
@@ -154,7 +160,7 @@ class StackDump:
     text: str = ""
     note: str = ""  # why there is no stack (not forked by the zygote, the process did not answer)
 
-    def body(self, limit: int = MAX_STACK_CHARS) -> dict[str, Any]:
+    def body(self, limit: int = MAX_STACK_CHARS) -> JsonObject:
         return {**asdict(self), "text": clip(self.text, limit)}
 
 

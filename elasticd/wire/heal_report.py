@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
+from elasticd.wire.protocol import Json
 from elasticd.wire.record import Record
 
 
@@ -19,10 +21,23 @@ class Heal(Record):
     fallback: str | None = None
 
 
-def merge_heals(heals: list[dict[str, Any]]) -> dict[str, Any]:
+class MergedHeal(TypedDict):
+    """What healing moved: bytes each way, how long it took, and why it fell back to a checkpoint (if it did)."""
+
+    received_bytes: int
+    sent_bytes: int
+    seconds: float
+    fallback: str | None
+
+
+def merge_heals(heals: Sequence[Mapping[str, Json]]) -> MergedHeal:
     """Ranks' (or nodes') heal reports as one: bytes summed, the longest time, the first fallback's reason."""
+    def number(heal: Mapping[str, Json], key: str) -> float:
+        value = heal.get(key)
+        return value if isinstance(value, int | float) else 0.0
+
     def total(key: str) -> int:
-        return sum(int(h.get(key) or 0) for h in heals)
+        return sum(int(number(h, key)) for h in heals)
     fallback = next((str(h["fallback"]) for h in heals if h.get("fallback")), None)
     return {"received_bytes": total("received_bytes"), "sent_bytes": total("sent_bytes"),
-            "seconds": max(float(h.get("seconds") or 0.0) for h in heals), "fallback": fallback}
+            "seconds": max(float(number(h, "seconds")) for h in heals), "fallback": fallback}

@@ -11,6 +11,7 @@ import math
 import re
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,11 @@ MAX_FRAME_BYTES = 256 * 1024  # the cap on a request a daemon accepts
 MAX_DEPTH = 32  # nesting of objects and lists; deeper is refused before anything recurses over it
 MAX_REPLY_BYTES = 64 * 1024 * 1024  # replies and events a client accepts (status of a large job, event history)
 MESSAGE_TYPES = ("req", "rep", "ev", "hb", "st")
+# A JSON value, as json.loads returns it and json.dumps takes it: for what stays JSON (an event's fields, a body on
+# its way to the encoder). Its containers are read-only, so a list[str] or a dict[str, float] is one as it is; a
+# reader narrows with isinstance (a str is a Sequence too: test for list, not Sequence).
+Json = str | int | float | bool | None | Sequence["Json"] | Mapping[str, "Json"]
+JsonObject = dict[str, Json]
 
 
 class ErrorCode:
@@ -61,7 +67,7 @@ class ProtocolError(Exception):
         self.errno = errno
         self.reason = reason
 
-    def as_body(self) -> dict[str, Any]:
+    def as_body(self) -> JsonObject:
         return {
             "ok": False,
             "errno": self.errno,
@@ -76,14 +82,14 @@ class Envelope:
 
     type: str
     op: str
-    body: dict[str, Any] = field(default_factory=dict)
+    body: dict[str, Any] = field(default_factory=dict)  # Any: handlers index it before a record or `arg` checks a value
     id: str = ""
     node: str = ""
     seq: int = 0
     ts: float = 0.0
     v: int = PROTOCOL_VERSION
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "v": self.v,
             "type": self.type,
@@ -100,7 +106,7 @@ def new_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-def _finite(value: Any) -> Any:
+def _finite(value: Json) -> Json:
     """JSON has no NaN/Infinity; a NaN loss is sent as null rather than as invalid JSON."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -153,7 +159,7 @@ def _may_overflow(utf8: bytes) -> bool:
     return b"0" * 19 in shapes or ((b"e000" in shapes or b"es000" in shapes) and bool(_BIG_EXPONENT.search(utf8)))
 
 
-def _depth(value: Any) -> int:
+def _depth(value: Json) -> int:
     """Nesting depth, without recursion (a hostile frame must not reach the recursion limit)."""
     deepest, stack = 0, [(value, 1)]
     while stack:
@@ -176,7 +182,7 @@ def encode(env: Envelope) -> bytes:
                          env.ts or time.time(), body)).encode()
 
 
-def _parse(frame: bytes, from_daemon: bool) -> Any:
+def _parse(frame: bytes, from_daemon: bool) -> Json:
     """The frame's JSON: a request's strictly (no NaN, numbers in range), a daemon's reply (`from_daemon`) as is."""
     try:
         # JSON that starts with `{` and no NUL after it is UTF-8 (what json.detect_encoding, in Python, would find)
@@ -230,7 +236,7 @@ def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES, from_daemon: bool = F
     return Envelope(type=kind, op=op, body=body, id=msg_id, node=node, seq=seq, ts=float(ts), v=version)
 
 
-def reply(request: Envelope, node: str, body: dict[str, Any]) -> Envelope:
+def reply(request: Envelope, node: str, body: JsonObject) -> Envelope:
     return Envelope(type="rep", op=request.op, body=body, id=request.id, node=node, ts=time.time())
 
 

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
+from typing import TypeVar
+
+from elasticd.wire.protocol import Json, JsonObject
 
 T = TypeVar("T")
 
 
-def _build(cls: type[T], data: dict[str, Any]) -> T:
+def _build(cls: type[T], data: Mapping[str, object]) -> T:
     """Known fields by name; the whole reply stays in `raw` so newer fields are never lost."""
     names = {f.name for f in fields(cls)} - {"raw"}  # type: ignore[arg-type]
     return cls(**{k: v for k, v in data.items() if k in names}, raw=data)  # type: ignore[call-arg]
+
+
+def _objects(value: Json) -> list[JsonObject]:
+    """The objects in a reply's list (its nodes, its ranks)."""
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
 @dataclass(frozen=True)
@@ -25,8 +33,8 @@ class NodeInfo:
     nproc: int = 0
     last_seen_age_s: float = 0.0
     restarts: dict[str, int] = field(default_factory=dict)
-    workers: list[dict[str, Any]] = field(default_factory=list)
-    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    workers: list[JsonObject] = field(default_factory=list)
+    raw: JsonObject = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)
@@ -49,12 +57,12 @@ class JobStatus:
     nodes: list[NodeInfo] = field(default_factory=list)
     rank_map: dict[str, list[int]] = field(default_factory=dict)
     refused_keys: int = 0  # connections the daemon that answered has refused since it started
-    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    raw: dict[str, object] = field(default_factory=dict, repr=False)  # the reply, with `nodes` and `rank_map` as parsed
 
     @classmethod
-    def parse(cls, reply: dict[str, Any]) -> JobStatus:
-        data = {**reply, "nodes": [_build(NodeInfo, n) for n in reply.get("nodes", [])],
-                "rank_map": {e["node_id"]: e["ranks"] for e in reply.get("rank_map", [])}}
+    def parse(cls, reply: JsonObject) -> JobStatus:
+        data = {**reply, "nodes": [_build(NodeInfo, n) for n in _objects(reply.get("nodes", []))],
+                "rank_map": {str(e["node_id"]): e["ranks"] for e in _objects(reply.get("rank_map", []))}}
         return _build(cls, data)
 
 
@@ -71,11 +79,11 @@ class RankMetrics:
     step_age_s: float | None = None
     checkpoint_step: int | None = None
     checkpoint_age_s: float | None = None
-    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    raw: JsonObject = field(default_factory=dict, repr=False)
 
     @classmethod
-    def parse_all(cls, reply: dict[str, Any]) -> list[RankMetrics]:
-        return [_build(cls, r) for r in reply.get("ranks", [])]
+    def parse_all(cls, reply: JsonObject) -> list[RankMetrics]:
+        return [_build(cls, r) for r in _objects(reply.get("ranks", []))]
 
 
 @dataclass(frozen=True)
@@ -85,13 +93,13 @@ class SteerResult:
     accepted: bool = False
     dry_run: bool = False
     op_id: str = ""
-    plan: dict[str, Any] = field(default_factory=dict)
-    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    plan: JsonObject = field(default_factory=dict)
+    raw: JsonObject = field(default_factory=dict, repr=False)
 
     @property
     def summary(self) -> str:
         return str(self.plan.get("summary", ""))
 
     @classmethod
-    def parse(cls, reply: dict[str, Any]) -> SteerResult:
+    def parse(cls, reply: JsonObject) -> SteerResult:
         return _build(cls, reply)

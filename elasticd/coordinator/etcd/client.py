@@ -6,12 +6,19 @@ import base64
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+from elasticd.wire.protocol import Json, JsonObject
+
+if TYPE_CHECKING:  # optional: only --rdzv-backend etcd needs it, and loads it (load_etcd3gw)
+    from etcd3gw import Etcd3Client
 
 log = logging.getLogger("elasticd")
 T = TypeVar("T")
+Compare = dict[str, str | int]  # one txn comparison (created_at)
+TxnOp = dict[str, dict[str, str | int]]  # one txn operation: {"request_put": {…}} (put) or a delete (delete)
 MISSING_CLIENT = ("--rdzv-backend etcd needs the etcd3gw client, which is not installed: "
                   "pip install 'elastic[etcd]'")
 REQUEST_TIMEOUT_S = 1.0  # per endpoint: a member that does not answer this fast is treated as down
@@ -45,12 +52,12 @@ def prefix_end(prefix: str) -> str:
     return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
-def load_etcd3gw() -> Any:
+def load_etcd3gw() -> type[Etcd3Client]:
     try:
-        import etcd3gw  # optional: only --rdzv-backend etcd needs it
+        from etcd3gw import Etcd3Client  # optional: only --rdzv-backend etcd needs it
     except ImportError:
         raise ImportError(MISSING_CLIENT) from None
-    return etcd3gw
+    return Etcd3Client
 
 
 class EtcdClient:
@@ -60,7 +67,7 @@ class EtcdClient:
     """
 
     def __init__(self, endpoints: list[tuple[str, int]], timeout_s: float = REQUEST_TIMEOUT_S) -> None:
-        self.etcd3gw = load_etcd3gw()
+        self.client_class = load_etcd3gw()
         self.endpoints = endpoints
         self.timeout_s = timeout_s
         self.cluster_id = ""  # the first answer's; any later answer from another cluster is refused
@@ -68,23 +75,23 @@ class EtcdClient:
         self._lock = threading.Lock()
         self._current = 0  # the endpoint that answered last: tried first next time
 
-    def _clients(self) -> dict[int, Any]:
+    def _clients(self) -> dict[int, Etcd3Client]:
         clients = getattr(self._local, "clients", None)
         if clients is None:
             clients = self._local.clients = {}
         return clients
 
-    def _client(self, index: int) -> Any:
+    def _client(self, index: int) -> Etcd3Client:
         clients = self._clients()
         if index not in clients:
             host, port = self.endpoints[index]
-            clients[index] = self.etcd3gw.Etcd3Client(host=host, port=port, timeout=self.timeout_s,
-                                                      api_path="/v3/")
+            clients[index] = self.client_class(host=host, port=port, timeout=self.timeout_s, api_path="/v3/")
         return clients[index]
 
-    def call(self, action: Callable[[Any], T]) -> T:
+    def call(self, action: Callable[[Etcd3Client], T]) -> T:
         """Run `action(Etcd3Client)` on the endpoint that answered last, then on each other one."""
-        errors = self.etcd3gw.exceptions
+        from etcd3gw import exceptions as errors  # loaded with the client (load_etcd3gw)
+
         first = self._current
         last: Exception | None = None
         for step in range(len(self.endpoints)):
@@ -102,10 +109,12 @@ class EtcdClient:
         names = ",".join(f"{h}:{p}" for h, p in self.endpoints)
         raise EtcdUnavailable(f"no etcd endpoint answered ({names}): {_short(last)}")
 
-    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    def post(self, path: str, body: Mapping[str, Json]) -> JsonObject:
         """One gateway request; its answer's cluster id must be ours."""
-        result: dict[str, Any] = self.call(lambda c: c.post(c.get_url(path), data=json.dumps(body)))
-        self.check_cluster(str(result.get("header", {}).get("cluster_id", "")))
+        result: Json = self.call(lambda c: c.post(c.get_url(path), data=json.dumps(body)))
+        if not isinstance(result, dict):
+            raise ValueError(f"etcd answered {path} with {type(result).__name__}, not an object")
+        self.check_cluster(str(_at(result, "header", "cluster_id") or ""))
         return result
 
     def check_cluster(self, cluster_id: str) -> None:
@@ -119,50 +128,52 @@ class EtcdClient:
                                          f"{self.cluster_id}: refusing another cluster's state")
 
     # ---- the calls we use ----------------------------------------------------------------------
-    def status(self) -> dict[str, Any]:
+    def status(self) -> JsonObject:
         return self.post("/maintenance/status", {})
 
     def grant(self, ttl_s: int) -> int:
-        return int(self.post("/lease/grant", {"TTL": ttl_s, "ID": 0})["ID"])
+        return _int(self.post("/lease/grant", {"TTL": ttl_s, "ID": 0}).get("ID"))
 
     def refresh(self, lease: int) -> int:
         """The lease's TTL after a keep-alive; -1 once it has expired (or was revoked)."""
-        result = self.post("/lease/keepalive", {"ID": lease})
-        return int(result.get("result", {}).get("TTL", -1))
+        return _int(_at(self.post("/lease/keepalive", {"ID": lease}), "result", "TTL"), -1)
 
     def revoke(self, lease: int) -> None:
         self.post("/kv/lease/revoke", {"ID": lease})
 
-    def txn(self, compare: list[dict[str, Any]], success: list[dict[str, Any]],
-            failure: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    def txn(self, compare: list[Compare], success: list[TxnOp], failure: list[TxnOp] | None = None) -> JsonObject:
         return self.post("/kv/txn", {"compare": compare, "success": success, "failure": failure or []})
 
     def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         """Every key under `prefix` in key order, and the store's revision they were read at."""
         result = self.post("/kv/range", {"key": b64(prefix), "range_end": b64(prefix_end(prefix))})
-        return [kv_of(item) for item in result.get("kvs", [])], int(result["header"]["revision"])
+        kvs = result.get("kvs")  # absent where no key matches
+        return [kv_of(item) for item in (kvs if isinstance(kvs, list) else [])], \
+            _int(_at(result, "header", "revision"))
 
     def wait_change(self, prefix: str, after_revision: int, timeout_s: float) -> bool:
         """Block until a key under `prefix` changes after `after_revision`; False when `timeout_s` passed first."""
         body = {"create_request": {"key": b64(prefix), "range_end": b64(prefix_end(prefix)),
                                    "start_revision": after_revision + 1}}
 
-        def watch(c: Any) -> bool:
+        def watch(c: Etcd3Client) -> bool:
+            from etcd3gw.exceptions import ConnectionFailedError
+
             requests = c.session
             try:
                 resp = requests.post(c.get_url("/watch"), data=json.dumps(body), stream=True,
                                      timeout=(self.timeout_s, timeout_s))
             except Exception as exc:  # requests' own errors: connection refused, timeouts
-                raise self.etcd3gw.exceptions.ConnectionFailedError(str(exc)) from None
+                raise ConnectionFailedError(str(exc)) from None
             try:
                 for line in resp.iter_lines():
-                    result = json.loads(line or b"{}").get("result", {})
-                    if result.get("events") or result.get("compact_revision"):
+                    answer: Json = json.loads(line or b"{}")
+                    if _at(answer, "result", "events") or _at(answer, "result", "compact_revision"):
                         return True
             except Exception as exc:
                 if "timed out" in str(exc).lower() or "Read timed out" in repr(exc):
                     return False
-                raise self.etcd3gw.exceptions.ConnectionFailedError(str(exc)) from None
+                raise ConnectionFailedError(str(exc)) from None
             finally:
                 resp.close()
             return False
@@ -170,27 +181,54 @@ class EtcdClient:
         return self.call(watch)
 
 
-def kv_of(item: dict[str, Any]) -> KeyValue:
-    return KeyValue(base64.b64decode(item["key"]).decode(), base64.b64decode(item.get("value", "")),
-                    int(item.get("create_revision", 0)), int(item.get("mod_revision", 0)), int(item.get("lease", 0)))
+def kv_of(item: Json) -> KeyValue:
+    """One key of a range's answer: key and value in base64, revisions and lease in strings (JSON's int64s)."""
+    return KeyValue(_bytes(_at(item, "key")).decode(), _bytes(_at(item, "value"), b""),
+                    _int(_at(item, "create_revision"), 0), _int(_at(item, "mod_revision"), 0),
+                    _int(_at(item, "lease"), 0))
 
 
-def put(key: str, value: bytes | str, lease: int = 0) -> dict[str, Any]:
+def _at(value: Json, *keys: str) -> Json:
+    """value[key][key]…; None where a key is missing or what should hold it is no object."""
+    for key in keys:
+        value = value.get(key) if isinstance(value, Mapping) else None
+    return value
+
+
+def _int(value: Json, missing: int | None = None) -> int:
+    """An int64 of an answer (the gateway writes it as a string); `missing` for none, where one may be missing."""
+    if value is None and missing is not None:
+        return missing
+    if isinstance(value, str | int | float):
+        return int(value)
+    raise ValueError(f"etcd answered {value!r} where a number belongs")
+
+
+def _bytes(value: Json, missing: bytes | None = None) -> bytes:
+    """A bytes field of an answer, which the gateway writes in base64."""
+    if value is None and missing is not None:
+        return missing
+    if isinstance(value, str):
+        return base64.b64decode(value)
+    raise ValueError(f"etcd answered {value!r} where base64 belongs")
+
+
+def put(key: str, value: bytes | str, lease: int = 0) -> TxnOp:
     """A txn operation: put `key`, bound to `lease` when one is given."""
-    request: dict[str, Any] = {"key": b64(key), "value": b64(value)}
+    request: dict[str, str | int] = {"key": b64(key), "value": b64(value)}
     if lease:
         request["lease"] = lease
     return {"request_put": request}
 
 
-def delete(key: str, range_end: str = "") -> dict[str, Any]:
-    request = {"key": b64(key)}
+def delete(key: str, range_end: str = "") -> TxnOp:
+    request: dict[str, str | int] = {"key": b64(key)}
     if range_end:
         request["range_end"] = b64(range_end)
     return {"request_delete_range": request}
 
 
-def created_at(key: str, revision: int) -> dict[str, Any]:
+def created_at(key: str, revision: int) -> Compare:
     """A txn compare: `key` exists with this create revision (0: `key` does not exist)."""
     return {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": revision}
 

@@ -19,9 +19,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticd.coordinator.etcd.client import EtcdClient, EtcdUnavailable, created_at, delete, put
+from elasticd.coordinator.etcd.client import EtcdClient, EtcdUnavailable, TxnOp, created_at, delete, put
 from elasticd.coordinator.membership import KEPT, NodeRecord, RankEntry, Round
+from elasticd.job.events import seq_of
 from elasticd.wire.names import Cause, NodeStatus, Role
+from elasticd.wire.protocol import Json, JsonObject
 
 log = logging.getLogger("elasticd")
 TXN_OPS = 100  # etcd refuses a txn of more than --max-txn-ops (128 by default)
@@ -41,6 +43,8 @@ def job_prefix(job_id: str) -> str:
     return f"/elasticd/{job_id}/"
 
 
+# Records as this store wrote them (node_value, Round.public), read back with no check per field: a takeover reads up
+# to 2,048 nodes and 50 rounds of 2,048 members, where a wire Record's checks would cost about a second.
 def node_record(data: dict[str, Any]) -> NodeRecord:
     fields = {k: data[k] for k in KEPT if k in data}
     fields["role"], fields["status"] = Role(fields["role"]), NodeStatus(fields["status"])
@@ -61,8 +65,8 @@ class Snapshot:
 
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
     rounds: list[Round] = field(default_factory=list)
-    job: dict[str, Any] = field(default_factory=dict)
-    events: list[dict[str, Any]] = field(default_factory=list)
+    job: JsonObject = field(default_factory=dict)
+    events: list[JsonObject] = field(default_factory=list)
     alive: dict[str, str] = field(default_factory=dict)  # node id -> the instance whose lease holds its key
 
     @classmethod
@@ -87,7 +91,7 @@ class Snapshot:
             elif kind == "job":
                 snap.job = data
         snap.rounds.sort(key=lambda r: r.round_id)
-        snap.events.sort(key=lambda e: int(e["seq"]))
+        snap.events.sort(key=seq_of)
         return snap
 
 
@@ -95,7 +99,7 @@ class Snapshot:
 class Batch:
     """Writes that go to etcd in one fenced transaction, and who waits for them."""
 
-    ops: list[dict[str, Any]]
+    ops: list[TxnOp]
     done: Future[None] | None = None  # a caller waiting for this batch (a round)
 
 
@@ -126,10 +130,10 @@ class EtcdStore:
         for rnd in snap.rounds:
             self.written[self.round_key(rnd.round_id)] = encode(rnd.public())
             self.timelines[rnd.round_id] = tuple(rnd.timeline.items())
-        self.events_written = int(snap.events[-1]["seq"]) if snap.events else 0
+        self.events_written = seq_of(snap.events[-1]) if snap.events else 0
         self.oldest_written = snap.rounds[0].round_id if snap.rounds else 0  # rounds below it are gone from etcd
-        self.job_state: Callable[[], dict[str, Any]] = lambda: {}
-        self.events_since: Callable[[int], list[dict[str, Any]]] = lambda _seq: []
+        self.job_state: Callable[[], JsonObject] = lambda: {}
+        self.events_since: Callable[[int], list[JsonObject]] = lambda _seq: []
         self.deposed = False
         self.unavailable_since = 0.0  # when a write last failed for want of etcd; 0: writes go through
         self.queue: queue.Queue[Batch | None] = queue.Queue()
@@ -183,7 +187,7 @@ class EtcdStore:
         if ops:
             self.queue.put(Batch(ops))
 
-    def changes(self) -> list[dict[str, Any]]:
+    def changes(self) -> list[TxnOp]:
         ops = []
         changed = [self._nodes[n] for n in self.changed if n in self._nodes]
         self.changed.clear()  # the same set: every record holds it
@@ -204,8 +208,8 @@ class EtcdStore:
             ops.append(delete(self.round_key(0), self.round_key(oldest)))
         events = self.events_since(self.events_written)
         if events:
-            self.events_written = int(events[-1]["seq"])
-            ops += [put(self.event_key(int(e["seq"])), encode(e)) for e in events]
+            self.events_written = seq_of(events[-1])
+            ops += [put(self.event_key(seq_of(e)), encode(e)) for e in events]
             if self.events_written > self.event_capacity:  # compaction: the log keeps what the daemon's does
                 ops.append(delete(self.event_key(0), self.event_key(self.events_written - self.event_capacity + 1)))
         return ops
@@ -226,7 +230,7 @@ class EtcdStore:
                 else:
                     batch.done.set_result(None)
 
-    def _write(self, ops: list[dict[str, Any]]) -> None:
+    def _write(self, ops: list[TxnOp]) -> None:
         """One fenced txn, retried while etcd is away; a failed compare deposes this coordinator for good."""
         while ops and not self.deposed:
             try:
@@ -248,6 +252,6 @@ class EtcdStore:
             return
 
 
-def encode(data: Any) -> bytes:
+def encode(data: Json) -> bytes:
     return json.dumps(data, separators=(",", ":"), sort_keys=True, default=str).encode()
 

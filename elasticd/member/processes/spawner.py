@@ -12,9 +12,10 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from elasticd.job.runtime import restore_open_file_limit
+from elasticd.member.processes.zygote import Message, SpawnRequest
 
 log = logging.getLogger("elasticd")
 _PR_SET_PDEATHSIG = 1
@@ -102,7 +103,7 @@ class Zygote:
             if not future.done():
                 future.set_result(-signal.SIGKILL)  # its workers died with it (PDEATHSIG)
 
-    def _on_message(self, msg: dict[str, Any]) -> None:
+    def _on_message(self, msg: Message) -> None:
         if msg["op"] == "ready":
             self.alive = True
             self.ready.set()
@@ -125,7 +126,8 @@ class Zygote:
         self._next_id += 1
         spawned: asyncio.Future[int] = loop.create_future()
         self._spawns[self._next_id] = spawned
-        request = json.dumps({"id": self._next_id, "entry": entry, "env": env, "cwd": cwd}).encode()
+        spawn: SpawnRequest = {"id": self._next_id, "entry": entry, "env": env, "cwd": cwd}
+        request = json.dumps(spawn).encode()
         try:
             socket.send_fds(self._sock, [request], [write_fd])
         finally:

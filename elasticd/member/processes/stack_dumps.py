@@ -14,14 +14,14 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TextIO
 
 STACKS_SIGNAL = signal.SIGRTMIN + 5 if hasattr(signal, "SIGRTMIN") else None
 STACKS_FILE_ENV = "ELASTICD_STACKS_FILE"
 MAX_DUMP_BYTES = 256 * 1024
 MAX_FILE_BYTES = 8 * 1024 * 1024  # dumps asked for again and again: the file starts over (the worker appends)
 MARKER = "=== elasticd: stacks asked at "  # the daemon's line before each dump; the dump follows it
-_held: list[Any] = []  # the worker's dump file stays open for its life: faulthandler writes to its fd
+_held: list[TextIO] = []  # the worker's dump file stays open for its life: faulthandler writes to its fd
 
 
 def arrange(env: dict[str, str]) -> None:

@@ -21,11 +21,47 @@ import socket
 import sys
 import traceback
 import types
-from typing import Any
+from typing import Literal, TypedDict
 
 from elasticd.member.processes import proctitle, stack_dumps
 
 _PR_SET_PDEATHSIG = 1
+
+
+class SpawnRequest(TypedDict):
+    """The daemon's request for a worker (spawner.py); the write end of its output pipe comes with it."""
+
+    id: int
+    entry: list[str]
+    env: dict[str, str]
+    cwd: str
+
+
+class Ready(TypedDict):
+    """The zygote started: what it preloaded."""
+
+    op: Literal["ready"]
+    preloaded: list[str]
+    pid: int
+
+
+class Spawned(TypedDict):
+    """A request's worker was forked: its pid."""
+
+    op: Literal["spawned"]
+    id: int
+    pid: int
+
+
+class Exited(TypedDict):
+    """A worker exited, with its exit code (negative: the signal)."""
+
+    op: Literal["exited"]
+    pid: int
+    code: int
+
+
+Message = Ready | Spawned | Exited  # what the zygote tells the daemon
 
 
 def _die_with(sig: int) -> None:
@@ -43,8 +79,8 @@ def preload(modules: list[str]) -> list[str]:
     return loaded
 
 
-def serve(sock: socket.socket) -> dict[str, Any] | None:
-    """Answer spawn requests until the daemon hangs up; returns the request in a forked child."""
+def serve(sock: socket.socket) -> tuple[SpawnRequest, int] | None:
+    """Answer spawn requests until the daemon hangs up; returns the request and its output fd in a forked child."""
     while True:
         readable, _, _ = select.select([sock], [], [], 0.05)
         reap(sock)
@@ -53,14 +89,14 @@ def serve(sock: socket.socket) -> dict[str, Any] | None:
         data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 4)  # SOCK_SEQPACKET: one request, its fd
         if not data:
             return None
-        request = json.loads(data)
+        request: SpawnRequest = json.loads(data)  # as the daemon wrote it (Zygote.spawn)
         ready_r, ready_w = os.pipe()
         pid = os.fork()
         if pid == 0:
             sock.close()
             os.close(ready_r)
             become_worker_session(ready_w)
-            return {**request, "out_fd": fds[0]}
+            return request, fds[0]
         os.close(ready_w)
         os.read(ready_r, 1)  # the child leads its own session now: a killpg from the daemon reaches it
         os.close(ready_r)
@@ -80,7 +116,7 @@ def reap(sock: socket.socket) -> None:
         send(sock, {"op": "exited", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def send(sock: socket.socket, message: dict[str, Any]) -> None:
+def send(sock: socket.socket, message: Message) -> None:
     sock.send(json.dumps(message).encode())
 
 
@@ -95,9 +131,9 @@ def become_worker_session(ready_fd: int) -> None:
     os.close(ready_fd)
 
 
-def run_worker(request: dict[str, Any]) -> int:
-    """In the forked child: become the worker the request describes, then run its script as __main__."""
-    out = request["out_fd"]
+def run_worker(request: SpawnRequest, out: int) -> int:
+    """In the forked child: become the worker the request describes (its output to `out`), then run its script as
+    __main__."""
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(out)
@@ -161,10 +197,10 @@ def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     loaded = preload([m for m in sys.argv[2].split(",") if m])
     send(sock, {"op": "ready", "preloaded": loaded, "pid": os.getpid()})
-    request = serve(sock)
-    if request is None:
+    spawn = serve(sock)
+    if spawn is None:
         return
-    code = run_worker(request)
+    code = run_worker(*spawn)
     sys.stdout.flush()
     sys.stderr.flush()
     sys.exit(code)
