@@ -105,22 +105,28 @@ def run_verb(ns: argparse.Namespace) -> int:
                 for text in command.follow(client.call, request, result):
                     print(text, flush=True)
                 return 0
-            for past in result["events"]:
-                print(json.dumps(past) if ns.json else line(past), flush=True)
-            if any(past.get("kind") == EventKind.job_end for past in result["events"]):
-                return 0  # the job is over: nothing more will happen
-            hello = Hello.decode(client.call("hello"), "hello")
-            pub = hello.events_pub or hello.pub  # events are published by the coordinator's daemon
-            kinds = request.kinds if isinstance(request, EventsRequest) else []
-            for frame in client.subscribe(pub):
-                if frame.type == "ev" and (not kinds or frame.kind in kinds):
-                    print(json.dumps(frame.body) if ns.json else line(frame.body), flush=True)
-                if frame.type == "ev" and frame.kind == EventKind.job_end:
-                    return 0
+            return follow_events(client, request, result, ns.json)
         except ClientError as err:
             print(f"elasticd {op}: {err.reason} [{err.code}]", file=sys.stderr)
             return 1
         except (KeyboardInterrupt, BrokenPipeError):  # Ctrl+C on --follow, or `| head` closing the pipe
+            return 0
+    return 0
+
+
+def follow_events(client: Client, request: VerbRequest, result: dict[str, Any], as_json: bool) -> int:
+    """`events --follow`: the events so far, then each as it happens, until the job ends (or Ctrl+C)."""
+    for past in result["events"]:
+        print(json.dumps(past) if as_json else line(past), flush=True)
+    if any(past.get("kind") == EventKind.job_end for past in result["events"]):
+        return 0  # the job is over: nothing more will happen
+    hello = Hello.decode(client.call("hello"), "hello")
+    pub = hello.events_pub or hello.pub  # events are published by the coordinator's daemon
+    kinds = request.kinds if isinstance(request, EventsRequest) else []
+    for frame in client.subscribe(pub):
+        if frame.type == "ev" and (not kinds or frame.kind in kinds):
+            print(json.dumps(frame.body) if as_json else line(frame.body), flush=True)
+        if frame.type == "ev" and frame.kind == EventKind.job_end:
             return 0
     return 0
 
