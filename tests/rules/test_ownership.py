@@ -22,7 +22,7 @@ OWNERS = {
     "Member": ("member/link.py", {"member", "m"}),
     "Daemon": ("daemon/daemon.py", {"d", "daemon"}),
 }
-BODY_READS_AT_MOST = 69  # outside wire/: lower it as ops get records (128 before the first ones)
+BODY_READS_AT_MOST = 34  # outside wire/: lower it as ops get records (128 before the first ones)
 
 
 def assigned(tree: ast.AST) -> Iterator[ast.Attribute]:
