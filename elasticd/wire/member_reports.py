@@ -1,4 +1,4 @@
-"""What a member tells the coordinator (docs/protocol.md §9.1), for the ops typed so far: decoded once on arrival."""
+"""What a member tells the coordinator (docs/protocol.md §9.1): leaving, its rounds' steps, answers; decoded on arrival."""
 
 from __future__ import annotations
 
