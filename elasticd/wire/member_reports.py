@@ -1,4 +1,4 @@
-"""What a member tells the coordinator (docs/protocol.md §9.1): leaving, its rounds' steps, answers; decoded on arrival."""
+"""What a member tells the coordinator (docs/protocol.md §9.1): that it leaves, its rounds' steps, its answers."""
 
 from __future__ import annotations
 

@@ -140,9 +140,9 @@ class WorkerFailed(Record):
     """`worker_failed`: a rank of the node failed or hung (wire/diagnosis.py `Failure`, with when it was seen)."""
 
     round: int
-    rank: int | None = None
-    reason: str | None = None
-    detected: float | None = None
+    rank: int | None = None  # None: no rank's own (a spawn, a store)
+    reason: str | None = None  # None: not said (the round's detail names the node)
+    detected: float | None = None  # when its node saw it (None: when the coordinator heard of it)
     hang: bool = False
     exit_code: int | None = None
     signal: str = ""
