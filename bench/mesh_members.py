@@ -141,7 +141,7 @@ class FakeMember:
         self.state, self.ranks = str(body["state"]), list(body.get("ranks", []))
         self.world_size = int(body.get("world_size", 0))
         self.reports = {}
-        self.report("stopped", {"round": round_id, "stopped": time.time(), "events": held})
+        self.report("stopped", {"round": round_id, "stopped": time.time(), "events": [e.encode() for e in held]})
 
     def spawn(self) -> None:
         if self.running:
@@ -149,7 +149,7 @@ class FakeMember:
         self.running, self.go_round = True, self.round_id
         started = event_body(EventKind.workers_started, round=self.round_id, ranks=self.ranks,
                              world_size=self.world_size, pids=[100000 + r for r in self.ranks])
-        self.report("spawned", {"round": self.round_id, "spawned": time.time(), "events": [started]})
+        self.report("spawned", {"round": self.round_id, "spawned": time.time(), "events": [started.encode()]})
 
     def report(self, phase: str, body: dict[str, Any]) -> None:
         self.reports[phase] = body

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from elasticd.job.config import JobConfig
 from elasticd.job.events import EventLog
+from elasticd.wire.member_state import RankReport, WorkerInfo
 from elasticd.wire.names import After, Cause, EventKind, JobState, NodeStatus, Role, StepRequest, TransitionKind
 
 
@@ -27,9 +28,9 @@ class NodeView(Protocol):
     @property
     def joined_seq(self) -> int: ...
     @property
-    def workers(self) -> list[dict[str, Any]]: ...
+    def workers(self) -> list[WorkerInfo]: ...
     @property
-    def metrics(self) -> Mapping[str, Any]: ...
+    def metrics(self) -> Mapping[str, RankReport]: ...
 
 
 class RankEntryView(Protocol):

@@ -30,6 +30,7 @@ from elasticd.job.config import JobConfig
 from elasticd.job.events import EventLog, emit_log
 from elasticd.wire.assignment import KillWorker, RoundAssignment
 from elasticd.wire.member_reports import TO_COORDINATOR, Leave, RoundReport
+from elasticd.wire.member_state import STATE_REPORTS, EventReport, Heartbeat
 from elasticd.wire.names import (
     ENDED,
     RESTART_CAUSES,
@@ -44,10 +45,11 @@ from elasticd.wire.names import (
     TransitionKind,
 )
 from elasticd.wire.protocol import Envelope, ProtocolError
+from elasticd.wire.record import Record
 
 log = logging.getLogger("elasticd")
-Handler = Callable[[str, Any, float], None]  # (sender, its record (a body where the op has none yet), now)
-_NUMBERED = ("seq", "ts", "kind", "node")  # an adopted event's fields the job log sets itself
+Handler = Callable[[str, Any, float], None]  # (sender, its record, now)
+RECORDS: dict[str, type[Record]] = {**TO_COORDINATOR, **STATE_REPORTS}  # every op from a member, by its record
 SETTLE_S = 0.1  # batch simultaneous joins/losses into one round; no fixed last-call wait
 
 
@@ -109,11 +111,11 @@ class Coordinator:
             MeshOp.worker_failed: probe.worker_failed,
             MeshOp.node_done: self.node_done,
             MeshOp.node_drained: lambda sender, _body, now: trans.node_drained(sender, now),
-            MeshOp.round_progress: lambda sender, body, _now: tracker.round_progress(sender, body),
+            MeshOp.round_progress: lambda sender, report, _now: tracker.round_progress(sender, report),
             MeshOp.first_step: lambda sender, msg, _now: self.first_step(sender, msg.round, msg.at, msg.step),
             MeshOp.step_report: lambda sender, msg, _now: trans.on_step_report(sender, msg),
             MeshOp.pong: lambda sender, _body, now: probe.pong(sender, now),
-            MeshOp.event: lambda sender, body, _now: self.adopt(body, sender),
+            MeshOp.event: lambda sender, event, _now: self.adopt(event, sender),
             MeshOp.warm: lambda sender, _body, _now: self.resizer.warm(sender),
             MeshOp.resize_failed: lambda _sender, msg, now: self.resize_failed(msg.round, msg.reason, now),
         }
@@ -129,30 +131,33 @@ class Coordinator:
         if handler is None:
             log.warning("mesh: unknown op %r from %s dropped", env.op, sender)
             return
-        record = TO_COORDINATOR.get(env.op)
-        try:
-            message = record.decode(env.body, env.op) if record is not None else env.body
-        except ProtocolError as err:
-            log.warning("mesh: malformed %s from %s dropped: %s", env.op, sender, err.reason)
-            return
         node = self.nodes.get(sender)
         if node is not None and node.status == NodeStatus.alive and env.op not in (MeshOp.register, MeshOp.announce):
             node.last_seen = max(node.last_seen, now)  # any frame is a sign of life, not only a heartbeat
+        message = self.decode(sender, env)
+        if message is None:
+            return
         try:
             handler(sender, message, now)
         except Exception as exc:  # one frame, however odd, must never end the coordinator's mesh loop
             log.warning("mesh: malformed %r from %s dropped: %r", env.op, sender, exc)
 
+    @staticmethod
+    def decode(sender: str, env: Envelope) -> Record | None:
+        """The record of a member's message; None, said in a warning, for a malformed one."""
+        try:
+            return RECORDS[env.op].decode(env.body, env.op)
+        except ProtocolError as err:
+            log.warning("mesh: malformed %s from %s dropped: %s", env.op, sender, err.reason)
+            return None
+
     # ---- events -------------------------------------------------------------------------------
     def emit(self, kind: EventKind, node: str = "", ts: float = 0.0, **fields: Any) -> dict[str, Any]:
         return self._record(kind, node or self.cfg.node_id, ts, **fields)
 
-    def adopt(self, event: dict[str, Any], node: str = "") -> None:
-        """A member's event enters the job log with the job's sequence number (`node`: the sender, if it says)."""
-        fields = {k: v for k, v in event.items() if k not in _NUMBERED}
-        ts = event.get("ts")
-        self._record(str(event.get("kind") or EventKind.unknown), node or str(event.get("node", "?")),
-                     float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool) else 0.0, **fields)
+    def adopt(self, event: EventReport, node: str) -> None:
+        """A member's event enters the job log with the job's sequence number, as the sending node's."""
+        self._record(event.kind or EventKind.unknown, node, event.ts, **event.fields)
 
     def _record(self, kind: str, node: str, ts: float, **fields: Any) -> dict[str, Any]:
         event = self.events.append(kind, node, ts or self.clock(), **fields)
@@ -208,8 +213,8 @@ class Coordinator:
         """A failure drill: that node SIGKILLs the rank's worker, and the job recovers as from any crash."""
         self.send(node_id, MeshOp.kill_worker, KillWorker(rank).encode())
 
-    def heartbeat(self, node_id: str, body: dict[str, Any], now: float) -> bool:
-        return self.registration.heartbeat(node_id, body, now)
+    def heartbeat(self, node_id: str, beat: Heartbeat, now: float) -> bool:
+        return self.registration.heartbeat(node_id, beat, now)
 
     def replace_relay(self, node_id: str, now: float) -> None:
         self.routes.replace_relay(node_id, now)

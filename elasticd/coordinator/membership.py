@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, Protocol
 
+from elasticd.wire.member_state import RankReport, WorkerInfo
 from elasticd.wire.names import RESTART_CAUSES, Cause, NodeStatus, Role
 
 TALLIED = frozenset({"role", "status"})  # the fields that move a record between `node_counts` groups
@@ -35,8 +36,8 @@ class NodeRecord:
     store_tunnel: str = ""  # with --keys: the ROUTER other nodes reach this node's round store through
     relay_endpoint: str = ""  # in a job with relays: where this node relays for others, if it is told to
     via: str = ""  # the node it sends through (its relay); "": the coordinator directly
-    workers: list[dict[str, Any]] = field(default_factory=list)
-    metrics: dict[str, Any] = field(default_factory=dict)
+    workers: list[WorkerInfo] = field(default_factory=list)
+    metrics: dict[str, RankReport] = field(default_factory=dict)  # by rank
     restarts: dict[Cause, int] = field(default_factory=lambda: dict.fromkeys(RESTART_CAUSES, 0))  # its workers
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from elasticd.coordinator.core import CoordinatorCore, PendingRound
 from elasticd.wire.diagnosis import Failure
+from elasticd.wire.member_state import WorkerFailed
 from elasticd.wire.names import Cause, EventKind, JobState, MeshOp
 
 MAX_CONSEQUENCES = 16  # echoes of one failure named in events and the job's end; the rest are counted
@@ -32,7 +33,7 @@ class Suspect:
     """A reported worker failure, and the members whose `pong` it still awaits."""
 
     node_id: str
-    report: dict[str, Any]
+    report: WorkerFailed
     awaiting: set[str] = field(default_factory=set)
 
 
@@ -48,16 +49,16 @@ class FailureProbe:
         self.consequences: list[Failure] = []  # the failures of that round that followed it
         self.echoes = 0  # all of them, named or not
 
-    def worker_failed(self, node_id: str, body: dict[str, Any], now: float) -> None:
+    def worker_failed(self, node_id: str, report: WorkerFailed, now: float) -> None:
         core = self.core
         rnd = core.round
-        if rnd is None or body.get("round") != rnd.round_id or core.state != JobState.running:
+        if rnd is None or report.round != rnd.round_id or core.state != JobState.running:
             return
-        self.name_cause(Failure.from_body(node_id, body))
+        self.name_cause(report.failure(node_id))
         if core.pending is not None or self.suspect is not None:
             return  # this round is already being replaced; its later failures are echoes
         others = {n for n in rnd.node_ids() if n not in (node_id, core.cfg.node_id)}
-        self.suspect = Suspect(node_id, body, set(others))
+        self.suspect = Suspect(node_id, report, set(others))
         core.send_all(sorted(others), MeshOp.probe, {"round": rnd.round_id})  # a copy: answers shrink the set
         self.lose_closed(others, now)
         self.confirm_failure(now)
@@ -101,13 +102,15 @@ class FailureProbe:
         if suspect is None or suspect.awaiting:
             return
         self.suspect = None
-        cause = Cause.hang if suspect.report.get("hang") else Cause.failure
-        detail = str(suspect.report.get("reason", f"worker failed on node {suspect.node_id}"))
+        report = suspect.report
+        cause = Cause.hang if report.hang else Cause.failure
+        detail = report.reason if report.reason is not None else f"worker failed on node {suspect.node_id}"
         if cause == Cause.failure and core.restarts[Cause.failure] >= core.cfg.max_restarts:
             core.end(JobState.failed, f"{detail}; --max-restarts {core.cfg.max_restarts} exhausted "
                      f"({core.restarts[Cause.failure]} failure restart(s) used)", now)
             return
-        core.schedule(cause, detail, float(suspect.report.get("detected", now)), due=now)  # a failed round is dead
+        detected = report.detected if report.detected is not None else now
+        core.schedule(cause, detail, detected, due=now)  # a failed round is dead
 
 
 def event_fields(failure: Failure) -> dict[str, Any]:

@@ -11,13 +11,13 @@ from elasticd.coordinator.relay_routes import RelayRoutes
 from elasticd.coordinator.resize import Resizer
 from elasticd.coordinator.tally import ACTIVE, NodeTally
 from elasticd.job.events import EventLog
-from elasticd.wire.assignment import RoundAssignment
+from elasticd.wire.assignment import RoundAssignment, Welcome
+from elasticd.wire.member_state import Heartbeat, Register
 from elasticd.wire.names import ENDED, Cause, EventKind, JobState, MeshOp, NodeStatus, Role
 from elasticd.wire.protocol import ErrorCode, ProtocolError
 
-SCHEDULER_FIELDS = ("kind", "job_id", "step_id", "restart_count")  # what a node_joined event says of its step
 FIRST_ROUND_WAIT_S = 15.0  # the first round waits at most this long for nodes that announced themselves
-ResendMissed = Callable[[str, dict[str, Any], float], None]  # RoundTracker.resend_missed: (sender, heartbeat, now)
+ResendMissed = Callable[[str, Heartbeat, float], None]  # RoundTracker.resend_missed: (sender, heartbeat, now)
 
 
 class RegistrationCore(CoordinatorCore, Protocol):
@@ -53,16 +53,16 @@ class Registration:
         """Node counts by group, kept as records change (a registration storm would otherwise be O(N²))."""
         return self._tally.rebuild(self.core.nodes)
 
-    def on_register(self, sender: str, body: dict[str, Any], now: float) -> None:
+    def on_register(self, sender: str, reg: Register, now: float) -> None:
         core = self.core
         node = core.nodes.get(sender)
-        if node is not None and node.status == NodeStatus.alive and node.instance == body.get("instance"):
+        if node is not None and node.status == NodeStatus.alive and node.instance == reg.instance:
             self.catch_up(node, now)  # a repeat (our welcome was lost): the same answer, no new join, no round
             return
-        welcome = self.register({**body, "node_id": sender}, now)
-        core.send(sender, MeshOp.welcome, welcome)
+        welcome = self.register(sender, reg, now)
+        core.send(sender, MeshOp.welcome, welcome.encode())
         node = core.nodes.get(sender)
-        if welcome["ok"] and node and core.round and core.pending is None and node.role != Role.active:
+        if welcome.ok and node and core.round and core.pending is None and node.role != Role.active:
             core.send(sender, MeshOp.round, {"round": None, "state": node.role,
                                              "reason": f"node is {node.role}; the job is at its target size"})
 
@@ -70,49 +70,45 @@ class Registration:
         """A welcomed daemon that asks again missed what followed: its welcome, and its part of the round."""
         core = self.core
         node.last_seen = now
-        core.send(node.node_id, MeshOp.welcome, self.welcome(node))
+        core.send(node.node_id, MeshOp.welcome, self.welcome(node).encode())
         rnd = core.round
         if rnd is not None and core.state == JobState.running and rnd.has(node.node_id):
             core.send(node.node_id, MeshOp.round, core.assignment(node.node_id).encode())
             if rnd.timeline.get("go"):
                 core.send(node.node_id, MeshOp.go, {"round": rnd.round_id})
 
-    def welcome(self, node: NodeRecord) -> dict[str, Any]:
+    def welcome(self, node: NodeRecord) -> Welcome:
         """What a member needs to start: its role, the round, and where the job's events are published."""
         core = self.core
         ours = core.nodes.get(core.cfg.node_id)
         prewarm = node.role == Role.active and core.resizer.prewarm(node, core.round, core.clock())
-        via = self.routes.via_endpoint(node)
-        return {"ok": True, "role": node.role, "round": core.round.round_id if core.round else 0,
-                "events_pub": ours.pub if ours else "", **({"prewarm": True} if prewarm else {}),
-                **({"via": via} if via else {})}
+        return Welcome(True, node.role, core.round.round_id if core.round else 0, ours.pub if ours else "", prewarm,
+                       self.routes.via_endpoint(node))
 
-    def register(self, body: dict[str, Any], now: float) -> dict[str, Any]:
+    def register(self, node_id: str, reg: Register, now: float) -> Welcome:
         core = self.core
-        node_id, instance = body["node_id"], body["instance"]
         old = core.nodes.get(node_id)
-        if old and old.status == NodeStatus.alive and old.instance != instance:
-            return ProtocolError(ErrorCode.DUPLICATE_NODE, f"node id '{node_id}' is already in job "
-                                 f"'{core.cfg.job_id}' (host {old.host}); give each node a unique --node-id").as_body()
+        if old and old.status == NodeStatus.alive and old.instance != reg.instance:
+            return Welcome.refusal(ProtocolError(
+                ErrorCode.DUPLICATE_NODE, f"node id '{node_id}' is already in job '{core.cfg.job_id}' (host "
+                f"{old.host}); give each node a unique --node-id"))
         if core.state in ENDED:
-            return {"ok": False, "reason": f"job '{core.cfg.job_id}' has ended ({core.state})"}
+            return Welcome(False, reason=f"job '{core.cfg.job_id}' has ended ({core.state})")
         core.join_seq += 1
         self.announced.pop(node_id, None)
         core.told_waiting.discard(node_id)  # a new instance of it has heard nothing yet
         active = self.tally.count(ACTIVE) - (old is not None and old.group() == ACTIVE)
         role = (Role.cordoned if old and old.role == Role.cordoned
                 else Role.active if active < core.target else Role.standby)
-        node = NodeRecord(node_id, body["host"], int(body["nproc"]), instance, core.join_seq,
-                          node_rank=int(body.get("node_rank", -1)), role=role,
-                          last_seen=now, ports=list(body.get("ports", [])), control=body.get("control", ""),
-                          pub=body.get("pub", ""), store_tunnel=body.get("store_tunnel", ""),
-                          relay_endpoint=str(body.get("relay", "")))
+        node = NodeRecord(node_id, reg.host, reg.nproc, reg.instance, core.join_seq, node_rank=reg.node_rank,
+                          role=role, last_seen=now, ports=list(reg.ports), control=reg.control, pub=reg.pub,
+                          store_tunnel=reg.store_tunnel, relay_endpoint=reg.relay)
         self.routes.place(node)
         core.store.put_node(node)
         self._tally.add(node, replaces=old)
         extra: dict[str, Any] = {"via": node.via} if node.via else {}
-        if isinstance(body.get("scheduler"), dict):  # the SLURM step it runs in: its job, and how often requeued
-            extra["scheduler"] = {k: v for k, v in body["scheduler"].items() if k in SCHEDULER_FIELDS}
+        if reg.scheduler is not None:  # the SLURM step it runs in: its job, and how often requeued
+            extra["scheduler"] = reg.scheduler.encode()
         core.emit(EventKind.node_joined, node_id, host=node.host, nproc=node.nproc, role=role, **extra)
         if role == Role.active:
             core.schedule(Cause.membership, f"node {node_id} joined", now)
@@ -130,28 +126,28 @@ class Registration:
         coming = [n for n, at in self.announced.items() if now - at < FIRST_ROUND_WAIT_S and n not in nodes]
         return self.core.round is None and bool(coming) and members + len(coming) <= self.core.cfg.max_nodes
 
-    def on_heartbeat(self, sender: str, body: dict[str, Any], now: float) -> None:
+    def on_heartbeat(self, sender: str, beat: Heartbeat, now: float) -> None:
         core = self.core
-        if not self.heartbeat(sender, body, now):
+        if not self.heartbeat(sender, beat, now):
             core.send(sender, MeshOp.unknown, {})
             return
         rnd = core.round
         core.send(sender, MeshOp.hb, {"seq": core.events.seq, "round": rnd.round_id if rnd else 0,
-                                      "beat": body.get("beat")})  # what that heartbeat carried is held now
-        if self.routes.plan.size and "via" in body:
-            self.routes.check_route(core.nodes[sender], body, now)
-        self.resend_missed(sender, body, now)
+                                      "beat": beat.beat})  # what that heartbeat carried is held now
+        if self.routes.plan.size and beat.via is not None:
+            self.routes.check_route(core.nodes[sender], beat, now)
+        self.resend_missed(sender, beat, now)
 
-    def heartbeat(self, node_id: str, body: dict[str, Any], now: float) -> bool:
+    def heartbeat(self, node_id: str, beat: Heartbeat, now: float) -> bool:
         node = self.core.nodes.get(node_id)
-        if node is None or node.status != NodeStatus.alive or node.instance != body.get("instance"):
+        if node is None or node.status != NodeStatus.alive or node.instance != beat.instance:
             return False  # unknown to us (lost, or a coordinator restart): the node must register again
         node.last_seen = now
         # Absent fields did not change since a heartbeat we answered (elasticd/member/beats.py): keep the last values.
-        if "ports" in body:
-            node.ports = list(body["ports"])
-        if "workers" in body:
-            node.workers = body["workers"]
-        if "metrics" in body:
-            node.metrics = body["metrics"]
+        if beat.ports is not None:
+            node.ports = beat.ports
+        if beat.workers is not None:
+            node.workers = beat.workers
+        if beat.metrics is not None:
+            node.metrics = beat.metrics
         return True

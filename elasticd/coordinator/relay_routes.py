@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from elasticd.coordinator.core import CoordinatorCore
 from elasticd.coordinator.membership import NodeRecord
 from elasticd.coordinator.relay_plan import RelayPlan
+from elasticd.wire.member_state import Heartbeat
 from elasticd.wire.names import EventKind, MeshOp, NodeStatus
 
 log = logging.getLogger("elasticd")
@@ -32,17 +32,17 @@ class RelayRoutes:
         relay = self.core.nodes.get(node.via) if node.via else None
         return relay.relay_endpoint if relay is not None and relay.status == NodeStatus.alive else ""
 
-    def check_route(self, node: NodeRecord, body: dict[str, Any], now: float) -> None:
+    def check_route(self, node: NodeRecord, beat: Heartbeat, now: float) -> None:
         """The member sends where it was told (`relay` again, at most once a heartbeat interval, if not); one
         that could not reach its relay talks to us directly from now on."""
         cfg = self.core.cfg
         want = self.via_endpoint(node)
-        if want and body.get("via_failed") == want:
+        if want and beat.via_failed == want:
             log.warning("[%s] node %s could not reach its relay %s (%s); it talks to the coordinator directly",
                         cfg.node_id, node.node_id, node.via, want)
             self.plan.direct(node.node_id)
             node.via, want = "", ""
-        if body.get("via") != want and now - self.told.get(node.node_id, 0.0) > cfg.heartbeat_s:
+        if beat.via != want and now - self.told.get(node.node_id, 0.0) > cfg.heartbeat_s:
             self.told[node.node_id] = now
             self.core.send(node.node_id, MeshOp.relay, {"via": want})
 

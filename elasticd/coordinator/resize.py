@@ -14,6 +14,7 @@ from typing import Any
 from elasticd.coordinator.membership import NodeRecord, Round
 from elasticd.coordinator.step_agreement import StepQuery
 from elasticd.wire.heal_report import merge_heals
+from elasticd.wire.member_state import Heal, ProgressReport
 from elasticd.wire.names import EventKind
 
 RESIZE_TIMEOUT_S = 30.0  # an in-place round whose ranks have not all synced by then falls back to a restart
@@ -30,7 +31,7 @@ class InPlaceRound:
     started: float
     timeline: dict[str, float]
     synced: dict[str, dict[str, float]] = field(default_factory=dict)  # node -> its ranks' latest group_ready/synced
-    heals: dict[str, dict[str, Any]] = field(default_factory=dict)  # node -> what its ranks' heal moved
+    heals: dict[str, Heal] = field(default_factory=dict)  # node -> what its ranks' heal moved
 
 
 class Resizer:
@@ -117,16 +118,17 @@ class Resizer:
                 "prewarm": standby and not self.fall_back and in_place,
                 **({"job_store_tunnel": self.tunnel} if self.tunnel else {})}
 
-    def progress(self, node_id: str, body: dict[str, Any], rnd: Round) -> None:
-        if body.get("in_place") is True:
+    def progress(self, node_id: str, report: ProgressReport, rnd: Round) -> None:
+        if report.in_place:
             self.in_place_nodes[node_id] = rnd.round_id
         cur = self.current
         if cur is None or cur.round_id != rnd.round_id:
             return
-        if "synced" in body and node_id in cur.members:
-            cur.synced[node_id] = {k: float(body[k]) for k in ("group_ready", "synced") if k in body}
-            if isinstance(body.get("heal"), dict):
-                cur.heals[node_id] = body["heal"]
+        if report.synced is not None and node_id in cur.members:
+            cur.synced[node_id] = {"synced": report.synced, **({"group_ready": report.group_ready}
+                                                               if report.group_ready is not None else {})}
+            if report.heal is not None:
+                cur.heals[node_id] = report.heal
         self.finish_if_done(rnd)
 
     def first_step(self, rnd: Round, at: float) -> None:
@@ -150,7 +152,7 @@ class Resizer:
         self.emit(EventKind.resize, generation=rnd.round_id, round=rnd.round_id, world_size=rnd.world_size,
                   cause=rnd.cause, detail=rnd.detail,
                   timeline={p: round(marks[p] - start, 3) for p in order if p in marks},
-                  **({"heal": merge_heals(list(cur.heals.values()))} if cur.heals else {}))
+                  **({"heal": merge_heals([h.encode() for h in cur.heals.values()])} if cur.heals else {}))
 
     def failed(self, round_id: int, reason: str) -> bool:
         """A member says its part of this in-place round failed: True when the coordinator must restart."""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from elasticd.coordinator.core import CoordinatorCore
 from elasticd.coordinator.membership import Round
 from elasticd.coordinator.resize import Resizer
 from elasticd.job.config import stop_barrier_s
 from elasticd.wire.assignment import RoundAssignment
+from elasticd.wire.member_state import EventReport, Heartbeat, ProgressReport
 from elasticd.wire.names import EventKind, JobState, MeshOp, NodeStatus
 
 PHASES = ("detect", "rendezvous", "stopped", "go", "spawned", "first_step")  # a round's timeline, in phase order
@@ -40,7 +41,7 @@ class TrackerCore(CoordinatorCore, Protocol):
 
     resizer: Resizer
 
-    def adopt(self, event: dict[str, Any], node: str = "") -> None: ...
+    def adopt(self, event: EventReport, node: str) -> None: ...
 
     def assignment(self, node_id: str) -> RoundAssignment: ...
 
@@ -89,31 +90,30 @@ class RoundTracker:
         rnd.timeline["go"] = core.clock()
         core.send_all(rnd.node_ids(), MeshOp.go, {"round": rnd.round_id})
 
-    def round_progress(self, node_id: str, body: dict[str, Any]) -> None:
+    def round_progress(self, node_id: str, report: ProgressReport) -> None:
         core, progress = self.core, self.progress
         rnd = core.round
-        current = rnd is not None and body.get("round") == rnd.round_id
-        step = (node_id, "stopped" if "stopped" in body else "spawned")
+        current = rnd is not None and report.round == rnd.round_id
+        step = (node_id, "stopped" if report.stopped is not None else "spawned")
         if not (current and step in progress.reported):  # a report sent again (we asked again) was logged once
-            for event in body.get("events") or ():  # the node's events that go with it: workers stopped, started
-                if isinstance(event, dict):
-                    core.adopt(event, node_id)
+            for event in report.events:  # the node's events that go with it: workers stopped, started
+                core.adopt(event, node_id)
         if rnd is None or not current:
             return
         progress.reported.add(step)
-        if "stopped" in body:
+        if report.stopped is not None:
             self.release_barrier(node_id)
         if rnd.entry(node_id) is None:
             return
-        for phase, seen in (("stopped", progress.stopped_at), ("spawned", progress.spawned_at)):
-            if phase in body:
-                seen.setdefault(node_id, float(body[phase]))
+        for at, seen in ((report.stopped, progress.stopped_at), (report.spawned, progress.spawned_at)):
+            if at is not None:
+                seen.setdefault(node_id, at)
         if len(progress.spawned_at) == len(rnd.members) and "spawned" not in rnd.timeline:
             rnd.timeline["stopped"] = max(progress.stopped_at.get(n, rnd.timeline["rendezvous"])
                                           for n in rnd.node_ids())
             rnd.timeline["spawned"] = max(progress.spawned_at.values())
             core.emit(EventKind.round_complete, round=rnd.round_id, cause=rnd.cause, timeline=timeline(rnd))
-        core.resizer.progress(node_id, body, rnd)
+        core.resizer.progress(node_id, report, rnd)
 
     def first_step(self, node_id: str, round_id: int, at: float, step: int | None = None) -> bool:
         """Returns whether this is the round's first step (the first report of it; `step`: its number)."""
@@ -135,7 +135,7 @@ class RoundTracker:
         self.core.emit(EventKind.node_done, node_id, round=rnd.round_id)
         return set(rnd.node_ids()) <= self.progress.done_nodes
 
-    def resend_missed(self, sender: str, body: dict[str, Any], now: float) -> None:
+    def resend_missed(self, sender: str, beat: Heartbeat, now: float) -> None:
         """A member's heartbeat shows it lacks its `round` or `go` (or we lack its `stopped`): send it again."""
         core, progress = self.core, self.progress
         rnd = core.round
@@ -146,10 +146,10 @@ class RoundTracker:
         if now - progress.resent.get(sender, rnd.started_at) <= core.cfg.heartbeat_s:
             return
         stop_unheard = sender in progress.stop_barrier and now - rnd.started_at > core.cfg.lost_after_s
-        if int(body.get("assigned", rnd.round_id)) < rnd.round_id or stop_unheard:
+        if (beat.assigned if beat.assigned is not None else rnd.round_id) < rnd.round_id or stop_unheard:
             progress.resent[sender] = now  # its `round` was lost on the way, or its `stopped` on the way back
             core.send(sender, MeshOp.round, core.assignment(sender).encode())
-        elif rnd.timeline.get("go") and sender not in progress.spawned_at and body.get("round") == rnd.round_id \
+        elif rnd.timeline.get("go") and sender not in progress.spawned_at and beat.round == rnd.round_id \
                 and now - rnd.timeline["go"] > core.cfg.heartbeat_s:  # ... or its `go`
             progress.resent[sender] = now
             core.send(sender, MeshOp.go, {"round": rnd.round_id})

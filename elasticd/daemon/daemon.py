@@ -37,6 +37,8 @@ from elasticd.member.worker_channel import WorkerChannel
 from elasticd.mesh.coordinator_mesh import CoordinatorMesh
 from elasticd.mesh.member_mesh import MemberMesh
 from elasticd.mesh.relay import Relay
+from elasticd.wire.member_reports import NodeAnswer
+from elasticd.wire.member_state import EventReport
 from elasticd.wire.names import CTL_PREFIX, EventKind, JobState, MeshOp, NodeState, NodeStatus
 from elasticd.wire.protocol import Envelope, Json, JsonObject
 
@@ -250,7 +252,9 @@ class Daemon:
             if self.plane is not None:
                 self.plane.on_forwarded(sender, env)
         elif env.op == MeshOp.node_answer:
-            self.queries.on_answer(env.body)
+            answer = Coordinator.decode(sender, env)
+            if isinstance(answer, NodeAnswer):
+                self.queries.on_answer(answer)
         elif self.failover is not None:
             self.failover.receive(sender, env)  # fenced: held while our lease is unconfirmed
         elif self.coordinator is not None:
@@ -286,7 +290,7 @@ class Daemon:
 
     # ---- events -------------------------------------------------------------------------------
     def node_event(self, kind: EventKind, **fields: Json) -> None:
-        self.to_coord(MeshOp.event, {"kind": kind, "node": self.cfg.node_id, "ts": time.time(), **fields})
+        self.to_coord(MeshOp.event, EventReport(kind, time.time(), fields).encode())
 
     def steering_held(self) -> str:
         """Why this coordinator may not take a steer verb now ("" when it may): its etcd lease is unconfirmed."""

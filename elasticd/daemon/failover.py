@@ -35,6 +35,8 @@ from elasticd.member.agent import NodeAgent
 from elasticd.member.beats import PortPool
 from elasticd.mesh.coordinator_mesh import CoordinatorMesh
 from elasticd.mesh.member_mesh import MemberMesh
+from elasticd.wire.assignment import Fenced
+from elasticd.wire.member_state import Heartbeat
 from elasticd.wire.names import (
     ENDED,
     After,
@@ -46,7 +48,7 @@ from elasticd.wire.names import (
     Role,
     TransitionKind,
 )
-from elasticd.wire.protocol import Envelope
+from elasticd.wire.protocol import Envelope, ProtocolError
 
 log = logging.getLogger("elasticd")
 SYNC_EVERY_S = 0.1  # how often the coordinator's changes (roles, events, timelines) go to etcd
@@ -241,9 +243,13 @@ class Failover:
         if env.type == "rep":  # the answer to an operator request we forwarded: not a decision
             self.d.to_member(env)
             return
-        epoch = env.body.get("epoch", 0)
-        if not isinstance(epoch, int) or epoch < self.epoch:
-            log.debug("mesh: %s of epoch %r dropped (current %d)", env.op, epoch, self.epoch)
+        try:
+            epoch = Fenced.decode(env.body, env.op).epoch
+        except ProtocolError as err:
+            log.warning("mesh: malformed %s from the coordinator dropped: %s", env.op, err.reason)
+            return
+        if epoch < self.epoch:
+            log.debug("mesh: %s of epoch %d dropped (current %d)", env.op, epoch, self.epoch)
             return  # a deposed coordinator's word (fencing on the mesh)
         self.epoch = epoch
         self.d.to_member(env)
@@ -268,7 +274,9 @@ class Failover:
         if self.etcd.may_act():
             c.receive(sender, env, time.time())
         elif env.op == MeshOp.hb:  # no decision, no answer; `status` and the console still see who is alive
-            c.heartbeat(sender, env.body, time.time())
+            beat = c.decode(sender, env)
+            if isinstance(beat, Heartbeat):
+                c.heartbeat(sender, beat, time.time())
         elif len(self.held) < HELD_FRAMES:
             self.held.append((sender, env))
 

@@ -14,6 +14,7 @@ from typing import Any
 from elasticd.commands.port import NodePort
 from elasticd.commands.registry import REGISTRY
 from elasticd.wire.assignment import NodeQuery
+from elasticd.wire.member_reports import NodeAnswer
 from elasticd.wire.names import MeshOp, NodeStatus
 from elasticd.wire.protocol import ErrorCode, ProtocolError, new_id
 from elasticd.wire.verb_requests import NodeQueryRequest
@@ -83,13 +84,11 @@ class NodeQueries:
 
         self.spawn(answer())
 
-    def on_answer(self, body: dict[str, Any]) -> None:
+    def on_answer(self, answer: NodeAnswer) -> None:
         """Coordinator side: a node answered; its asker hears it (a late answer finds nobody, and is dropped)."""
-        entry = self.pending.pop(str(body.get("id")), None)
-        reply = body.get("body")
+        entry = self.pending.pop(answer.id, None)
         if entry is not None:
-            entry[0](reply if isinstance(reply, dict) else ProtocolError(
-                ErrorCode.INTERNAL, f"node {entry[2]} sent a malformed answer").as_body())
+            entry[0](answer.body)
 
     def expire(self, now: float) -> None:
         """Questions past their time, or to a node that has since left or been lost, are answered with why."""

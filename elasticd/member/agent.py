@@ -25,6 +25,7 @@ from elasticd.member.store.round_store import RoundStore, StoreError
 from elasticd.member.worker_output import WorkerOutput
 from elasticd.wire.assignment import RoundAssignment
 from elasticd.wire.diagnosis import Failure
+from elasticd.wire.member_state import EventReport, ProgressReport, Register, Scheduler
 from elasticd.wire.names import EventKind, MeshOp, NodeState
 from elasticd.wire.worker_reports import RankStep
 
@@ -63,7 +64,7 @@ class NodeAgent:
         self._exit_watch: asyncio.TimerHandle | None = None  # armed when a worker finished before its peers
         self._tasks: set[asyncio.Future[Any]] = set()
         self._go: dict[int, asyncio.Event] = {}  # round -> set when the coordinator says its workers may start
-        self.reports: dict[str, tuple[float, dict[str, Any]]] = {}  # phase -> (sent at, its `round_progress`)
+        self.reports: dict[str, ProgressReport] = {}  # this round's `round_progress` (stopped, spawned), to resend
         self.output_pattern = compile_pattern(cfg.metrics_from_output) if cfg.metrics_from_output else None
         self.gpu = GpuSampler(cfg.heartbeat_s)  # NVML read once per heartbeat for all workers
         self.beats = BeatDiff()  # what the coordinator already holds: heartbeats carry only the rest
@@ -95,9 +96,11 @@ class NodeAgent:
 
     def register_body(self) -> dict[str, Any]:
         self.beats.reset()  # a new record at the coordinator: the next heartbeat carries everything again
-        return {"node_id": self.cfg.node_id, "instance": self.instance, "host": self.host,
-                "nproc": self.cfg.nproc_per_node, "node_rank": self.cfg.node_rank, "ports": self.ports.current(),
-                **({"scheduler": self.cfg.scheduler} if self.cfg.scheduler else {}), **self.endpoints}
+        cfg, endpoints = self.cfg, self.endpoints
+        return Register(self.instance, self.host, cfg.nproc_per_node, cfg.node_rank, self.ports.current(),
+                        endpoints.get("control", ""), endpoints.get("pub", ""), endpoints.get("store_tunnel", ""),
+                        endpoints.get("relay", ""),
+                        Scheduler.decode(cfg.scheduler, "scheduler") if cfg.scheduler else None).encode()
 
     def heartbeat_body(self, now: float) -> dict[str, Any]:
         """State every beat; ports, worker records and shim metrics only when the coordinator lacks them."""
@@ -128,14 +131,14 @@ class NodeAgent:
                 assignment = dataclasses.replace(assignment, store=store)
             kept = await self.in_place.keep(round_id) if self.in_place.applies(assignment) else []
             # The old workers' `workers_stopped` rides on the progress report: one frame per node, not two.
-            held: list[dict[str, Any]] | None = [] if round_id is not None else None
+            held: list[EventReport] | None = [] if round_id is not None else None
             stopped = await self.stop_workers(kept, held)  # what was not kept in place
             if round_id is None:
                 self.state, self.reason = assignment.state, assignment.reason
                 log.warning("[%s] %s: %s", self.cfg.node_id, self.state, self.reason)
                 return
             self.begin_round(round_id, assignment)
-            self.report("stopped", {"round": round_id, "stopped": stopped, "events": held})
+            self.report("stopped", ProgressReport(round_id, stopped=stopped, events=held or []))
             if assignment.state != NodeState.running:
                 self.state = assignment.state
                 if assignment.prewarm:  # a standby of an in-place job: its workers wait, ready to join
@@ -182,7 +185,7 @@ class NodeAgent:
         started = event_body(EventKind.workers_started, round=round_id, ranks=assignment.ranks,
                              world_size=assignment.world_size, pids=[w.proc.pid for w in self.group.workers],
                              kept=[w.proc.pid for w in kept])
-        self.report("spawned", {"round": round_id, "spawned": time.time(), "events": [started]})
+        self.report("spawned", ProgressReport(round_id, spawned=time.time(), events=[started]))
 
     async def open_store(self, round_id: int, assignment: RoundAssignment) -> dict[str, str] | None:
         """The env that points workers at the round's store; {} without keys (rank 0 hosts it); None: failed."""
@@ -209,19 +212,22 @@ class NodeAgent:
             self.report_again("spawned")
         self._go.setdefault(round_id, asyncio.Event()).set()
 
-    def report(self, phase: str, body: dict[str, Any]) -> None:
+    def report(self, phase: str, report: ProgressReport) -> None:
         """A step of this round, kept until the next round: the mesh may drop it, the coordinator asks again."""
-        self.reports[phase] = (time.time(), body)
-        self.to_coord(MeshOp.round_progress, body)
+        self.reports[phase] = report
+        self.to_coord(MeshOp.round_progress, report.encode())
 
     def report_again(self, phase: str) -> None:
         """Only a report older than the loss limit: a younger one is more likely queued than lost, and a
         busy coordinator asking again must not get a second copy of every member's report."""
-        sent, body = self.reports.get(phase, (0.0, None))
-        if body is not None and time.time() - sent > self.cfg.lost_after_s:
-            self.to_coord(MeshOp.round_progress, body)
+        report = self.reports.get(phase)
+        if report is None:
+            return
+        sent = report.stopped if phase == "stopped" else report.spawned
+        if sent is not None and time.time() - sent > self.cfg.lost_after_s:
+            self.to_coord(MeshOp.round_progress, report.encode())
 
-    async def stop_workers(self, kept: list[Worker] | None = None, held: list[dict[str, Any]] | None = None) -> float:
+    async def stop_workers(self, kept: list[Worker] | None = None, held: list[EventReport] | None = None) -> float:
         """Stop this round's workers; those `kept` in place (out of their group already) end the round too.
         Their `workers_stopped` event goes to `held` when given, else is sent."""
         group, self.group = self.group, None
@@ -339,9 +345,9 @@ class NodeAgent:
         await self.stop_workers()
 
 
-def event_body(kind: EventKind, **fields: Any) -> dict[str, Any]:
+def event_body(kind: EventKind, **fields: Any) -> EventReport:
     """A node event as the coordinator adopts it: from an `event` frame, or in `round_progress.events`."""
-    return {"kind": kind, "ts": time.time(), **fields}
+    return EventReport(kind, time.time(), fields)
 
 
 def in_collective(where: str) -> bool:

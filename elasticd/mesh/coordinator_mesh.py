@@ -14,6 +14,7 @@ import zmq.asyncio
 
 from elasticd.keys.auth import NodeKeys, serve_curve
 from elasticd.mesh.router import Router, configure_router, node_of
+from elasticd.wire.assignment import Welcome
 from elasticd.wire.names import RELAY_DOWN, RELAY_MANY, RELAY_UP, MeshOp
 from elasticd.wire.protocol import MAX_REPLY_BYTES, Envelope, ProtocolError, decode, encode
 
@@ -55,7 +56,7 @@ class CoordinatorMesh(Router):
 
     def send(self, node_id: str, op: str, body: dict[str, Any], kind: str = "req", msg_id: str = "") -> None:
         if op == MeshOp.welcome:  # answers the `register` being handled; only a welcome makes its daemon the route
-            if body.get("ok"):
+            if Welcome.decode(body, op).ok:
                 self.identities[node_id] = self.registering
             self._send_frame(self.registering, op, self._encode(op, body, kind, msg_id))
             return

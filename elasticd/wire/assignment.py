@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elasticd.wire.names import JobState, MeshOp, NodeState
+from elasticd.wire.protocol import ErrorCode, ProtocolError
 from elasticd.wire.record import Record
 
 
@@ -51,6 +52,19 @@ class Welcome(Record):
     errno: int = 0
     code: str = ""
     reason: str = "registration refused"
+
+    @classmethod
+    def refusal(cls, err: ProtocolError) -> Welcome:
+        return cls(False, errno=err.errno, code=ErrorCode.NAMES.get(err.errno, "error"), reason=err.reason)
+
+    def encode(self) -> dict[str, Any]:
+        """Small on purpose: a welcome without a refusal's fields, a refusal without a welcome's."""
+        sent = _WELCOMED if self.ok else _REFUSED
+        return {k: v for k, v in vars(self).items() if k in sent}
+
+
+_WELCOMED = frozenset({"ok", "role", "round", "events_pub", "prewarm", "via"})
+_REFUSED = frozenset({"ok", "errno", "code", "reason"})
 
 
 @dataclass(frozen=True)
@@ -130,6 +144,13 @@ class NodeQuery(Record):
     id: str
     op: str
     args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Fenced(Record):
+    """With `--rdzv-backend etcd`, every message the coordinator sends carries its epoch (docs/protocol.md §9.4)."""
+
+    epoch: int = 0
 
 
 TO_MEMBER: dict[str, type[Record]] = {

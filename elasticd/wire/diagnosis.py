@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from elasticd.wire.protocol import Json, JsonObject
+from elasticd.wire.record import Record
 
 MAX_TRACEBACK_CHARS = 4000  # an event's traceback: its head and its end, where the innermost frames are
 MAX_MESSAGE_CHARS = 500
@@ -51,7 +52,7 @@ def frames_of(text: str) -> list[Frame]:
 
 
 @dataclass(frozen=True)
-class ErrorInfo:
+class ErrorInfo(Record):
     """What a failed worker raised: from torch's error file (`@record`) or the last traceback in its output."""
 
     type: str
@@ -71,10 +72,14 @@ class ErrorInfo:
         if not isinstance(body, dict) or not isinstance(kind := body.get("type"), str):
             return None
         line = body.get("line")
-        return cls(kind[:200], str(body.get("message", ""))[:MAX_MESSAGE_CHARS],
-                   str(body.get("where", ""))[:300], str(body.get("file", ""))[:300],
+        return cls(kind, str(body.get("message", "")), str(body.get("where", "")), str(body.get("file", "")),
                    line if isinstance(line, int) and not isinstance(line, bool) else 0,
-                   clip(str(body.get("traceback", "")), MAX_TRACEBACK_CHARS), str(body.get("source", "output"))[:20])
+                   str(body.get("traceback", "")), str(body.get("source", "output"))).clipped()
+
+    def clipped(self) -> ErrorInfo:
+        """Within the sizes a failure's event and `status` carry."""
+        return ErrorInfo(self.type[:200], self.message[:MAX_MESSAGE_CHARS], self.where[:300], self.file[:300],
+                         self.line, clip(self.traceback, MAX_TRACEBACK_CHARS), self.source[:20])
 
     @classmethod
     def from_traceback(cls, text: str, source: str, headline: str = "") -> ErrorInfo | None:
@@ -127,9 +132,14 @@ class Failure:
         body["error"] = self.error.body() if self.error else None
         return body
 
+    def clipped(self) -> Failure:
+        """Within the sizes its event and `status` carry."""
+        return replace(self, signal=self.signal[:20], error=self.error.clipped() if self.error else None,
+                       reason=self.reason[:1000], log=self.log[:500], error_file=self.error_file[:500])
+
     @classmethod
     def from_body(cls, node: str, body: Mapping[str, Json]) -> Failure:
-        """A `worker_failed` body; what is missing or mistyped is left at its default."""
+        """A failure's body as `status` and `job_end` carry it; what is missing or mistyped is left at its default."""
         def whole(key: str) -> int | None:
             value = body.get(key)
             return value if isinstance(value, int) and not isinstance(value, bool) else None
@@ -140,10 +150,9 @@ class Failure:
 
         rank, code, pid = whole("rank"), whole("exit_code"), whole("pid")
         at = number("detected") or number("at") or 0.0
-        return cls(node, rank, whole("round") or 0, code, str(body.get("signal") or "")[:20], pid or 0, float(at),
-                   ErrorInfo.from_body(body.get("error")), body.get("hang") is True,
-                   str(body.get("reason", ""))[:1000], str(body.get("log", ""))[:500],
-                   str(body.get("error_file", ""))[:500])
+        return cls(node, rank, whole("round") or 0, code, str(body.get("signal") or ""), pid or 0, float(at),
+                   ErrorInfo.from_body(body.get("error")), body.get("hang") is True, str(body.get("reason", "")),
+                   str(body.get("log", "")), str(body.get("error_file", ""))).clipped()
 
     @property
     def who(self) -> str:

@@ -1,4 +1,4 @@
-"""What a member tells the coordinator (docs/protocol.md §9.1), for the ops typed so far: decoded once on arrival."""
+"""What a member tells the coordinator (docs/protocol.md §9.1): that it leaves, its rounds' steps, its answers."""
 
 from __future__ import annotations
 

@@ -32,16 +32,24 @@ class Record:
     def _decode(cls: type[R], body: object, op: str, path: str) -> R:
         if not isinstance(body, dict):
             raise bad(op, f"{f'field {path!r}' if path else 'body'} must be an object, got {_kind(body)}")
-        values = {}
-        for name, (check, required) in _fields(cls).items():
-            if name in body:
-                values[name] = check(body[name], op, f"{path}.{name}" if path else name)
-            elif required:
-                raise bad(op, f"field '{path + '.' if path else ''}{name}' is missing")
-        record = cls(**values)
-        if why := record.inconsistency():
-            raise bad(op, why)
-        return record
+        spec = _SPECS.get(cls) or _spec(cls)
+        # The fields set as the dataclass's __init__ would set them, without its frozen setattr per field.
+        record = object.__new__(cls)
+        fields = record.__dict__
+        fields.update(spec.defaults)
+        for name, value in body.items():
+            check = spec.checks.get(name)
+            if check is not None:
+                fields[name] = check(value, op, f"{path}.{name}" if path else name)
+        if not spec.required <= fields.keys():
+            missing = next(name for name in spec.checks if name in spec.required and name not in fields)
+            raise bad(op, f"field '{path + '.' if path else ''}{missing}' is missing")
+        for name, factory in spec.factories:
+            if name not in fields:
+                fields[name] = factory()
+        if spec.consistent or not (why := record.inconsistency()):
+            return record
+        raise bad(op, why)
 
     def inconsistency(self) -> str:
         """Why fields that are each well typed do not make a message together ("" when they do)."""
@@ -89,17 +97,32 @@ def _plain(value: Any) -> Any:
     return value
 
 
-_FIELDS: dict[type, dict[str, tuple[Check, bool]]] = {}
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    """How a record class decodes, worked out once: each field's check (in declaration order), the fields that
+    must be there, the others' defaults, and whether the class checks its fields together."""
+
+    checks: dict[str, Check]
+    required: frozenset[str]
+    defaults: dict[str, object]
+    factories: tuple[tuple[str, Callable[[], object]], ...]
+    consistent: bool  # no `inconsistency` of its own
 
 
-def _fields(cls: type[Record]) -> dict[str, tuple[Check, bool]]:
-    """Each field's check and whether it must be there; worked out once per record class."""
-    if cls not in _FIELDS:
-        hints = typing.get_type_hints(cls)
-        _FIELDS[cls] = {f.name: (_check_of(hints[f.name]), f.default is dataclasses.MISSING
-                                 and f.default_factory is dataclasses.MISSING)
-                        for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    return _FIELDS[cls]
+_SPECS: dict[type, _Spec] = {}
+
+
+def _spec(cls: type[Record]) -> _Spec:
+    hints = typing.get_type_hints(cls)
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    _SPECS[cls] = spec = _Spec(
+        {f.name: _check_of(hints[f.name]) for f in fields},
+        frozenset(f.name for f in fields if f.default is dataclasses.MISSING
+                  and f.default_factory is dataclasses.MISSING),
+        {f.name: f.default for f in fields if f.default is not dataclasses.MISSING},
+        tuple((f.name, f.default_factory) for f in fields if f.default_factory is not dataclasses.MISSING),
+        cls.inconsistency is Record.inconsistency)
+    return spec
 
 
 def _check_of(hint: Any) -> Check:  # one branch per kind of type a body may declare
@@ -113,25 +136,23 @@ def _check_of(hint: Any) -> Check:  # one branch per kind of type a body may dec
             return lambda value, op, path: None if value is None else inner(value, op, path)
         return _union([_check_of(a) for a in args], " or ".join(_name(a) for a in args))
     if origin is list:
-        item = _check_of(args[0])
-        return lambda value, op, path: [item(v, op, f"{path}[{i}]")
-                                        for i, v in enumerate(_typed(value, list, op, path))]
+        return _list_of(_check_of(args[0]), _scalars(args[0]))
     if origin is dict:
-        item = _check_of(args[1])
-        return lambda value, op, path: {str(k): item(v, op, f"{path}.{k}")
-                                        for k, v in _typed(value, dict, op, path).items()}
+        return _dict_of(_check_of(args[1]), _scalars(args[1]))
     if isinstance(hint, type) and issubclass(hint, Record):
         return lambda value, op, path: hint._decode(value, op, path)
+    if typing.is_typeddict(hint):
+        return _typed_dict(hint, hint.__required_keys__)
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return lambda value, op, path: _enum(hint, value, op, path)
     if hint is bool:
-        return lambda value, op, path: _typed(value, bool, op, path)
+        return _bool
     if hint is int:
         return _int
     if hint is float:
         return _float
     if hint is str:
-        return _text
+        return _str
     if hint is type(None):
         return lambda value, op, path: _typed(value, type(None), op, path)
     raise TypeError(f"a record field of type {hint!r} cannot be checked")
@@ -158,21 +179,87 @@ def _typed(value: Any, kind: type, op: str, path: str) -> Any:
     return value
 
 
+# A list or an object is kept when each item checks as it is (nearly always: no copy of what a body holds); one
+# with an item that does not (an int where a float is declared) is a copy of the checked items. An item that is a
+# scalar of an exact type it takes passes at once.
+def _list_of(item: Check, kinds: frozenset[type]) -> Check:
+    def check(value: object, op: str, path: str) -> object:
+        items = _typed(value, list, op, path)
+        for i, v in enumerate(items):
+            if not (kinds and _as_is(v, kinds)) and item(v, op, f"{path}[{i}]") is not v:
+                return [item(v, op, f"{path}[{i}]") for i, v in enumerate(items)]
+        return items
+    return check
+
+
+def _dict_of(item: Check, kinds: frozenset[type]) -> Check:
+    def check(value: object, op: str, path: str) -> object:
+        items = _typed(value, dict, op, path)
+        for k, v in items.items():
+            if type(k) is not str or (not (kinds and _as_is(v, kinds)) and item(v, op, f"{path}.{k}") is not v):
+                return {str(k): item(v, op, f"{path}.{k}") for k, v in items.items()}
+        return items
+    return check
+
+
+def _as_is(value: object, kinds: frozenset[type]) -> bool:
+    kind = type(value)
+    return kind in kinds and (kind is not int or -MAX_INT <= value <= MAX_INT)  # type: ignore[operator]
+
+
+def _typed_dict(hint: type, required: frozenset[str]) -> Check:
+    """A TypedDict: each key it declares checked where present, the required ones there; the dict is kept as sent
+    (with any key it does not declare), for what passes it on as it is. A scalar of an exact type its key takes
+    passes at once: a rank's report rides on most heartbeats."""
+    hints = typing.get_type_hints(hint)
+    checks = {name: _check_of(kind) for name, kind in hints.items()}
+    exact = {name: _scalars(kind) for name, kind in hints.items()}
+
+    def check(value: object, op: str, path: str) -> object:
+        body = _typed(value, dict, op, path)
+        for key, item in body.items():
+            kinds = exact.get(key)  # _as_is inline: a call per key costs a third more
+            if kinds is not None and not ((kind := type(item)) in kinds
+                                          and (kind is not int or -MAX_INT <= item <= MAX_INT)):
+                checks[key](item, op, f"{path}.{key}")  # a list, an object, or a wrong type: looked into
+        if required and not required <= body.keys():
+            raise bad(op, f"field '{path}.{min(required - body.keys())}' is missing")
+        return body
+    return check
+
+
+def _scalars(hint: object) -> frozenset[type]:
+    """The JSON types a value of `hint` is as it is (str, int, float, bool, null); none for a list, an object."""
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        each = [_scalars(a) for a in typing.get_args(hint)]
+        return frozenset().union(*each) if all(each) else frozenset()
+    return frozenset({hint}) if isinstance(hint, type) and hint in _AS_IS else frozenset()
+
+
+# The scalars: the exact JSON type at once (nearly every value), else the general check, which names the field.
+def _str(value: object, op: str, path: str) -> str:
+    text: str = value if type(value) is str else _typed(value, str, op, path)
+    if len(text) > MAX_TEXT:
+        raise bad(op, f"field '{path}' holds {len(text)} characters, more than {MAX_TEXT}")
+    return text
+
+
+def _bool(value: object, op: str, path: str) -> bool:
+    return value if value is True or value is False else _typed(value, bool, op, path)
+
+
 def _int(value: Any, op: str, path: str) -> int:
+    if type(value) is int and -MAX_INT <= value <= MAX_INT:
+        return value
     number = _typed(value, int, op, path)
     if not -MAX_INT <= number <= MAX_INT:
         raise bad(op, f"field '{path}' is out of range")
     return int(number)
 
 
-def _text(value: Any, op: str, path: str) -> str:
-    text: str = _typed(value, str, op, path)
-    if len(text) > MAX_TEXT:
-        raise bad(op, f"field '{path}' holds {len(text)} characters, more than {MAX_TEXT}")
-    return text
-
-
 def _float(value: Any, op: str, path: str) -> float:
+    if type(value) is float:
+        return value
     if isinstance(value, int) and not isinstance(value, bool):
         return float(_int(value, op, path))
     return float(_typed(value, float, op, path))

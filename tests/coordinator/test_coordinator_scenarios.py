@@ -13,6 +13,7 @@ from elasticd.coordinator.resize import RESIZE_TIMEOUT_S, InPlaceRound
 from elasticd.coordinator.step_agreement import QUERY_TIMEOUT_S
 from elasticd.coordinator.transitions import DRAIN_TIMEOUT_S, SIGNAL_WINDOW_S
 from elasticd.job.config import STOP_SLACK_S
+from elasticd.wire.member_state import ProgressReport, Register
 from elasticd.wire.names import Cause, EventKind, JobState, MeshOp, NodeState, Role
 from elasticd.wire.protocol import ErrorCode, ProtocolError
 
@@ -505,7 +506,7 @@ def test_a_repeated_register_from_a_welcomed_daemon_is_answered_again_and_change
     sim.nodes["b"].register()  # its welcome was lost, say: the same instance asks again
     sim.run(1.0)
     welcome, = sim.msgs(MeshOp.welcome, dst="b", since=mark)
-    assert welcome.body == {"ok": True, "role": Role.active, "round": 1, "events_pub": ""}
+    assert welcome.body == {"ok": True, "role": Role.active, "round": 1, "events_pub": "", "prewarm": False, "via": ""}
     assert [m.op for m in sim.msgs(MeshOp.round, dst="b", since=mark)] == [MeshOp.round]  # its part, resent
     assert sim.kinds(since=mark) == [] and sim.round.round_id == 1  # no join, no round
 
@@ -516,10 +517,10 @@ def test_a_second_daemon_with_a_live_nodes_id_is_refused_with_a_code() -> None:
     sim.start()
     sim.formed()
     b = sim.nodes["b"]
-    twin = {"node_id": "b", "instance": "another", "host": "twin.sim", "nproc": b.nproc, "ports": b.ports}
-    refusal = sim.coordinator.registration.register(twin, sim.clock.now)
-    assert (refusal["ok"], refusal["errno"], refusal["code"]) == (False, ErrorCode.DUPLICATE_NODE, "duplicate_node")
-    assert refusal["reason"].startswith("node id 'b' is already in job")  # the text a person reads stays
+    twin = Register("another", "twin.sim", b.nproc, ports=b.ports)
+    refusal = sim.coordinator.registration.register("b", twin, sim.clock.now)
+    assert (refusal.ok, refusal.errno, refusal.code) == (False, ErrorCode.DUPLICATE_NODE, "duplicate_node")
+    assert refusal.reason.startswith("node id 'b' is already in job")  # the text a person reads stays
     assert sim.coordinator.nodes["b"].instance == b.instance  # the live one keeps its place
 
 @pytest.mark.parametrize("nodes", [64, 512])
@@ -604,7 +605,7 @@ def test_a_join_waits_for_the_in_place_generation_in_flight_and_is_bounded() -> 
     sim.start("b")
     sim.run(2.0)
     assert sim.round.round_id == rnd.round_id and sim.coordinator.pending is not None  # b's round waits
-    resizer.progress("a", {"group_ready": sim.clock.now, "synced": sim.clock.now}, rnd)
+    resizer.progress("a", ProgressReport(rnd.round_id, group_ready=sim.clock.now, synced=sim.clock.now), rnd)
     resizer.first_step(rnd, sim.clock.now)
     assert sim.kinds(EventKind.resize)[-1:] == [EventKind.resize]
     assert sim.formed(2).node_ids() == ["a", "b"]

@@ -22,6 +22,7 @@ from elasticd.coordinator.etcd.store import Deposed, EtcdStore, Snapshot
 from elasticd.coordinator.membership import MembershipStore, MemoryStore, NodeRecord, RankEntry, Round
 from elasticd.job.config import JobConfig
 from elasticd.job.events import EventLog
+from elasticd.wire.member_state import ProgressReport, Register
 from elasticd.wire.names import Cause, NodeStatus, Role
 
 
@@ -182,8 +183,7 @@ def test_a_sync_encodes_only_what_changed_and_a_restart_or_a_timeline_still_reac
     c = Coordinator(cfg, store, lambda *_: None, EventLog(), lambda _e: None)
     store.job_state = lambda: {"target": 2}
     for node_id in "ab":
-        c.registration.register({"node_id": node_id, "instance": f"i-{node_id}", "host": "10.0.0.1", "nproc": 2,
-                                 "ports": [29500, 29501]}, 1.0)
+        c.registration.register(node_id, Register(f"i-{node_id}", "10.0.0.1", 2, ports=[29500, 29501]), 1.0)
     c.start_round(Cause.start, "test", 1.0, 1.0)
     store.sync()
     encoded: list[str] = []
@@ -191,9 +191,9 @@ def test_a_sync_encodes_only_what_changed_and_a_restart_or_a_timeline_still_reac
     monkeypatch.setattr(EtcdStore, "node_value", staticmethod(lambda n: encoded.append(n.node_id) or value(n)))
     assert store.changes() == [] and encoded == []  # a quiet job: no record encoded, nothing written
     c.start_round(Cause.failure, "a worker failed", 2.0, 2.0)  # both nodes' restarts move (in place, before)
-    c.tracker.round_progress("a", {"round": 2, "stopped": 2.1})
+    c.tracker.round_progress("a", ProgressReport(2, stopped=2.1))
     store.sync()
-    c.tracker.round_progress("b", {"round": 2, "stopped": 2.2})  # the round's timeline moves on
+    c.tracker.round_progress("b", ProgressReport(2, stopped=2.2))  # the round's timeline moves on
     assert [op["request_put"]["key"] for op in store.changes()] == [b64(f"{prefix}state/rounds/0000000002")]
     snap = Snapshot.read(client_of(etcd), prefix)  # what a new coordinator would rebuild from
     assert {n: r.restarts[Cause.failure] for n, r in snap.nodes.items()} == {"a": 1, "b": 1}

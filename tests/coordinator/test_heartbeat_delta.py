@@ -8,6 +8,7 @@ import pytest
 from support.sim import Sim, verb
 
 from elasticd.member.beats import DELTA_FIELDS, SLOW_REFRESH_S, BeatDiff, PortPool
+from elasticd.wire.member_state import Heartbeat
 from elasticd.wire.names import MeshOp
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
@@ -92,9 +93,10 @@ def test_the_coordinator_keeps_worker_records_a_quiet_beat_leaves_out() -> None:
     sim.start()
     sim.formed()
     c, member = sim.coordinator, sim.nodes["n0001"]
-    body = {"instance": member.instance, "state": "running", "round": 1, "assigned": 1}
-    c.heartbeat("n0001", {**body, "workers": [WORKER], "metrics": {"0": {"step": 3, "round": 1}}}, sim.clock.now)
-    c.heartbeat("n0001", body, sim.clock.now)
+    quiet = Heartbeat(member.instance, state="running", round=1, assigned=1)
+    full = Heartbeat.decode({**quiet.encode(), "workers": [WORKER], "metrics": {"0": {"step": 3, "round": 1}}})
+    c.heartbeat("n0001", full, sim.clock.now)
+    c.heartbeat("n0001", quiet, sim.clock.now)
     assert verb(c, "workers", {})["nodes"]["n0001"] == [WORKER]
     assert c.nodes["n0001"].metrics == {"0": {"step": 3, "round": 1}}
     assert c.status(sim.clock.now)["nodes"][1]["node_id"] == "n0001"

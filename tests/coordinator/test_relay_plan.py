@@ -15,6 +15,7 @@ from elasticd.coordinator.relay_plan import RelayPlan
 from elasticd.daemon.takeover import restore
 from elasticd.job.config import JobConfig
 from elasticd.job.events import EventLog
+from elasticd.wire.member_state import Register
 from elasticd.wire.names import EventKind, MeshOp
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
@@ -136,8 +137,7 @@ def test_a_takeover_keeps_the_groups_and_moves_the_new_coordinators_own_group() 
     cfg = JobConfig(1, 8, 1, "127.0.0.1", 29400, "job", "a", ["train.py"], relay_group=2, relay_from=1)
     old = Coordinator(cfg, MemoryStore(), lambda *_: None, EventLog(), lambda _e: None)
     for seq, node_id in enumerate("abcdef", 1):
-        old.registration.register({"node_id": node_id, "instance": f"i-{node_id}", "host": "h", "nproc": 1,
-                                   "relay": f"tcp://{node_id}:1"}, float(seq))
+        old.registration.register(node_id, Register(f"i-{node_id}", "h", 1, relay=f"tcp://{node_id}:1"), float(seq))
     assert old.relays.groups == {"b": {"c", "d"}, "e": {"f"}}
     sent: list[tuple[str, str, dict[str, Any]]] = []
     new = Coordinator(replace(cfg, node_id="b"), MemoryStore(), lambda *m: sent.append(m), EventLog(),

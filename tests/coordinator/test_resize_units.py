@@ -11,6 +11,7 @@ from elasticd.coordinator.membership import MemoryStore, NodeRecord, RankEntry, 
 from elasticd.coordinator.resize import Resizer
 from elasticd.job.config import LEAVE_SLACK_S, STOP_SLACK_S, JobConfig
 from elasticd.job.events import EventLog
+from elasticd.wire.member_state import ProgressReport
 from elasticd.wire.names import Cause, EventKind
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
@@ -64,7 +65,7 @@ def test_a_generation_that_never_syncs_falls_back_and_one_that_does_closes_its_t
     prev, nxt = round_of(1, {"a": [0, 1]}), round_of(2, {"a": [0, 1]})
     assert r.begin(prev, [node("a", 1, True, [0, 1])], 2, 10.0, 10.0)
     nxt.timeline["go"] = 10.1
-    r.progress("a", {"round": 2, "group_ready": 10.2, "synced": 10.3, "in_place": True}, nxt)
+    r.progress("a", ProgressReport(2, group_ready=10.2, synced=10.3, in_place=True), nxt)
     r.first_step(nxt, 10.4)
     kind, fields = events[-1]
     assert kind == EventKind.resize and fields["timeline"] == {

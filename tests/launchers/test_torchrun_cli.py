@@ -20,6 +20,7 @@ from elasticd.coordinator.coordinator import Coordinator
 from elasticd.coordinator.membership import MemoryStore
 from elasticd.job.config import JobConfig
 from elasticd.job.events import EventLog
+from elasticd.wire.member_state import Register
 
 # A plausible value per torchrun dest, unlike torchrun's and our defaults; a flag torch adds later falls back
 # to plausible_value's guess, so the test still asks our parser to accept it.
@@ -118,8 +119,7 @@ def test_node_rank_orders_the_rank_map_ahead_of_join_order() -> None:
     cfg = JobConfig(2, 3, 1, "127.0.0.1", 29400, "job", "a", ["train.py"])
     c = Coordinator(cfg, MemoryStore(), lambda n, op, b: None, EventLog(), lambda e: None)
     for node_id, node_rank in (("a", 1), ("c", -1), ("b", 0)):
-        body = {"node_id": node_id, "instance": node_id, "host": "127.0.0.1", "nproc": 1, "node_rank": node_rank}
-        assert c.registration.register(body, time.time())["ok"]
+        assert c.registration.register(node_id, Register(node_id, "127.0.0.1", 1, node_rank), time.time()).ok
     c.start_round("start", "test", time.time(), time.time())
     assert c.round is not None and c.round.node_ids() == ["b", "a", "c"]
 

@@ -42,6 +42,7 @@ from elasticd.job.config import JobConfig
 from elasticd.job.events import EventLog
 from elasticd.job.runtime import id_digest
 from elasticd.member.worker_output import WorkerOutput
+from elasticd.wire.member_state import Register
 from elasticd.wire.names import RELAY_DOWN, RELAY_MANY, RELAY_UP, MeshOp
 from elasticd.wire.protocol import Envelope, ErrorCode, ProtocolError, _may_overflow, decode, encode
 from tui.feeds import ingest
@@ -225,9 +226,8 @@ def coordinator(nodes: int = 3) -> tuple[Coordinator, list[tuple[str, str, dict[
     c = Coordinator(cfg, MemoryStore(), lambda n, op, b: sent.append((n, op, b)), EventLog(), lambda e: None)
     now = time.time()
     for node_id in "abc"[:nodes]:
-        body = {"node_id": node_id, "instance": f"i-{node_id}", "host": "127.0.0.1", "nproc": 2,
-                "ports": [30000 + ord(node_id)]}
-        assert c.registration.register(body, now)["ok"]
+        assert c.registration.register(node_id, Register(f"i-{node_id}", "127.0.0.1", 2, ports=[30000 + ord(node_id)]),
+                                       now).ok
     c.start_round("start", "fuzz", now, now)
     return c, sent
 

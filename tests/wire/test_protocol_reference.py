@@ -12,6 +12,7 @@ import pytest
 
 from elasticd.wire.assignment import TO_MEMBER
 from elasticd.wire.member_reports import TO_COORDINATOR
+from elasticd.wire.member_state import STATE_REPORTS
 from elasticd.wire.names import EventKind, MeshOp, WorkerOp
 from elasticd.wire.protocol import ErrorCode
 from elasticd.wire.record import Record
@@ -41,7 +42,8 @@ def test_every_worker_op_is_documented() -> None:
     assert [op for op in WorkerOp if f"| `{op}` |" not in doc] == []
 
 
-@pytest.mark.parametrize(("section", "records"), [("### 9.1", TO_COORDINATOR), ("### 9.2", TO_MEMBER)])
+@pytest.mark.parametrize(("section", "records"), [("### 9.1", TO_COORDINATOR), ("### 9.1", STATE_REPORTS),
+                                                   ("### 9.2", TO_MEMBER)])
 def test_every_field_of_a_typed_mesh_op_is_in_its_row(section: str, records: dict[str, type[Any]]) -> None:
     """§9.1's and §9.2's tables name each field of each op's record (elasticd/wire/): the doc is the record."""
     start = DOC.index(section)
