@@ -11,11 +11,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from elasticd.coordinator import inbox
 from elasticd.coordinator.alarms import Alarms
 from elasticd.coordinator.core import PendingRound, Send, SendAll
 from elasticd.coordinator.goodput import GoodputLedger
 from elasticd.coordinator.liveness import Liveness
-from elasticd.coordinator.membership import MembershipStore, NodeRecord, Round, build_rank_map, sticky_order
+from elasticd.coordinator.membership import (
+    MembershipStore,
+    NodeRecord,
+    Round,
+    StoredJob,
+    build_rank_map,
+    sticky_order,
+)
 from elasticd.coordinator.probes import FailureProbe
 from elasticd.coordinator.registration import Registration
 from elasticd.coordinator.relay_plan import RelayPlan
@@ -29,8 +37,8 @@ from elasticd.coordinator.transitions import Transition, Transitions
 from elasticd.job.config import JobConfig
 from elasticd.job.events import EventLog, emit_log
 from elasticd.wire.assignment import KillWorker, RoundAssignment
-from elasticd.wire.member_reports import TO_COORDINATOR, Leave, RoundReport
-from elasticd.wire.member_state import STATE_REPORTS, EventReport, Heartbeat
+from elasticd.wire.member_reports import Leave, RoundReport
+from elasticd.wire.member_state import EventReport, Heartbeat
 from elasticd.wire.names import (
     ENDED,
     RESTART_CAUSES,
@@ -44,12 +52,9 @@ from elasticd.wire.names import (
     StepRequest,
     TransitionKind,
 )
-from elasticd.wire.protocol import Envelope, ProtocolError
-from elasticd.wire.record import Record
+from elasticd.wire.protocol import Envelope
 
 log = logging.getLogger("elasticd")
-Handler = Callable[[str, Any, float], None]  # (sender, its record, now)
-RECORDS: dict[str, type[Record]] = {**TO_COORDINATOR, **STATE_REPORTS}  # every op from a member, by its record
 SETTLE_S = 0.1  # batch simultaneous joins/losses into one round; no fixed last-call wait
 
 
@@ -97,59 +102,17 @@ class Coordinator:
         self.probe = FailureProbe(self, self.liveness.lose_closed)
         self.transitions = Transitions(self)
         self.registration = Registration(self, self.routes, self.tracker.resend_missed)
-        self.handlers = self.mesh_handlers()
+        self.handlers = inbox.handlers(self)
 
     # ---- messages -----------------------------------------------------------------------------
-    def mesh_handlers(self) -> dict[str, Handler]:
-        """What each op from a member does, and which part does it."""
-        reg, trans, probe, tracker = self.registration, self.transitions, self.probe, self.tracker
-        return {
-            MeshOp.register: reg.on_register,
-            MeshOp.announce: lambda sender, _body, now: reg.announce(sender, now),
-            MeshOp.hb: reg.on_heartbeat,
-            MeshOp.leave: self.leave,
-            MeshOp.worker_failed: probe.worker_failed,
-            MeshOp.node_done: self.node_done,
-            MeshOp.node_drained: lambda sender, _body, now: trans.node_drained(sender, now),
-            MeshOp.round_progress: lambda sender, report, _now: tracker.round_progress(sender, report),
-            MeshOp.first_step: lambda sender, msg, _now: self.first_step(sender, msg.round, msg.at, msg.step),
-            MeshOp.step_report: lambda sender, msg, _now: trans.on_step_report(sender, msg),
-            MeshOp.pong: lambda sender, _body, now: probe.pong(sender, now),
-            MeshOp.event: lambda sender, event, _now: self.adopt(event, sender),
-            MeshOp.warm: lambda sender, _body, _now: self.resizer.warm(sender),
-            MeshOp.resize_failed: lambda _sender, msg, now: self.resize_failed(msg.round, msg.reason, now),
-        }
-
     def send_each(self, node_ids: list[str], op: MeshOp, body: dict[str, Any]) -> None:
         """`send_all` without a mesh that can encode once (tests): a copy of the body to each."""
         for node_id in node_ids:
             self.send(node_id, op, dict(body))
 
     def receive(self, sender: str, env: Envelope, now: float) -> None:
-        """One message from a member (or this daemon's own node), dispatched by op."""
-        handler = self.handlers.get(env.op)
-        if handler is None:
-            log.warning("mesh: unknown op %r from %s dropped", env.op, sender)
-            return
-        node = self.nodes.get(sender)
-        if node is not None and node.status == NodeStatus.alive and env.op not in (MeshOp.register, MeshOp.announce):
-            node.last_seen = max(node.last_seen, now)  # any frame is a sign of life, not only a heartbeat
-        message = self.decode(sender, env)
-        if message is None:
-            return
-        try:
-            handler(sender, message, now)
-        except Exception as exc:  # one frame, however odd, must never end the coordinator's mesh loop
-            log.warning("mesh: malformed %r from %s dropped: %r", env.op, sender, exc)
-
-    @staticmethod
-    def decode(sender: str, env: Envelope) -> Record | None:
-        """The record of a member's message; None, said in a warning, for a malformed one."""
-        try:
-            return RECORDS[env.op].decode(env.body, env.op)
-        except ProtocolError as err:
-            log.warning("mesh: malformed %s from %s dropped: %s", env.op, sender, err.reason)
-            return None
+        """One message from a member (or this daemon's own node): coordinator/inbox.py says which part takes it."""
+        inbox.receive(self.handlers, self.nodes, sender, env, now)
 
     # ---- events -------------------------------------------------------------------------------
     def emit(self, kind: EventKind, node: str = "", ts: float = 0.0, **fields: Any) -> dict[str, Any]:
@@ -204,6 +167,19 @@ class Coordinator:
 
     def ask_step(self, op_id: str, request: StepRequest) -> None:
         self.transitions.ask_step(op_id, request)
+
+    def stored(self) -> StoredJob:
+        """What a coordinator taking over restores besides nodes and rounds (etcd's `state/job`)."""
+        return StoredJob(self.target, {str(k): n for k, n in self.restarts.items()}, sorted(self.used_ports),
+                         self.state, self.reason, self.join_seq, self.cfg.node_id)
+
+    def restore(self, job: StoredJob | None, last_round: Round | None) -> None:
+        """A takeover: the counters and the last round as the coordinator before us stored them."""
+        if job is not None:
+            self.target, self.used_ports, self.join_seq = job.target, set(job.used_ports), job.join_seq
+            self.restarts = {Cause(k): n for k, n in job.restarts.items()}
+            self.state, self.reason = job.state, job.reason
+        self.round = last_round
 
     def aim_at(self, nodes: int) -> None:
         """The node count the job aims at from now on (`scale`, `drain`): standbys fill up to it, no more."""

@@ -7,7 +7,8 @@ from functools import cached_property
 from typing import Any, Protocol
 
 from elasticd.wire.member_state import RankReport, WorkerInfo
-from elasticd.wire.names import RESTART_CAUSES, Cause, NodeStatus, Role
+from elasticd.wire.names import RESTART_CAUSES, Cause, JobState, NodeStatus, Role
+from elasticd.wire.record import Record
 
 TALLIED = frozenset({"role", "status"})  # the fields that move a record between `node_counts` groups
 # What a store keeps of a node (etcd_store.py), in this order: what a takeover needs of it. The rest is live state
@@ -159,3 +160,16 @@ class MemoryStore:
     def put_round(self, rnd: Round) -> None:
         self._rounds.append(rnd)
         del self._rounds[: -self._history]
+
+
+@dataclass(frozen=True)
+class StoredJob(Record):
+    """The job's counters as etcd holds them (`state/job`): what a takeover restores besides nodes and rounds."""
+
+    target: int
+    restarts: dict[str, int]
+    used_ports: list[int]
+    state: JobState
+    reason: str
+    join_seq: int
+    coordinator: str = ""  # the daemon that wrote it: a takeover's `coordinator_elected` names it (restore needs none)

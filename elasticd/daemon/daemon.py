@@ -37,7 +37,6 @@ from elasticd.member.worker_channel import WorkerChannel
 from elasticd.mesh.coordinator_mesh import CoordinatorMesh
 from elasticd.mesh.member_mesh import MemberMesh
 from elasticd.mesh.relay import Relay
-from elasticd.wire.member_reports import NodeAnswer
 from elasticd.wire.member_state import EventReport
 from elasticd.wire.names import CTL_PREFIX, EventKind, JobState, MeshOp, NodeState, NodeStatus
 from elasticd.wire.protocol import Envelope, Json, JsonObject
@@ -252,9 +251,7 @@ class Daemon:
             if self.plane is not None:
                 self.plane.on_forwarded(sender, env)
         elif env.op == MeshOp.node_answer:
-            answer = Coordinator.decode(sender, env)
-            if isinstance(answer, NodeAnswer):
-                self.queries.on_answer(answer)
+            self.queries.on_answer(sender, env)
         elif self.failover is not None:
             self.failover.receive(sender, env)  # fenced: held while our lease is unconfirmed
         elif self.coordinator is not None:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import zmq
 import zmq.asyncio
 
+from elasticd.coordinator import inbox
 from elasticd.coordinator.coordinator import Coordinator
 from elasticd.coordinator.etcd.client import EtcdClient, EtcdClusterChanged, EtcdUnavailable
 from elasticd.coordinator.etcd.election import EtcdHealth, Leader
@@ -274,7 +275,7 @@ class Failover:
         if self.etcd.may_act():
             c.receive(sender, env, time.time())
         elif env.op == MeshOp.hb:  # no decision, no answer; `status` and the console still see who is alive
-            beat = c.decode(sender, env)
+            beat = inbox.decode(sender, env)
             if isinstance(beat, Heartbeat):
                 c.heartbeat(sender, beat, time.time())
         elif len(self.held) < HELD_FRAMES:

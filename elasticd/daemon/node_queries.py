@@ -13,10 +13,11 @@ from typing import Any
 
 from elasticd.commands.port import NodePort
 from elasticd.commands.registry import REGISTRY
+from elasticd.coordinator import inbox
 from elasticd.wire.assignment import NodeQuery
 from elasticd.wire.member_reports import NodeAnswer
 from elasticd.wire.names import MeshOp, NodeStatus
-from elasticd.wire.protocol import ErrorCode, ProtocolError, new_id
+from elasticd.wire.protocol import Envelope, ErrorCode, ProtocolError, new_id
 from elasticd.wire.verb_requests import NodeQueryRequest
 
 log = logging.getLogger("elasticd")
@@ -84,10 +85,12 @@ class NodeQueries:
 
         self.spawn(answer())
 
-    def on_answer(self, answer: NodeAnswer) -> None:
-        """Coordinator side: a node answered; its asker hears it (a late answer finds nobody, and is dropped)."""
-        entry = self.pending.pop(answer.id, None)
-        if entry is not None:
+    def on_answer(self, sender: str, env: Envelope) -> None:
+        """Coordinator side: a node answered; its asker hears it (a late answer finds nobody, and is dropped; a
+        malformed one is said in a warning, and its asker hears of the node's silence in time)."""
+        answer = inbox.decode(sender, env)
+        entry = self.pending.pop(answer.id, None) if isinstance(answer, NodeAnswer) else None
+        if isinstance(answer, NodeAnswer) and entry is not None:
             entry[0](answer.body)
 
     def expire(self, now: float) -> None:

@@ -2,30 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from elasticd.coordinator.coordinator import Coordinator
 from elasticd.coordinator.etcd.store import Snapshot
+from elasticd.coordinator.membership import StoredJob
 from elasticd.job.events import EventLog
 from elasticd.wire.names import Cause, JobState, NodeStatus
 from elasticd.wire.protocol import JsonObject
-from elasticd.wire.record import Record
 
 # After a takeover every member gets this long on top of the heartbeat rule to find the new coordinator.
 TAKEOVER_GRACE_S = 3.0
-
-
-@dataclass(frozen=True)
-class StoredJob(Record):
-    """The job's counters as etcd holds them (`state/job`): what a takeover restores besides nodes and rounds."""
-
-    target: int
-    restarts: dict[str, int]
-    used_ports: list[int]
-    state: JobState
-    reason: str
-    join_seq: int
-    coordinator: str = ""  # the daemon that wrote it: a takeover's `coordinator_elected` names it (restore needs none)
 
 
 def reset_events(events: EventLog, stored: list[JsonObject]) -> None:
@@ -36,20 +21,13 @@ def reset_events(events: EventLog, stored: list[JsonObject]) -> None:
 
 
 def job_record(c: Coordinator) -> JsonObject:
-    return StoredJob(c.target, {str(k): n for k, n in c.restarts.items()}, sorted(c.used_ports), c.state, c.reason,
-                     c.join_seq, c.cfg.node_id).encode()
+    return c.stored().encode()
 
 
 def restore(c: Coordinator, snap: Snapshot, now: float) -> None:
     """Rebuild the coordinator from etcd; every live member gets a grace to find us; the dead are lost now."""
-    if snap.job:
-        job = StoredJob.decode(snap.job, "etcd's state/job")
-        c.target = job.target
-        c.restarts = {Cause(k): n for k, n in job.restarts.items()}
-        c.used_ports = set(job.used_ports)
-        c.join_seq = job.join_seq
-        c.state, c.reason = job.state, job.reason
-    c.round = snap.rounds[-1] if snap.rounds else None
+    c.restore(StoredJob.decode(snap.job, "etcd's state/job") if snap.job else None,
+              snap.rounds[-1] if snap.rounds else None)
     c.goodput.replay(c.events.query(limit=0))
     me = c.cfg.node_id
     c.relays.rebuild(c.alive())

@@ -75,7 +75,12 @@ class Member:
         self.last_register = 0.0
         self.first_register = 0.0  # 0 until the zygote is warm and the first `register` went out
         self.last_beat = 0.0
-        self.handlers: dict[str, Callable[[Any], object]] = {
+        self.handlers = self.mesh_handlers(on_node_query)
+
+    def mesh_handlers(self, on_node_query: Callable[[NodeQuery], None]) -> dict[str, Callable[[Any], object]]:
+        """What each op from the coordinator does (its record decoded in `receive`), and which part does it."""
+        node, channel, life, to_coord = self.node, self.channel, self.life, self.to_coord
+        return {
             MeshOp.welcome: self.on_welcome,
             MeshOp.hb: self.on_hb,
             MeshOp.unknown: self.on_unknown,
@@ -91,7 +96,7 @@ class Member:
             MeshOp.checkpoint_workers: lambda msg: channel.request(WorkerOp.checkpoint, msg),
             MeshOp.resize_workers: lambda msg: channel.request(WorkerOp.resize, msg),
             MeshOp.kill_worker: lambda msg: life.spawn(node.kill_worker(msg.rank)),
-            MeshOp.relay: lambda msg: link.route(msg.via),
+            MeshOp.relay: lambda msg: self.link.route(msg.via),
             MeshOp.node_query: on_node_query,  # `logs`, `stacks`: daemon/node_queries.py
         }
 

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from support.sim import Sim
 
-from elasticd.coordinator.coordinator import RECORDS, Coordinator
+from elasticd.coordinator.coordinator import Coordinator
+from elasticd.coordinator.inbox import RECORDS
 from elasticd.coordinator.membership import MemoryStore
 from elasticd.job.config import JobConfig
 from elasticd.job.events import EventLog
