@@ -17,6 +17,8 @@ from typing import Any
 import zmq
 
 from elasticd.client import ClientError, Event
+from elasticd.wire.protocol import ProtocolError
+from elasticd.wire.telemetry import StepTelemetry
 from tui.session import JobSession, TelemetryHub
 
 log = logging.getLogger("elastic-tui")
@@ -226,12 +228,12 @@ def ingest(session: JobSession, event: Event) -> None:
     try:
         if event.type == "st":
             if event.kind == "steps":
-                model.apply_steps(event.node, event.body, event.ts)
+                model.apply_steps(event.node, StepTelemetry.decode(event.body, "steps"))
         elif event.type == "hb":
             model.apply_heartbeat(event.node, event.body)
         elif event.type == "ev":
             model.apply_event(as_event(event))
-    except BAD_DATA as err:
+    except (*BAD_DATA, ProtocolError) as err:
         log.debug("skipping a malformed %s message from %s: %r", event.type, event.node, err)
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from elasticd.wire.telemetry import StepTelemetry
 from tui.diagnosis import RootCause
 from tui.liveness import liveness
 from tui.names import short_names
@@ -283,20 +284,12 @@ class JobModel:
         if newest is None or newest is metrics or (metrics.checkpoint_at or 0.0) >= (newest.checkpoint_at or 0.0):
             self.newest_checkpoint = metrics
 
-    def apply_steps(self, node_id: str, body: dict[str, Any], sent: float | None = None) -> None:
-        """Step telemetry (`st.<node>`, op `steps`, protocol §6.3): every shim rank of one daemon.
-
-        `sent` is the envelope's ts (when the daemon published it); the model does not need it.
-        """
-        for item in body.get("ranks") or ():
-            if item.get("rank") is None:
-                continue
-            self.saw_step(body.get("round"), item.get("step"))
-            metrics = self.update_rank(int(item["rank"]), node_id, item.get("step"), item.get("loss"),
-                                       item.get("throughput"))
-            metrics.samples = item.get("samples", metrics.samples)
-            metrics.step_time = item.get("step_time", metrics.step_time)
-            metrics.last_step_at = item.get("last_step_at", metrics.last_step_at)
+    def apply_steps(self, node_id: str, steps: StepTelemetry) -> None:
+        """Step telemetry (`st.<node>`, op `steps`, protocol §6.3): every shim rank of one daemon."""
+        for row in steps.ranks:
+            self.saw_step(steps.round, row.step)
+            metrics = self.update_rank(row.rank, node_id, row.step, row.loss, row.throughput)
+            metrics.samples, metrics.step_time, metrics.last_step_at = row.samples, row.step_time, row.last_step_at
             metrics.pushed_at = metrics.updated_at
         self.changed()
 

@@ -35,6 +35,7 @@ from elasticd.wire.protocol import (
     new_id,
     reply,
 )
+from elasticd.wire.telemetry import StepRow, StepTelemetry
 from elasticd.wire.verb_replies import Hello, served
 from elasticd.wire.verb_requests import NodeQueryRequest, VerbRequest
 
@@ -118,9 +119,9 @@ class ControlPlane:
         if now - self.steps_sent < STEP_TELEMETRY_S or not node.rank_reports.take_moved():
             return
         self.steps_sent = now
-        keys = ("rank", "step", "loss", "throughput", "samples", "step_time", "last_step_at")
-        ranks = [{k: m.get(k) for k in keys} for m in node.rank_reports.of_round(node.round_id)]
-        body = {"round": node.round_id, "ranks": ranks}
+        ranks = [StepRow(m["rank"], m.get("step"), m.get("loss"), m.get("throughput"), m.get("samples"),
+                         m.get("step_time"), m.get("last_step_at")) for m in node.rank_reports.of_round(node.round_id)]
+        body = StepTelemetry(node.round_id, ranks).encode()
         self._publish(f"st.{self.d.cfg.node_id}/", Envelope("st", "steps", body, node=self.d.cfg.node_id,
                                                           seq=self.d.events.seq, ts=now))
 

@@ -7,6 +7,7 @@ from support.console import SIZE, fake_app, screen_text, settle
 from support.fake import HOSTNAMES, NOW
 from textual.pilot import Pilot
 
+from elasticd.wire.telemetry import StepTelemetry
 from tui.app import ElasticApp
 from tui.rows import checkpoint_rows, event_rows
 from tui.views.loss import LossView, round_marks
@@ -87,7 +88,7 @@ async def test_log_scale_toggles_and_rounds_are_marked_on_the_steps() -> None:
         assert not plot.log_scale and "linear" in screen_text(app)
         model = app.model  # round 3 shrinks the world to 2 at step 250
         model.apply_event({"seq": 99, "ts": NOW, "kind": "round_started", "node": "a", "round": 3, "world_size": 2})
-        model.apply_steps("a", {"round": 3, "ranks": [{"rank": 0, "step": 250, "loss": 0.5}]})
+        model.apply_steps("a", StepTelemetry.decode({"round": 3, "ranks": [{"rank": 0, "step": 250, "loss": 0.5}]}))
         assert round_marks(model, 0, 300) == [(0, "0 r1", False), (120, "120 r2", False), (250, "250 r3 4→2", True)]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from elasticd.wire.member_state import STATE_REPORTS
 from elasticd.wire.names import EventKind, MeshOp, WorkerOp
 from elasticd.wire.protocol import ErrorCode
 from elasticd.wire.record import Record
+from elasticd.wire.telemetry import StepRow, StepTelemetry
 from elasticd.wire.worker_reports import FROM_WORKER
 from elasticd.wire.worker_requests import TO_WORKER
 
@@ -75,3 +77,11 @@ def test_every_field_of_a_typed_worker_report_is_in_its_worker_channel_row(
     assert set(rows) == set(records)
     assert [(op, name) for op, record in records.items() for name in field_names(record)
             if f"`{name}`" not in rows[op]] == []
+
+
+def test_the_step_telemetry_example_shows_every_field_of_its_record() -> None:
+    """§6.3's example is what a daemon publishes: every StepRow field, and it decodes."""
+    section = DOC[DOC.index("### 6.3"):DOC.index("### 6.4")]
+    example = section[section.index('"body":'):section.index(", …]}}")] + "]}"
+    steps = StepTelemetry.decode(json.loads(example.removeprefix('"body":')), "steps")
+    assert steps.round == 3 and [f.name for f in dataclasses.fields(StepRow) if f'"{f.name}"' not in section] == []
