@@ -34,9 +34,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # bench -> tests, never the reverse
 from support.etcd_cluster import EtcdCluster
-from support.sim import Msg, Sim
+from support.sim import Msg, Sim, verb
 
-from elasticd.commands.registry import REGISTRY
 from elasticd.coordinator.etcd.client import EtcdClient, created_at, put
 from elasticd.coordinator.etcd.store import Batch, EtcdStore
 from elasticd.daemon.failover import SYNC_EVERY_S
@@ -151,7 +150,7 @@ def run(nodes: int, cluster: EtcdCluster | None = None) -> dict[str, Any]:
     result["formation"] = {**meter.take(), "sim_s": round(sim.clock.now - started, 3)}
     steps: list[tuple[str, Any]] = [
         ("join", lambda: sim.add("newcomer").start()),
-        ("drain", lambda: REGISTRY["drain"].run(sim.coordinator, {"node": ids[-1]})),
+        ("drain", lambda: verb(sim.coordinator, "drain", {"node": ids[-1]})),
         ("node_loss", lambda: sim.nodes[ids[3]].kill()),
     ]
     for name, change in steps:
