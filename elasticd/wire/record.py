@@ -220,7 +220,8 @@ def _typed_dict(hint: type, required: frozenset[str]) -> Check:
         for key, item in body.items():
             kinds = exact.get(key)  # _as_is inline: a call per key costs a third more
             if kinds is not None and not ((kind := type(item)) in kinds
-                                          and (kind is not int or -MAX_INT <= item <= MAX_INT)):
+                                          and (kind is not int or -MAX_INT <= item <= MAX_INT)
+                                          and (kind is not str or len(item) <= MAX_TEXT)):
                 checks[key](item, op, f"{path}.{key}")  # a list, an object, or a wrong type: looked into
         if required and not required <= body.keys():
             raise bad(op, f"field '{path}.{min(required - body.keys())}' is missing")

@@ -253,3 +253,10 @@ def test_a_malformed_heartbeat_off_the_wire_is_refused_naming_the_rank_s_field()
     env = decode(encode(Envelope("req", MeshOp.hb, beat, node="gpu-b", ts=time.time())), MAX_FRAME_BYTES)
     with pytest.raises(ProtocolError, match=r"^hb: field 'metrics\.3\.loss' must be float, got str$"):
         Heartbeat.decode(env.body, env.op)
+
+
+def test_text_in_a_heartbeats_worker_record_is_held_to_the_same_cap_as_a_records_field() -> None:
+    worker = {"pid": 7, "rank": 0, "state": "running", "log": "/logs/r0.log"}
+    assert Heartbeat.decode({"instance": "i", "workers": [worker]}, "hb").workers == [worker]
+    with pytest.raises(ProtocolError, match=r"hb: field 'workers\[0\].log' holds 70000 characters, more than 65536"):
+        Heartbeat.decode({"instance": "i", "workers": [{**worker, "log": "x" * 70_000}]}, "hb")
