@@ -6,6 +6,7 @@ generation cost ~680 ms p90 to init, a prefix in one long-lived store ~3 ms (doc
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from elasticd.job.config import JobConfig
@@ -22,13 +23,24 @@ class JobStore:
     def __init__(self) -> None:
         self.host: StoreHost | None = None
         self.addr = ""
+        self.starting: asyncio.Future[str] | None = None
 
     async def start(self, cfg: JobConfig, spawner: Spawner, bind: str) -> str:
         """host:port of the store, or "" when it could not start (then every round restarts its workers).
 
-        Once per daemon: a daemon elected coordinator again (etcd) keeps the store it started the first time."""
+        Once per daemon: a daemon elected coordinator again (etcd) keeps the store it started the first time, and
+        one seated twice while its store is still starting (a takeover, then a rebuild) waits for that one: two
+        stores would split a generation's ranks between them, and it would never sync."""
         if self.host is not None:
             return self.addr
+        starting = self.starting = self.starting or asyncio.ensure_future(self._start(cfg, spawner, bind))
+        try:
+            return await asyncio.shield(starting)
+        finally:
+            if starting.done() and self.starting is starting:
+                self.starting = None  # started, or failed: a later call returns the store or tries again
+
+    async def _start(self, cfg: JobConfig, spawner: Spawner, bind: str) -> str:
         try:
             self.host = await StoreHost.start(spawner, base_env(cfg), bind)
         except (OSError, StoreError) as exc:
