@@ -5,43 +5,9 @@ from __future__ import annotations
 import statistics
 from typing import TypedDict
 
+from elasticd.wire.member_state import RankReport
 from elasticd.wire.names import OUTPUT
 from elasticd.wire.worker_reports import RankStep, Saved
-
-
-class LastSave(TypedDict):
-    """A rank's last `checkpoint` report, and when it came."""
-
-    step: int
-    path: str
-    bytes: int | None
-    duration_s: float | None
-    at: float
-
-
-class _Reported(TypedDict):
-    rank: int
-    round: int
-    last_step_at: float  # its hello's time until its first step
-
-
-class Report(_Reported, total=False):
-    """One rank's: `rank`, `round`, then what it said (docs/worker-channel.md); a heartbeat carries it as it is."""
-
-    hello: float
-    in_place: bool
-    source: str  # OUTPUT: its steps are read from its output lines
-    step: int
-    loss: float | None
-    samples: int
-    tokens: int | None
-    step_time: float | None
-    dropped: int
-    extra: dict[str, float | None]  # RankStep.metrics
-    throughput: float
-    last_checkpoint: LastSave
-    drained_step: int | None
-    last_ack: str | None
 
 
 class StepAnswer(TypedDict):
@@ -59,7 +25,7 @@ class RankReports:
     """
 
     def __init__(self) -> None:
-        self._by_rank: dict[int, Report] = {}
+        self._by_rank: dict[int, RankReport] = {}
         self._moved = False  # a step arrived since the last `st` telemetry message took them
 
     def take_moved(self) -> bool:
@@ -115,11 +81,11 @@ class RankReports:
         self._by_rank[rank]["last_ack"] = request_id
 
     # -- what the node's readers read -------------------------------------------------------------------
-    def of_round(self, round_id: int) -> list[Report]:
+    def of_round(self, round_id: int) -> list[RankReport]:
         """The round's reports, in the order their ranks first reported (`workers`, `st` telemetry, /metrics)."""
         return [r for r in self._by_rank.values() if r.get("round") == round_id]
 
-    def by_rank(self, round_id: int) -> dict[str, Report]:
+    def by_rank(self, round_id: int) -> dict[str, RankReport]:
         """The round's reports keyed by rank as text: a heartbeat's `metrics`."""
         return {str(rank): r for rank, r in self._by_rank.items() if r.get("round") == round_id}
 
@@ -138,7 +104,7 @@ class RankReports:
         return step_answer(self._by_rank, round_id)
 
 
-def step_answer(reports: dict[int, Report], round_id: int) -> StepAnswer:
+def step_answer(reports: dict[int, RankReport], round_id: int) -> StepAnswer:
     """A node's reply to a step query: the highest step its shim ranks reported in this round, and their step time."""
     # A shim rank that said hello but whose first step report is still on its way counts as step 0: it is
     # a shim rank, so it must stop at the agreed step rather than be restarted (and lose what it trained).
