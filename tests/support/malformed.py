@@ -9,7 +9,9 @@ import typing
 from collections.abc import Iterator
 from typing import Any
 
-from elasticd.wire.protocol import ProtocolError
+import pytest
+
+from elasticd.wire.protocol import ErrorCode, ProtocolError
 from elasticd.wire.record import Record
 
 # One of each JSON type: a field's wrong value is the first its check refuses (none for a field typed Any).
@@ -47,6 +49,20 @@ def valid(record: type[Record]) -> dict[str, Any]:
     return {f.name: example(hints[f.name]) for f in dataclasses.fields(record)}  # type: ignore[arg-type]
 
 
+def required(record: type[Record]) -> list[str]:
+    """The fields a body must have (no default)."""
+    return [f.name for f in dataclasses.fields(record)  # type: ignore[arg-type]
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+
+
+def refused(record: type[Record], op: str, body: object, errno: int = ErrorCode.BAD_MESSAGE) -> str:
+    """The reason `record` refuses `body` with: `errno`, and the op named first."""
+    with pytest.raises(ProtocolError) as caught:
+        record.decode(body, op)
+    assert caught.value.errno == errno and caught.value.reason.startswith(f"{op}: "), caught.value.reason
+    return caught.value.reason
+
+
 def refuses(record: type[Record], body: dict[str, Any]) -> bool:
     try:
         record.decode(body, "probe")
@@ -62,7 +78,7 @@ def cases(record: type[Record]) -> Iterator[Case]:
     hints = typing.get_type_hints(record)
     for f in dataclasses.fields(record):  # type: ignore[arg-type]
         name = f.name
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+        if name in required(record):
             yield Case("missing", name, {k: v for k, v in good.items() if k != name})
         wrong = next((v for v in OTHERS if refuses(record, {**good, name: v})), None)
         if wrong is not None:

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import pytest
+from support.malformed import refused, required
 from support.sim import Sim
 
 from elasticd.coordinator.coordinator import Coordinator
@@ -88,10 +89,7 @@ def record_of(op: str) -> type[Record]:
 
 
 def refusal(op: str, body: object) -> str:
-    with pytest.raises(ProtocolError) as caught:
-        record_of(op).decode(body, op.split(".")[0])
-    assert caught.value.errno == ErrorCode.BAD_MESSAGE and caught.value.reason.startswith(f"{op.split('.')[0]}: ")
-    return caught.value.reason
+    return refused(record_of(op), op.split(".")[0], body)
 
 
 def test_every_op_a_member_sends_has_a_record_and_the_coordinator_decodes_each() -> None:
@@ -156,11 +154,6 @@ def test_a_reported_failure_is_clipped_and_dated_as_the_failure_events_carry_it(
     assert failure.error is not None and failure.error.where == "train.py:42 in step"
     assert Failure.from_body("gpu-b", SENT[MeshOp.worker_failed]) == WorkerFailed.decode(
         SENT[MeshOp.worker_failed]).failure("gpu-b")  # the lenient reading of `status` agrees
-
-
-def required(kind: type[Record]) -> list[str]:
-    return [f.name for f in dataclasses.fields(kind)  # type: ignore[arg-type]
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -4,16 +4,15 @@ object, inconsistent) is refused with the op and field named."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
 import pytest
+from support.malformed import refused, required
 
 from elasticd.wire.assignment import TO_MEMBER, RoundAssignment
 from elasticd.wire.member_reports import TO_COORDINATOR
 from elasticd.wire.names import MeshOp, WorkerOp
-from elasticd.wire.protocol import ErrorCode, ProtocolError
 from elasticd.wire.record import Record
 from elasticd.wire.worker_reports import IN_ROUND
 
@@ -86,15 +85,7 @@ def test_a_field_of_a_newer_coordinator_is_ignored(op: str) -> None:
 
 
 def refusal(op: str, body: object) -> str:
-    with pytest.raises(ProtocolError) as caught:
-        RECORDS[op].decode(body, op)
-    assert caught.value.errno == ErrorCode.BAD_MESSAGE and caught.value.reason.startswith(f"{op}: ")
-    return caught.value.reason
-
-
-def required(kind: type[Record]) -> list[str]:
-    return [f.name for f in dataclasses.fields(kind)  # type: ignore[arg-type]
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    return refused(RECORDS[op], op, body)
 
 
 @pytest.mark.parametrize("op", sorted(SENT))

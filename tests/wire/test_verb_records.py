@@ -9,6 +9,7 @@ import typing
 from pathlib import Path
 
 import pytest
+from support.malformed import refused
 
 from elasticd.cli.main import build_parser, verb_request
 from elasticd.client import ClientError, _unwrap
@@ -52,11 +53,7 @@ def required(command: Command[VerbRequest]) -> dict[str, object]:
 
 
 def refusal(op: str, body: object) -> str:
-    with pytest.raises(ProtocolError) as info:
-        REGISTRY[op].decode(body)  # what ControlPlane.handle calls on the body of every request
-    assert info.value.errno == ErrorCode.BAD_ARGUMENT, info.value.reason
-    assert info.value.reason.startswith(f"{op}: "), info.value.reason
-    return info.value.reason
+    return refused(REGISTRY[op].request, op, body, ErrorCode.BAD_ARGUMENT)  # as ControlPlane.handle decodes it
 
 
 @pytest.mark.parametrize("op", VERBS)

@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 import zmq
+from support.malformed import refused, required
 
 from elasticd.wire.names import WorkerOp
-from elasticd.wire.protocol import Envelope, ErrorCode, ProtocolError, decode, encode
+from elasticd.wire.protocol import Envelope, decode, encode
 from elasticd.wire.record import Record
 from elasticd.wire.worker_reports import BETWEEN_ROUNDS, FROM_WORKER, Hello, Joined
 from elasticd.wire.worker_requests import TO_WORKER, AtStep, Generation, Resize, WorkerWelcome
@@ -162,15 +163,7 @@ def test_a_sent_body_decodes_and_encodes_back_as_sent(op: str) -> None:
 
 
 def refusal(op: str, body: object) -> str:
-    with pytest.raises(ProtocolError) as caught:
-        RECORDS[op].decode(body, op)
-    assert caught.value.errno == ErrorCode.BAD_MESSAGE and caught.value.reason.startswith(f"{op}: ")
-    return caught.value.reason
-
-
-def required(kind: type[Record]) -> list[str]:
-    return [f.name for f in dataclasses.fields(kind)  # type: ignore[arg-type]
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    return refused(RECORDS[op], op, body)
 
 
 @pytest.mark.parametrize("op", sorted(SENT))
