@@ -41,6 +41,7 @@ from trainer_shim.generation import (
 from trainer_shim.heal import NOTHING, Healed, HealError, fill, flatten, heal
 from trainer_shim.noop import NullSession
 from trainer_shim.session import Session
+from trainer_shim.step_fence import StepFence
 from trainer_shim.step_timing import CollectiveWait
 
 GENERATION_WAIT_S = 120.0  # after leaving, how long to wait for the next generation before giving up
@@ -103,6 +104,8 @@ class Elastic:
         self.rank, self.world_size, self.round, self.step = 0, 1, 0, 0
         self._committed: dict[str, int] | None = None  # the sampler's position at the last completed step
         self._store: dist.Store | None = None
+        self._fence: StepFence | None = None  # this generation's: where each daemon request acts, agreed
+        self._agreed: int | None = None  # the boundary the fence last settled
         self._opened: set[str] = set()  # the current group's sockets (severed on leaving)
         self._wait = CollectiveWait()  # watch(): this rank's wait for its peers, per step
         self.local_device = torch.device("cpu")
@@ -134,6 +137,7 @@ class Elastic:
             self._store = open_store(gen.store, self.timeout_s)
             try:
                 self._opened = join(gen, self.backend, self._store, self.timeout_s)
+                self._fenced(gen)
             except NotArrived as exc:  # its daemon restarts it: a clear line, not a traceback
                 raise SystemExit(f"elastic: rank {gen.rank}: {exc}") from None
             self.round = gen.round
@@ -280,7 +284,7 @@ class Elastic:
         committed position, the rank leaves its group and rejoins the next generation with the survivors.
         Any other exception is raised: the script's own bug is not healed in place.
         """
-        if self.in_place and isinstance(self.session, Session) and self.session.should_resize(self.step):
+        if self._resize_due():
             self._resize(None)
         error = None
         try:
@@ -296,9 +300,26 @@ class Elastic:
             return self.step
         self.step += 1
         self._commit()
-        if self.in_place and isinstance(self.session, Session) and self.session.should_resize(self.step):
+        if self._resize_due():
             self._resize(None)
         return self.step
+
+    def _resize_due(self) -> bool:
+        """At a step boundary: settle, the same on every rank, where each request acts; then whether a resize
+        acts here. Once per boundary, before the next step (and before the script's should_checkpoint)."""
+        session = self.session
+        if not (self.in_place and isinstance(session, Session)):
+            return False
+        if self._fence is not None and self._agreed != self.step:
+            session.agree(self.step, self._fence)
+            self._agreed = self.step
+        return session.should_resize(self.step)
+
+    def _fenced(self, gen: Generation) -> None:
+        """A generation joined: its own fence, and every request still held settled again in it."""
+        if self._store is not None and isinstance(self.session, Session):
+            self._fence, self._agreed = StepFence(self._store, gen.prefix), None
+            self.session.unfence()
 
     def _resize(self, error: str | None) -> None:
         session = self.session
@@ -318,6 +339,7 @@ class Elastic:
         self.round = gen.round
         try:
             self._opened = join(gen, self.backend, self._store, self.timeout_s)
+            self._fenced(gen)
             ready = time.time()
             self._rebind()
         except Exception as exc:  # a callback, the broadcast, the group's init: the daemon restarts us instead

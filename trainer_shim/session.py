@@ -12,18 +12,22 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import zmq
 
 from elasticd.wire.names import WorkerOp
 from elasticd.wire.protocol import Envelope, ProtocolError, decode, encode, new_id
 
+if TYPE_CHECKING:
+    from trainer_shim.step_fence import StepFence
+
 # What the daemon may ask (docs/worker-channel.md): act at a step boundary, or (`generation`) join a new world.
 REQUEST_OPS = frozenset({WorkerOp.checkpoint, WorkerOp.drain, WorkerOp.resize, WorkerOp.generation})
 WELCOME_WAIT_S = 2.0  # a daemon that welcomes answers a first hello in milliseconds; a busy one may take longer
 CLOSE_LINGER_MS = 500  # at close, how long the last reports (a `drained`, the last step) may take to go out
 HOLD_S = 120.0  # a rank held at its start (its round ends without it) waits this long to be stopped
+FENCE_WAIT_S = 30.0  # how long a rank waits for its copy of a request another rank acts on at this boundary
 
 
 @dataclass
@@ -34,8 +38,11 @@ class Request:
     request_id: str
     at_step: int | None
     round: int | None = None  # a `resize`'s generation: stale once this rank is in it (or a later one)
+    target: int | None = None  # in an in-place job, the boundary every rank agreed on (`Session.agree`)
 
-    def due(self, step: int) -> bool:
+    def due(self, step: int, fenced: bool) -> bool:
+        if fenced:  # not before the fence settled it: a copy heard late would act a step after the others
+            return self.target is not None and step >= self.target
         return self.at_step is None or step >= self.at_step
 
 
@@ -79,6 +86,7 @@ class Session:
         self.sent = 0
         self.last_request_id: str | None = None  # the request the last true should_* answer acted on
         self._pending: list[Request] = []
+        self._fenced = False  # an in-place rank: requests act where `agree` settled them
         self._seen: set[str] = set()
         self._seq = 0
         self._idp = new_id()[:8] + "-"  # cheap unique ids: a per-session prefix plus the sequence number
@@ -283,13 +291,51 @@ class Session:
         self._pending.append(Request(env.op, rid, at_step, gen if isinstance(gen, int) else None))
         self._send(self._frame(WorkerOp.ack, {"rank": self.rank, "request_id": rid, "op": env.op}))
 
-    def _take(self, op: WorkerOp, step: int) -> bool:
+    def agree(self, step: int, fence: StepFence, wait_s: float = FENCE_WAIT_S) -> None:
+        """At a step boundary of an in-place job, before the next step: settle where each request acts, the same
+        boundary on every rank however late its copy came. One heard in time acts at its `at_step`; one heard
+        too late acts here if another rank's copy made this boundary due, else at the next boundary. When
+        another rank acts here, this one waits for its own copy (docs/worker-channel.md, "Step fence")."""
+        self._fenced = True
+        self._drop_stale()
+        here = fence.marked(step)
+        deadline = time.monotonic() + wait_s
+        while True:
+            for req in (r for r in self._pending if r.target is None):
+                self._settle(req, step, here, fence)
+            if not here or any(r.target is not None and r.target <= step for r in self._pending):
+                return
+            if time.monotonic() > deadline:
+                raise SystemExit(f"elastic: rank {self.rank}: another rank acts on a request at step {step}, and "
+                                 f"none reached this rank within {wait_s:.0f}s")
+            with contextlib.suppress(zmq.ZMQError):
+                self._sock.poll(100, zmq.POLLIN)
+            self._drop_stale()
+
+    @staticmethod
+    def _settle(req: Request, step: int, here: bool, fence: StepFence) -> None:
+        if req.at_step is not None and req.at_step > step:
+            req.target = req.at_step
+        else:
+            req.target = step if here else step + 1
+        if req.target > step:
+            fence.mark(req.target)
+
+    def _drop_stale(self) -> None:
+        """Read what is queued; a `resize` toward a generation this rank already joined crossed its own `left` (it
+        left on an error first): acting on it would leave the new group too (docs/worker-channel.md)."""
         self.poll()
-        # A `resize` toward a generation this rank already joined crossed its own `left` (it left on an error
-        # first): acting on it would leave the new group too (docs/worker-channel.md).
         self._pending = [r for r in self._pending if r.op != WorkerOp.resize or r.round is None or r.round > self.round]
+
+    def unfence(self) -> None:
+        """A new generation: its fence starts empty, and every request still held is settled again in it."""
         for req in self._pending:
-            if req.op == op and req.due(step):
+            req.target = None
+
+    def _take(self, op: WorkerOp, step: int) -> bool:
+        self._drop_stale()
+        for req in self._pending:
+            if req.op == op and req.due(step, self._fenced):
                 self._pending.remove(req)
                 self.last_request_id = req.request_id
                 return True

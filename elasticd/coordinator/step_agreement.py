@@ -4,6 +4,7 @@ The coordinator's own view of steps arrives with heartbeats (up to 1 s old): too
 that no rank has passed yet. A rank that acts a step later than the others leaves them waiting in a
 collective forever, so a drain or a forced checkpoint first asks every member node (a round trip of
 milliseconds), then sets at_step = the highest step + enough steps to cover report coalescing and delivery.
+In-place ranks that hear of it late still act together: trainer_shim/step_fence.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from support.console import SIZE, fake_app, screen_text, settle
+from support.console import SIZE, daemon, fake_app, screen_text, settle, until
 from support.fake import HOSTNAMES, NOW
 from textual.pilot import Pilot
 
@@ -51,13 +51,14 @@ async def test_a_node_out_of_the_round_shows_no_stale_rates() -> None:
         await settle(pilot)
         step, loss, thr = (app.nodes_table.column_names.index(c) for c in ("step", "loss", "thr/s"))
         assert [row_text(app, "b")[i] for i in (step, thr)] == ["240", "256.0"]
-        model = app.model
-        model.nodes["b"].role, model.nodes["b"].ranks = "standby", []  # drained: its ranks keep their last report
+        daemon(app).roles["b"] = "standby"  # drained: out of the rank map, while its ranks keep their last report
+        await until(pilot, lambda: app.model.nodes["b"].role == "standby", what="b drained")
         app.redraw()
         await pilot.pause()
         assert [row_text(app, "b")[i] for i in (step, loss, thr)] == ["-", "-", "-"]
         assert row_text(app, "a")[step] == "240"
-        model.nodes["a"].role = "draining"
+        daemon(app).roles["a"] = "draining"
+        await until(pilot, lambda: app.model.nodes["a"].role == "draining", what="a draining")
         app.redraw()
         await pilot.pause()
         assert row_text(app, "a")[thr] == "-"

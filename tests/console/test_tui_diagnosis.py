@@ -6,7 +6,7 @@ import io
 
 import pytest
 from rich.console import Console
-from support.console import SIZE, fake_app, screen_text, settle, until
+from support.console import SIZE, daemon, fake_app, screen_text, settle, until
 from support.fake import ROOT_CAUSE, FakeLink
 from textual.pilot import Pilot
 from textual.widgets import RichLog, Static
@@ -19,13 +19,6 @@ from tui.screens.rank_output import RankOutputScreen
 from tui.screens.stacks import StacksScreen
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
-
-
-def daemon(app: ElasticApp) -> FakeLink:
-    """The fake daemon the console asks node queries through."""
-    link = app.session.link(app.session.active)
-    assert isinstance(link, FakeLink)
-    return link
 
 
 def shown(app: ElasticApp, selector: str) -> str:

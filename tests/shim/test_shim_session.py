@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import torch.distributed as dist
 import zmq
 
 import trainer_shim
@@ -18,6 +19,7 @@ import trainer_shim.session as session_module
 from elasticd.wire.protocol import Envelope, decode, encode
 from elasticd.wire.worker_reports import RankStep
 from trainer_shim import NullSession, Session
+from trainer_shim.step_fence import StepFence
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 
@@ -144,6 +146,78 @@ def test_a_resize_that_crossed_the_ranks_own_leave_is_not_acted_on(addr: str, ro
         request(router, ident, "resize", "next", None, round=8)  # the next change is honoured
         wait_for(lambda: (s.poll(), len(s.pending) == 1)[1])
         assert s.should_resize(151) and s.last_request_id == "next"
+
+
+def two_ranks(addr: str, router: zmq.Socket) -> tuple[list[Session], list[bytes]]:
+    """Two in-place ranks of one generation on the fake daemon, each with the job store's fence."""
+    ranks = [Session(addr, rank=r) for r in (0, 1)]
+    idents: dict[int, bytes] = {}
+    for _ in ranks:
+        ident, hello = recv(router)
+        idents[hello.body["rank"]] = ident
+    return ranks, [idents[0], idents[1]]
+
+
+def boundary(ranks: list[Session], fence: StepFence, step: int) -> list[bool]:
+    """Both ranks at one step boundary, as trainer_shim.Elastic passes it: settle, then whether to resize."""
+    due = []
+    for s in ranks:
+        s.agree(step, fence)
+        due.append(s.should_resize(step))
+    return due
+
+
+def heard(s: Session, count: int = 1) -> None:
+    wait_for(lambda: (s.poll(), len(s.pending) == count)[1])
+
+
+def test_a_rank_that_hears_of_a_resize_after_its_step_leaves_with_the_others(addr: str, router: zmq.Socket) -> None:
+    """Rank 1's copy of a resize for step 5 is still on its way when both reach step 5: rank 0 acts there,
+    so rank 1 waits for its copy and acts there too, rather than training step 6 alone (a collective that
+    would pair with rank 0's leaving, and hang or mix their states)."""
+    fence = StepFence(dist.HashStore(), "gen-3")
+    ranks, idents = two_ranks(addr, router)
+    try:
+        request(router, idents[0], "resize", "r", 5)
+        heard(ranks[0])
+        assert boundary(ranks, fence, 3) == [False, False] and boundary(ranks, fence, 4) == [False, False]
+        ranks[0].agree(5, fence)
+        late = threading.Thread(target=ranks[1].agree, args=(5, fence))
+        late.start()
+        time.sleep(0.3)
+        assert late.is_alive(), "rank 1 went on to step 6 without its copy"
+        request(router, idents[1], "resize", "r", 5)
+        late.join(5)
+        assert not late.is_alive() and [s.should_resize(5) for s in ranks] == [True, True]
+    finally:
+        for s in ranks:
+            s.close()
+
+
+def test_a_resize_every_rank_hears_too_late_acts_at_one_boundary(addr: str, router: zmq.Socket) -> None:
+    """Both copies come after their step 2, at different boundaries: the first to hear moves it to its next
+    boundary, and the other, hearing there, acts there too."""
+    fence = StepFence(dist.HashStore(), "gen-3")
+    ranks, idents = two_ranks(addr, router)
+    try:
+        request(router, idents[0], "resize", "r", 2)
+        heard(ranks[0])
+        assert boundary(ranks, fence, 4) == [False, False]
+        request(router, idents[1], "resize", "r", 2)
+        heard(ranks[1])
+        assert boundary(ranks, fence, 5) == [True, True]
+    finally:
+        for s in ranks:
+            s.close()
+
+
+def test_a_rank_whose_copy_never_comes_stops_with_a_reason(addr: str, router: zmq.Socket) -> None:
+    fence = StepFence(dist.HashStore(), "gen-3")
+    fence.mark(7)  # another rank acts at step 7
+    with Session(addr, rank=1) as s:
+        recv(router)
+        with pytest.raises(SystemExit, match="another rank acts on a request at step 7, and none reached"):
+            s.agree(7, fence, wait_s=0.3)
 
 
 def test_report_never_blocks_without_daemon(addr: str, monkeypatch: pytest.MonkeyPatch) -> None:

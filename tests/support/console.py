@@ -26,6 +26,13 @@ def fake_app(readonly: bool = False, gpu: bool = False, hostnames: bool = False)
                       clock=fixed_clock, seed_pubs={"fake://a": "fake-pub://a"})
 
 
+def daemon(app: ElasticApp) -> FakeLink:
+    """The fake daemon the console asks through: tests change the job there, and the console's feed shows it."""
+    link = app.session.link(app.session.active)
+    assert isinstance(link, FakeLink)
+    return link
+
+
 def node_id(app: ElasticApp, short: str) -> str:
     """The fake's node `a`, `b` or `c` under the ids this app's fake gives it."""
     return short if short in app.model.nodes else HOSTNAMES[short]

@@ -125,6 +125,7 @@ class FakeLink:
         self.printed = {rank: printed(rank) for rank in range(4)}  # each rank's log, as lines; tests add more
         self.skip = 0  # bytes the next follow of a log skips, as a node does for a reader far behind
         self.silent: set[str] = set()  # nodes that no longer answer node queries
+        self.roles = {node: role for node, (_, _, role) in NODES.items()}  # tests drain a node here
 
     async def call(self, op: str, timeout_s: float | None = None, **args: Any) -> dict[str, Any]:
         self.calls.append((op, args))
@@ -134,11 +135,12 @@ class FakeLink:
         return dict(handler(args))
 
     def op_status(self, args: dict[str, Any]) -> dict[str, Any]:
-        nodes = [{"node_id": n, "host": host, "nproc": 2, "role": role, "status": "alive",
+        nodes = [{"node_id": n, "host": host, "nproc": 2, "role": self.roles[n], "status": "alive",
                   "control": f"fake://{n}", "pub": f"fake-pub://{n}", "last_seen_age_s": LAST_SEEN_AGE[n]}
-                 for n, (host, _, role) in NODES.items()]
+                 for n, (host, _, _) in NODES.items()]
+        in_round = [n for n in ("a", "b") if self.roles[n] == "active"]
         rank_map = [{"node_id": n, "group_rank": i, "host": NODES[n][0], "ranks": NODES[n][1]}
-                    for i, n in enumerate(("a", "b"))]
+                    for i, n in enumerate(in_round)]
         return {"ok": True, "job_id": "demo", "state": "running", "reason": "", "round": 2, "world_size": 4,
                 "min_nodes": 1, "max_nodes": 3, "target": 2, "coordinator": "a",
                 "restarts": {"failure": 1, "membership": 0, "operator": 0, "hang": 0}, "max_restarts": 3,
