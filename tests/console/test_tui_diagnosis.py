@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 from support.console import SIZE, daemon, fake_app, screen_text, settle, until
-from support.fake import ROOT_CAUSE, FakeLink
+from support.fake import ROOT_CAUSE
 from textual.pilot import Pilot
 from textual.widgets import RichLog, Static
 
