@@ -87,9 +87,9 @@ class Command(Generic[Q]):
         """It changes the job: refused for viewers and under --readonly; takes dry_run and force."""
         return self.plan is not None
 
-    def decode(self, body: object) -> Q:
+    def decode(self, body: object, size: int | None = None) -> Q:
         """The request of a body, or ProtocolError(bad_argument) naming the field that is missing or mistyped."""
-        return self.request.decode(body, self.name)
+        return self.request.decode(body, self.name, size)
 
     def run(self, c: JobPort, request: Q) -> Body:
         """A job-wide verb at the coordinator (an `on_node` verb is run by daemon/node_queries.py)."""

@@ -81,7 +81,7 @@ def receive(table: dict[str, Handler], nodes: dict[str, NodeRecord], sender: str
 def decode(sender: str, env: Envelope) -> Record | None:
     """The record of a member's message; None, said in a warning, for a malformed one."""
     try:
-        return RECORDS[env.op].decode(env.body, env.op)
+        return RECORDS[env.op].decode(env.body, env.op, env.size)
     except ProtocolError as err:
         log.warning("mesh: malformed %s from %s dropped: %s", env.op, sender, err.reason)
         return None

@@ -179,7 +179,7 @@ class ControlPlane:
         if command is None:
             raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {env.op!r}; known: hello, {', '.join(REGISTRY)}")
         try:
-            request = command.decode(env.body)  # once, here: everything after gets the record
+            request = command.decode(env.body, env.size)  # once, here: everything after gets the record
         except ProtocolError:
             self.admit(env, command.steer, user, "?")  # a malformed request is authorized and recorded first too
             raise
@@ -257,7 +257,7 @@ class ControlPlane:
         try:
             if command is None:
                 raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {op!r}")
-            request = command.decode(env.body)
+            request = command.decode(env.body, env.size)
             if isinstance(request, NodeQueryRequest):
                 self.d.queries.ask(op, request, lambda body: self.d.answer_forward(sender, env.op, body, env.id))
                 return

@@ -245,7 +245,7 @@ class Failover:
             self.d.to_member(env)
             return
         try:
-            epoch = Fenced.decode(env.body, env.op).epoch
+            epoch = Fenced.decode(env.body, env.op, env.size).epoch
         except ProtocolError as err:
             log.warning("mesh: malformed %s from the coordinator dropped: %s", env.op, err.reason)
             return

@@ -114,7 +114,7 @@ class Member:
         if handler is None or record is None:
             return
         try:
-            message = record.decode(env.body, env.op)
+            message = record.decode(env.body, env.op, env.size)
         except ProtocolError as err:  # a coordinator of another version, or a corrupt frame: said, not acted on
             log.warning("[%s] ignored a malformed %s from the coordinator: %s", self.cfg.node_id, env.op, err.reason)
             return

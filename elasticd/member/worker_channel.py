@@ -114,7 +114,7 @@ class WorkerChannel:
         kind = FROM_WORKER.get(env.op)
         if kind is None:
             return  # not a worker's op (a newer shim's, or a stray frame)
-        report, now = kind.decode(env.body, env.op), time.time()
+        report, now = kind.decode(env.body, env.op, env.size), time.time()
         if isinstance(report, Hello):
             self.on_hello(ident, report, now)
         elif isinstance(report, LeftGroup):

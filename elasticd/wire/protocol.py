@@ -88,6 +88,7 @@ class Envelope:
     seq: int = 0
     ts: float = 0.0
     v: int = PROTOCOL_VERSION
+    size: int | None = None  # the frame's bytes where one was parsed: its body's records check it in one pass
 
     def to_dict(self) -> JsonObject:
         return {
@@ -233,7 +234,8 @@ def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES, from_daemon: bool = F
         raise ProtocolError(ErrorCode.BAD_MESSAGE, "field 'seq' must be an integer")
     if isinstance(ts, bool) or not isinstance(ts, int | float):
         raise ProtocolError(ErrorCode.BAD_MESSAGE, "field 'ts' must be a number")
-    return Envelope(type=kind, op=op, body=body, id=msg_id, node=node, seq=seq, ts=float(ts), v=version)
+    return Envelope(type=kind, op=op, body=body, id=msg_id, node=node, seq=seq, ts=float(ts), v=version,
+                    size=len(frame))
 
 
 def reply(request: Envelope, node: str, body: JsonObject) -> Envelope:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import types
 import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+import msgspec
 
 from elasticd.wire.protocol import ErrorCode, ProtocolError
 
@@ -21,12 +24,25 @@ class Record:
     """A message body's fields, each of its declared type; `decode` refuses any other body with the field named."""
 
     @classmethod
-    def decode(cls: type[R], body: object, what: str = "") -> R:
+    def decode(cls: type[R], body: object, what: str = "", size: int | None = None) -> R:
         """The record of `body`; ProtocolError(bad_message) naming the field when a field is missing or mistyped.
 
         Fields the record does not declare are ignored: a newer peer may send more (docs/protocol.md, "Versions").
+        `size`: the bytes of the frame the body came in (`Envelope.size`). A frame of at most MAX_TEXT bytes holds
+        no longer text, and its numbers were bounded as it was parsed, so msgspec checks the types in one pass
+        in C; the field-by-field checks below take the rest (a body built in process, a larger frame).
         """
-        return cls._decode(body, what or cls.__name__, "")
+        op = what or cls.__name__
+        spec = _SPECS.get(cls) or _spec(cls)
+        if size is None or size > MAX_TEXT or not spec.whole:
+            return cls._decode(body, op, "")
+        try:
+            record = msgspec.convert(body, cls)
+        except msgspec.ValidationError as err:
+            raise bad(op, _said(str(err))) from None
+        if spec.consistent or not (why := record.inconsistency()):
+            return record
+        raise bad(op, why)
 
     @classmethod
     def _decode(cls: type[R], body: object, op: str, path: str) -> R:
@@ -107,6 +123,7 @@ class _Spec:
     defaults: dict[str, object]
     factories: tuple[tuple[str, Callable[[], object]], ...]
     consistent: bool  # no `inconsistency` of its own
+    whole: bool  # msgspec decodes it as these checks would: no record within checks itself its own way
 
 
 _SPECS: dict[type, _Spec] = {}
@@ -121,8 +138,42 @@ def _spec(cls: type[Record]) -> _Spec:
                   and f.default_factory is dataclasses.MISSING),
         {f.name: f.default for f in fields if f.default is not dataclasses.MISSING},
         tuple((f.name, f.default_factory) for f in fields if f.default_factory is not dataclasses.MISSING),
-        cls.inconsistency is Record.inconsistency)
+        cls.inconsistency is Record.inconsistency, _whole(cls))
     return spec
+
+
+def _whole(cls: type[Record]) -> bool:
+    """Whether msgspec takes the record, and every record inside it decodes and checks as a plain one."""
+    try:
+        msgspec.inspect.type_info(cls)
+    except TypeError:
+        return False
+    inner = [h for hint in typing.get_type_hints(cls).values() for h in _records_in(hint)]
+    return cls._decode.__func__ is Record._decode.__func__ and all(  # type: ignore[attr-defined]
+        r._decode.__func__ is Record._decode.__func__ and r.inconsistency is Record.inconsistency  # type: ignore[attr-defined]
+        and _whole(r) for r in inner)
+
+
+def _records_in(hint: Any) -> list[type[Record]]:
+    if isinstance(hint, type) and issubclass(hint, Record):
+        return [hint]
+    return [r for arg in typing.get_args(hint) for r in _records_in(arg)]
+
+
+_EXPECTED = re.compile(r"Expected `(.+)`, got `(.+)`")
+_MISSING = re.compile(r"Object missing required field `(.+)`")
+
+
+def _said(error: str) -> str:
+    """msgspec's reason in this module's words: "field 'ranks[0]' must be int, got str"."""
+    text, _, where = error.partition(" - at `$")
+    path = where.rstrip("`").lstrip(".")
+    if missing := _MISSING.fullmatch(text):
+        return f"field '{path + '.' if path else ''}{missing[1]}' is missing"
+    if expected := _EXPECTED.fullmatch(text):
+        wanted, got = expected[1].replace(" | ", " or "), expected[2]
+        return f"{f'field {path!r}' if path else 'body'} must be {wanted}, got {got}"
+    return f"field '{path}': {text[:1].lower()}{text[1:]}" if path else text
 
 
 def _check_of(hint: Any) -> Check:  # one branch per kind of type a body may declare

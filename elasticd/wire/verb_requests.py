@@ -18,10 +18,10 @@ class VerbRequest(Record):
     client: str = "?"
 
     @classmethod
-    def decode(cls: type[R], body: object, what: str = "") -> R:
+    def decode(cls: type[R], body: object, what: str = "", size: int | None = None) -> R:
         """As Record.decode; a refusal is `bad_argument`: the operator's to fix, the field named in the reason."""
         try:
-            return super().decode(body, what)
+            return super().decode(body, what, size)
         except ProtocolError as err:
             raise ProtocolError(ErrorCode.BAD_ARGUMENT, err.reason) from None
 

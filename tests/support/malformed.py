@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from elasticd.wire.protocol import ErrorCode, ProtocolError
+from elasticd.wire.protocol import Envelope, ErrorCode, ProtocolError, decode, encode
 from elasticd.wire.record import Record
 
 # One of each JSON type: a field's wrong value is the first its check refuses (none for a field typed Any).
@@ -56,19 +56,39 @@ def required(record: type[Record]) -> list[str]:
 
 
 def refused(record: type[Record], op: str, body: object, errno: int = ErrorCode.BAD_MESSAGE) -> str:
-    """The reason `record` refuses `body` with: `errno`, and the op named first."""
+    """The reason `record` refuses `body` with: `errno`, and the op named first. The body is refused the same way
+    when it arrives in a frame (a small one is checked by msgspec), unless the frame itself is refused first."""
     with pytest.raises(ProtocolError) as caught:
         record.decode(body, op)
     assert caught.value.errno == errno and caught.value.reason.startswith(f"{op}: "), caught.value.reason
+    env = framed(op, body)
+    if env is not None:
+        with pytest.raises(ProtocolError) as in_frame:
+            record.decode(env.body, op, env.size)
+        assert in_frame.value.errno == errno and in_frame.value.reason.startswith(f"{op}: "), in_frame.value.reason
     return caught.value.reason
 
 
 def refuses(record: type[Record], body: dict[str, Any]) -> bool:
+    """Whether `record` refuses `body`, built in process and arriving in a frame alike."""
+    verdicts = set()
+    env = framed("probe", body)
+    for size in (None, env.size if env is not None else None):
+        try:
+            record.decode(body if size is None else env.body, "probe", size)  # type: ignore[union-attr]
+            verdicts.add(False)
+        except ProtocolError:
+            verdicts.add(True)
+    assert len(verdicts) == 1, f"refused in process but not in a frame, or the reverse: {body}"
+    return verdicts.pop()
+
+
+def framed(op: str, body: object) -> Envelope | None:
+    """The envelope a daemon reads when `body` comes in a frame; None when the frame itself is refused."""
     try:
-        record.decode(body, "probe")
-    except ProtocolError:
-        return True
-    return False
+        return decode(encode(Envelope("req", op, body)))  # type: ignore[arg-type]
+    except (ProtocolError, TypeError, ValueError):
+        return None
 
 
 def cases(record: type[Record]) -> Iterator[Case]:

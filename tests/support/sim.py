@@ -18,7 +18,7 @@ from elasticd.member.beats import BeatDiff
 from elasticd.member.link import LEAVING_OPS
 from elasticd.member.rank_reports import step_answer
 from elasticd.wire.names import STEP_WAIT_METRIC, JobState, MeshOp, NodeState
-from elasticd.wire.protocol import Envelope
+from elasticd.wire.protocol import Envelope, encode
 
 COORD = "coordinator"  # the destination of member -> coordinator messages in the trace
 Timer = tuple[float, int, Callable[..., None], tuple[Any, ...]]  # (due, order, fn, args)
@@ -450,7 +450,9 @@ class Sim:
         if self.stalled:
             self.held.append((node, op, body))
             return
-        self.coordinator.receive(node.node_id, Envelope("req", op, body, node=node.node_id), self.clock.now)
+        env = Envelope("req", op, body, node=node.node_id)
+        env.size = len(encode(env))  # as a daemon reads it off the socket (outside the coordinator's CPU meter)
+        self.coordinator.receive(node.node_id, env, self.clock.now)
 
     def stall_coordinator(self, seconds: float, lose_waiting: bool = False) -> None:
         """Its loop stands still (GC, SIGSTOP); then a tick runs before the waiting frames, the worst order.
