@@ -144,7 +144,8 @@ async def test_malformed_hello_left_and_joined_are_dropped_and_the_worker_still_
     assert warned == ["[a] worker channel: dropped a malformed hello: hello: field 'rank' must be int, got str",
                       "[a] worker channel: dropped a malformed hello: hello: field 'in_place' must be bool, got int",
                       "[a] worker channel: dropped a malformed left: left: field 'pid' is missing",
-                      "[a] worker channel: dropped a malformed joined: joined: field 'heal' must be object or null, got str",
+                      "[a] worker channel: dropped a malformed joined: joined: field 'heal' must be object or null, "
+                      "got str",
                       "[a] worker channel: dropped a malformed resize_failed: resize_failed: field 'pid' must be "
                       "int, got str",
                       "[a] worker channel: dropped a bad frame: field 'body' must be an object",
