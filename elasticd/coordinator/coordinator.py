@@ -6,10 +6,11 @@ the same code runs inside the daemon that holds the coordinator role and in-proc
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from elasticd.coordinator import inbox
 from elasticd.coordinator.alarms import Alarms
@@ -36,7 +37,7 @@ from elasticd.coordinator.tally import ACTIVE, NodeTally
 from elasticd.coordinator.transitions import Transition, Transitions
 from elasticd.job.config import JobConfig
 from elasticd.job.events import EventLog, emit_log
-from elasticd.wire.assignment import KillWorker, RoundAssignment
+from elasticd.wire.assignment import KillWorker, NodePart, RoundAssignment, with_part
 from elasticd.wire.member_reports import Leave, RoundReport
 from elasticd.wire.member_state import EventReport, Heartbeat
 from elasticd.wire.names import (
@@ -330,8 +331,9 @@ class Coordinator:
         self.store.put_round(rnd)
         self.emit(EventKind.round_started, round=round_id, world_size=world, cause=rnd.cause, detail=detail,
                   rank_map={e.node_id: e.ranks for e in entries}, in_place=in_place)
+        shared = self.round_shared().encode()
         for node in self.alive():
-            self.send(node.node_id, MeshOp.round, self.assignment(node.node_id).encode())
+            self.send(node.node_id, MeshOp.round, with_part(shared, self.node_part(node.node_id)))
         self.tracker.release_barrier(None)
 
     def wait_for_nodes(self, members: int, now: float) -> None:
@@ -357,18 +359,30 @@ class Coordinator:
                 node.restarts = {**node.restarts, cause: node.restarts[cause] + 1}
 
     def assignment(self, node_id: str) -> RoundAssignment:
+        """This node's part in the current round (a round sent again, to one node)."""
+        return dataclasses.replace(self.round_shared(), **self.node_part(node_id))
+
+    def round_shared(self) -> RoundAssignment:
+        """The current round's assignment as every member gets it, before its own part (`node_part`)."""
+        rnd = self.round
+        assert rnd is not None
+        return RoundAssignment(
+            rnd.round_id, JobState.running, group_world_size=len(rnd.members), world_size=rnd.world_size,
+            master_addr=rnd.master_addr, master_port=rnd.master_port, restart_count=self.restarts[Cause.failure],
+            max_restarts=self.cfg.max_restarts,
+            store_tunnel=self.nodes[rnd.members[0].node_id].store_tunnel,  # rank 0's node: it hosts the store
+            **self.resizer.fields(rnd))
+
+    def node_part(self, node_id: str) -> NodePart:
         rnd = self.round
         assert rnd is not None
         entry = rnd.entry(node_id)
         node = self.nodes[node_id]
-        return RoundAssignment(
-            rnd.round_id, JobState.running if entry else node.role, group_rank=entry.group_rank if entry else None,
-            group_world_size=len(rnd.members), ranks=entry.ranks if entry else [], world_size=rnd.world_size,
-            master_addr=rnd.master_addr, master_port=rnd.master_port, restart_count=self.restarts[Cause.failure],
-            max_restarts=self.cfg.max_restarts,
-            store_tunnel=self.nodes[rnd.members[0].node_id].store_tunnel,  # rank 0's node: it hosts the store
-            node_restarts={str(c): n for c, n in node.restarts.items()},  # the node's own metrics (daemon/exporter.py)
-            **self.resizer.fields(rnd, entry is None and node.role == Role.standby))
+        return NodePart(state=JobState.running if entry else node.role, group_rank=entry.group_rank if entry else None,
+                        ranks=entry.ranks if entry else [],
+                        # its metrics (daemon/exporter.py); a Cause is a str, sent as its value
+                        node_restarts=cast(dict[str, int], dict(node.restarts)),
+                        prewarm=self.resizer.hot_spare(rnd, entry is None and node.role == Role.standby))
 
     def first_step(self, node_id: str, round_id: int, at: float, step: int | None) -> None:
         if self.tracker.first_step(node_id, round_id, at, step):

@@ -107,16 +107,20 @@ class Resizer:
                 del self.warming[node_id]
         return bool(self.warming)
 
-    def fields(self, rnd: Round, standby: bool) -> dict[str, Any]:
-        """What a round's assignment adds: the store and prefix for every round, whether this one is in place,
-        and for a standby node of an in-place job whether to keep workers started, waiting (hot spares)."""
+    def fields(self, rnd: Round) -> dict[str, Any]:
+        """What a round's assignment adds for every node: the store and prefix, whether this round is in place."""
         if not self.store:
             return {"in_place": False}
-        cur = self.current
-        in_place = cur is not None and cur.round_id == rnd.round_id
-        return {"in_place": in_place, "store": self.store, "prefix": f"elastic/{self.job_id}/g{rnd.round_id}",
-                "prewarm": standby and not self.fall_back and in_place,
+        return {"in_place": self.in_place(rnd), "store": self.store, "prefix": f"elastic/{self.job_id}/g{rnd.round_id}",
                 **({"job_store_tunnel": self.tunnel} if self.tunnel else {})}
+
+    def hot_spare(self, rnd: Round, standby: bool) -> bool:
+        """Whether a standby node of an in-place job keeps workers started, waiting (hot spares)."""
+        return bool(self.store) and standby and not self.fall_back and self.in_place(rnd)
+
+    def in_place(self, rnd: Round) -> bool:
+        cur = self.current
+        return cur is not None and cur.round_id == rnd.round_id
 
     def progress(self, node_id: str, report: ProgressReport, rnd: Round) -> None:
         if report.in_place:

@@ -128,8 +128,12 @@ class EventReport(Record):
     def _decode(cls, body: object, op: str, path: str) -> EventReport:
         event = super()._decode(body, op, path)
         assert isinstance(body, dict)  # the record's decode refuses anything else
-        object.__setattr__(event, "fields", {k: v for k, v in body.items() if k not in NUMBERED})
+        cls._settled(event, body)
         return event
+
+    @classmethod
+    def _settled(cls, record: Any, body: dict[str, Any]) -> None:
+        object.__setattr__(record, "fields", {k: v for k, v in body.items() if k not in NUMBERED})
 
     def encode(self) -> dict[str, Any]:
         return {"kind": self.kind, "ts": self.ts, **self.fields}
@@ -181,6 +185,11 @@ class ProgressReport(Record):
     in_place: bool = False
     heal: Heal | None = None
     events: list[EventReport] = field(default_factory=list)
+
+    @classmethod
+    def _settled(cls, record: Any, body: dict[str, Any]) -> None:
+        for event, sent in zip(record.events, body["events"] if record.events else (), strict=True):
+            EventReport._settled(event, sent)
 
     def encode(self) -> dict[str, Any]:
         return {k: v for k, v in super().encode().items() if v is not None}

@@ -40,6 +40,8 @@ class Record:
             record = msgspec.convert(body, cls)
         except msgspec.ValidationError as err:
             raise bad(op, _said(str(err))) from None
+        if spec.settles:
+            cls._settled(record, body)  # type: ignore[arg-type]  # a dict: msgspec took it as this record
         if spec.consistent or not (why := record.inconsistency()):
             return record
         raise bad(op, why)
@@ -66,6 +68,11 @@ class Record:
         if spec.consistent or not (why := record.inconsistency()):
             return record
         raise bad(op, why)
+
+    @classmethod
+    def _settled(cls, record: Any, body: dict[str, Any]) -> None:
+        """After msgspec built `record` from `body`: what this class's own `_decode` adds (nothing here). A record
+        with a `_decode` of its own takes msgspec's pass only with this too, and so does any record holding it."""
 
     def inconsistency(self) -> str:
         """Why fields that are each well typed do not make a message together ("" when they do)."""
@@ -124,6 +131,7 @@ class _Spec:
     factories: tuple[tuple[str, Callable[[], object]], ...]
     consistent: bool  # no `inconsistency` of its own
     whole: bool  # msgspec decodes it as these checks would: no record within checks itself its own way
+    settles: bool  # it adds to what msgspec built (`_settled`)
 
 
 _SPECS: dict[type, _Spec] = {}
@@ -138,7 +146,7 @@ def _spec(cls: type[Record]) -> _Spec:
                   and f.default_factory is dataclasses.MISSING),
         {f.name: f.default for f in fields if f.default is not dataclasses.MISSING},
         tuple((f.name, f.default_factory) for f in fields if f.default_factory is not dataclasses.MISSING),
-        cls.inconsistency is Record.inconsistency, _whole(cls))
+        cls.inconsistency is Record.inconsistency, _whole(cls), _own(cls, "_settled"))
     return spec
 
 
@@ -149,9 +157,14 @@ def _whole(cls: type[Record]) -> bool:
     except TypeError:
         return False
     inner = [h for hint in typing.get_type_hints(cls).values() for h in _records_in(hint)]
-    return cls._decode.__func__ is Record._decode.__func__ and all(  # type: ignore[attr-defined]
-        r._decode.__func__ is Record._decode.__func__ and r.inconsistency is Record.inconsistency  # type: ignore[attr-defined]
-        and _whole(r) for r in inner)
+    settles = _own(cls, "_settled")
+    return (settles or not _own(cls, "_decode")) and all(
+        (settles or not _own(r, "_settled")) and r.inconsistency is Record.inconsistency and _whole(r) for r in inner)
+
+
+def _own(cls: type[Record], method: str) -> bool:
+    """Whether the class decodes its own way (overrides Record's `_decode` or `_settled`)."""
+    return getattr(cls, method).__func__ is not getattr(Record, method).__func__
 
 
 def _records_in(hint: Any) -> list[type[Record]]:

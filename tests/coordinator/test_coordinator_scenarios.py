@@ -13,6 +13,7 @@ from elasticd.coordinator.resize import RESIZE_TIMEOUT_S, InPlaceRound
 from elasticd.coordinator.step_agreement import QUERY_TIMEOUT_S
 from elasticd.coordinator.transitions import DRAIN_TIMEOUT_S, SIGNAL_WINDOW_S
 from elasticd.job.config import STOP_SLACK_S
+from elasticd.wire.assignment import RoundAssignment
 from elasticd.wire.member_state import ProgressReport, Register
 from elasticd.wire.names import Cause, EventKind, JobState, MeshOp, NodeState, Role
 from elasticd.wire.protocol import ErrorCode, ProtocolError
@@ -614,3 +615,18 @@ def test_a_join_waits_for_the_in_place_generation_in_flight_and_is_bounded() -> 
     sim.run(RESIZE_TIMEOUT_S - 1.0)
     assert sim.round.round_id == 2
     assert sim.formed(3, timeout=5.0).node_ids() == ["a", "b", "c"]  # waited no longer than the resize's own limit
+
+
+def test_each_member_s_round_is_the_shared_fields_with_its_own_part_over_them() -> None:
+    """A round is sent as its shared fields encoded once, each node's part over them: every member must read the
+    record `assignment` would have built for it alone (a standby too: no ranks, its role for a state)."""
+    sim = Sim("abcd", min_nodes=1, max_nodes=3)  # d: past --nnodes max, a standby
+    sim.start()
+    sim.formed()
+    for node_id in "abcd":
+        sent = sim.msgs(MeshOp.round, dst=node_id)[-1]
+        assert RoundAssignment.decode(sent.body, "round") == sim.coordinator.assignment(node_id)
+    parts = {n: RoundAssignment.decode(sim.msgs(MeshOp.round, dst=n)[-1].body) for n in "abcd"}
+    assert [(p.state, p.group_rank, p.ranks) for p in parts.values()] == [
+        ("running", 0, [0, 1]), ("running", 1, [2, 3]), ("running", 2, [4, 5]), ("standby", None, [])]
+    assert len({(p.world_size, p.master_port, p.round) for p in parts.values()}) == 1

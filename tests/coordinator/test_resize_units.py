@@ -40,12 +40,14 @@ def test_a_round_is_in_place_only_when_every_survivor_resizes_in_place() -> None
     prev = round_of(1, {"a": [0, 1], "b": [2, 3]})
     assert not r.begin(None, [node("a", 1, True, [0, 1])], 1, 0.0, 0.0)  # the first round forks everyone
     assert r.begin(prev, [node("a", 1, True, [0, 1]), node("c", 0, False, [])], 2, 0.0, 0.0)  # c: a newcomer
-    assert r.fields(round_of(2, {"a": [0, 1], "c": [2, 3]}), False) == {
-        "in_place": True, "store": "127.0.0.1:1", "prefix": "elastic/job/g2", "prewarm": False}
+    rnd = round_of(2, {"a": [0, 1], "c": [2, 3]})
+    assert r.fields(rnd) == {"in_place": True, "store": "127.0.0.1:1", "prefix": "elastic/job/g2"}
+    assert r.hot_spare(rnd, standby=True) and not r.hot_spare(rnd, standby=False)
     assert not r.begin(prev, [node("a", 1, True, [0, 1]), node("b", 1, False, [2, 3])], 3, 0.0, 0.0)
     r.store = ""
     assert not r.begin(prev, [node("a", 1, True, [0, 1])], 4, 0.0, 0.0)  # no job store (--keys): restart
-    assert r.fields(round_of(4, {"a": [0, 1]}), False) == {"in_place": False}
+    assert r.fields(round_of(4, {"a": [0, 1]})) == {"in_place": False}
+    assert not r.hot_spare(round_of(4, {"a": [0, 1]}), standby=True)
 
 
 def test_a_failed_resize_is_an_event_and_the_next_round_restarts() -> None:
