@@ -10,10 +10,11 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from elasticd.coordinator import inbox
 from elasticd.coordinator.alarms import Alarms
+from elasticd.coordinator.assignments import node_part, shared_fields
 from elasticd.coordinator.core import PendingRound, Send, SendAll
 from elasticd.coordinator.goodput import GoodputLedger
 from elasticd.coordinator.liveness import Liveness
@@ -363,26 +364,13 @@ class Coordinator:
         return dataclasses.replace(self.round_shared(), **self.node_part(node_id))
 
     def round_shared(self) -> RoundAssignment:
-        """The current round's assignment as every member gets it, before its own part (`node_part`)."""
-        rnd = self.round
-        assert rnd is not None
-        return RoundAssignment(
-            rnd.round_id, JobState.running, group_world_size=len(rnd.members), world_size=rnd.world_size,
-            master_addr=rnd.master_addr, master_port=rnd.master_port, restart_count=self.restarts[Cause.failure],
-            max_restarts=self.cfg.max_restarts,
-            store_tunnel=self.nodes[rnd.members[0].node_id].store_tunnel,  # rank 0's node: it hosts the store
-            **self.resizer.fields(rnd))
+        assert self.round is not None
+        return shared_fields(self.round, self.nodes, self.restarts[Cause.failure], self.cfg.max_restarts,
+                             self.resizer.fields(self.round))
 
     def node_part(self, node_id: str) -> NodePart:
-        rnd = self.round
-        assert rnd is not None
-        entry = rnd.entry(node_id)
-        node = self.nodes[node_id]
-        return NodePart(state=JobState.running if entry else node.role, group_rank=entry.group_rank if entry else None,
-                        ranks=entry.ranks if entry else [],
-                        # its metrics (daemon/exporter.py); a Cause is a str, sent as its value
-                        node_restarts=cast(dict[str, int], dict(node.restarts)),
-                        prewarm=self.resizer.hot_spare(rnd, entry is None and node.role == Role.standby))
+        assert self.round is not None
+        return node_part(self.round, self.nodes[node_id], self.resizer.hot_spare)
 
     def first_step(self, node_id: str, round_id: int, at: float, step: int | None) -> None:
         if self.tracker.first_step(node_id, round_id, at, step):
