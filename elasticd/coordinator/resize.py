@@ -107,6 +107,15 @@ class Resizer:
                 del self.warming[node_id]
         return bool(self.warming)
 
+    def job_store_starting(self) -> None:
+        """The job's store is starting on this node: the first round waits for it (its workers use it)."""
+        self.store_pending = True
+
+    def job_store_started(self, addr: str, tunnel: str) -> None:
+        """The job's store is up at `addr` ("": it did not start, so no in-place resizes), reached through `tunnel`
+        with --keys; rounds wait for it no longer."""
+        self.store, self.tunnel, self.store_pending = addr, tunnel, False
+
     def fields(self, rnd: Round) -> dict[str, Any]:
         """What a round's assignment adds for every node: the store and prefix, whether this round is in place."""
         if not self.store:

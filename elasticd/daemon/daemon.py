@@ -100,7 +100,7 @@ class Daemon:
             self.coordinator = Coordinator(self.cfg, MemoryStore(), self.send_to_node, self.events,
                                            self.on_job_event, connected=self.coord_mesh.connected,
                                            backlog=self.coord_mesh.backlog, send_all=self.send_to_nodes)
-            self.coord_mesh.relay_of = self.coordinator.relays.via_of
+            self.coord_mesh.route_by(self.coordinator.relays.via_of)
             self.member.coordinator_here(time.time())
         else:
             self.member_mesh = self.new_member_mesh(endpoint)

@@ -172,7 +172,7 @@ class Failover:
         self.mesh.forget()  # only daemons that register with us now are routes
         c = Coordinator(self.cfg, store, self.send, events, self.d.on_job_event, connected=self.mesh.connected,
                         backlog=self.mesh.backlog, send_all=self.send_all)
-        self.mesh.relay_of = c.relays.via_of
+        self.mesh.route_by(c.relays.via_of)
         c.status_extra = lambda: self.etcd.status(self.leader.epoch if self.leader else 0)
         store.job_state = lambda: job_record(c)
         store.events_since = lambda seq: events.query(since_seq=seq, limit=0)

@@ -61,21 +61,22 @@ class WorkerServices:
                        spawn: Callable[[Coroutine[object, object, object]], None]) -> None:
         """In-place resizes need the job's store on the coordinator's node: ours, while we coordinate."""
         if not self.cfg.no_python:
-            coordinator.resizer.store_pending = True  # the first round waits for it: its workers use it
+            coordinator.resizer.job_store_starting()
             spawn(self.start_job_store(coordinator))
 
     async def start_job_store(self, coordinator: Coordinator) -> None:
         """With --keys it binds loopback and every node reaches it through our store tunnel (JOB_STORE); without,
         our advertised address, which every node's workers (ours too) reach directly. Never every interface: a
         keyed job's store would then answer anyone who reaches this host."""
+        addr, tunnel = "", ""
         try:
             bind = LOOPBACK if self.tunnel is not None else self.host
-            coordinator.resizer.store = addr = await self.job_store.start(self.cfg, self.node.spawner, bind)
+            addr = await self.job_store.start(self.cfg, self.node.spawner, bind)
             if addr and self.tunnel is not None:
                 self.tunnel.host_round(JOB_STORE, int(addr.rpartition(":")[2]))
-                coordinator.resizer.tunnel = self.tunnel.endpoint
+                tunnel = self.tunnel.endpoint
         finally:
-            coordinator.resizer.store_pending = False
+            coordinator.resizer.job_store_started(addr, tunnel)
 
     async def stop(self) -> None:
         """Once our workers stopped: the job's store, then the zygote."""

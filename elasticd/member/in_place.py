@@ -55,13 +55,17 @@ class InPlace:
 
     def __init__(self, node: Agent) -> None:
         self.node = node
-        self.send: SendToWorker = lambda _pid, _op, _body: False  # the worker channel wires itself in
+        self.send: SendToWorker = lambda _pid, _op, _body: False  # reach_workers: the worker channel's
         self.capable: set[int] = set()  # pids whose hello said they resize in place (trainer_shim.Elastic)
         self.left: dict[int, LeftGroup | Hello] = {}  # pid -> its `left` (or waiting `hello`), until it joins again
         self.joined: dict[int, Joined] = {}  # pid -> its `joined` in the current round
         self.failed_round = 0  # the last round whose failure was reported (one report per round)
         self.abort_signals: dict[int, int] = {}  # pid -> the signal that aborts its group (its `hello` said)
         self.resizing = False  # between an in-place round's arrival and its workers' publication
+
+    def reach_workers(self, send: SendToWorker) -> None:
+        """The worker channel, once it is up: how a request reaches one worker process."""
+        self.send = send
 
     # -- what the workers say ------------------------------------------------------------------------
     def on_hello(self, hello: Hello) -> None:

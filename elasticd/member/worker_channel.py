@@ -59,7 +59,7 @@ class WorkerChannel:
         self.pids: dict[int, bytes] = {}  # pid -> identity: a worker kept in place keeps its socket, not its rank
         self.round_drain: tuple[int, AtStep] | None = None  # (round, the drain asked of its workers)
         self.warned: dict[str, float] = {}  # a reason, its numbers aside -> when it was last warned of
-        node.in_place.send = self.send_to_pid
+        node.in_place.reach_workers(self.send_to_pid)
         # From a rank of the node's round (wire/worker_reports.py IN_ROUND).
         self.in_round: dict[str, ReportHandler] = {
             WorkerOp.step: self.node.step_reported, WorkerOp.checkpoint: self.on_checkpoint,

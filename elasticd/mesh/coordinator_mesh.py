@@ -43,12 +43,16 @@ class CoordinatorMesh(Router):
         self.identities: dict[str, bytes] = {}  # node id -> the identity of its *welcomed* daemon
         self.registering: bytes = b""  # the identity of the `register` being handled right now
         # The relay the coordinator assigned a member ("": none); a relay's frame for any other member is dropped.
-        self.relay_of: Callable[[str], str] = lambda _node_id: ""
+        self.relay_of: Callable[[str], str] = lambda _node_id: ""  # route_by: the coordinator's relay plan
         self.routes: dict[bytes, bytes] = {}  # a member's identity -> its relay's: where its last frame came from
         self.quiet: set[bytes] = set()  # relayed members whose link their relay saw close
         self.pending: dict[bytes, Pending] = {}  # relay identity -> frames for its members, sent at the turn's end
         self.handler: Handler = lambda _sender, _env: None
         self.closed: Closed = lambda _node_id: None
+
+    def route_by(self, relay_of: Callable[[str], str]) -> None:
+        """A new coordinator's relay plan: which relay each member's frames must come through ("": none)."""
+        self.relay_of = relay_of
 
     def forget(self) -> None:
         """Every member must register again (a new coordinator after a takeover): no route survives."""

@@ -600,7 +600,7 @@ def test_a_join_waits_for_the_in_place_generation_in_flight_and_is_bounded() -> 
     sim.start("a")
     rnd = sim.formed()
     resizer = sim.coordinator.resizer
-    resizer.store = "127.0.0.1:1"
+    resizer.job_store_started("127.0.0.1:1", "")
     marks = {"detect": sim.clock.now, "agreed": sim.clock.now}
     resizer.current = InPlaceRound(rnd.round_id, {"a"}, sim.clock.now, dict(marks))
     sim.start("b")

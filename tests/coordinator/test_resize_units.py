@@ -31,7 +31,7 @@ def node(node_id: str, round_id: int, in_place: bool, ranks: list[int]) -> NodeR
 def resizer() -> tuple[Resizer, list[tuple[str, dict[str, Any]]]]:
     events: list[tuple[str, dict[str, Any]]] = []
     r = Resizer("job", lambda kind, **fields: events.append((kind, fields)) or {})
-    r.store = "127.0.0.1:1"
+    r.job_store_started("127.0.0.1:1", "")
     return r, events
 
 
@@ -82,7 +82,7 @@ def test_an_in_place_rounds_stop_barrier_outwaits_the_nodes_wait_for_their_kept_
     not let the next world start before (no global rank in two worlds), while a restart round keeps its limit."""
     cfg = JobConfig(1, 2, 2, "127.0.0.1", 29400, "job", "a", ["train.py"], grace_s=2.0)
     c = Coordinator(cfg, MemoryStore(), lambda *_: None, EventLog(100), lambda _e: None)
-    c.resizer.store = "127.0.0.1:1"
+    c.resizer.job_store_started("127.0.0.1:1", "")
     prev, nxt = round_of(1, {"a": [0, 1]}), round_of(2, {"a": [0, 1]})
     assert c.tracker.stop_limit(nxt) == 2.0 + STOP_SLACK_S
     assert c.resizer.begin(prev, [node("a", 1, True, [0, 1])], 2, 0.0, 0.0)

@@ -64,7 +64,7 @@ class Coordinator:
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.mesh = CoordinatorMesh(ctx, self.endpoint, "coord", None)
         self.via: dict[str, str] = {}
-        self.mesh.relay_of = lambda node_id: self.via.get(node_id, "")
+        self.mesh.route_by(lambda node_id: self.via.get(node_id, ""))
         self.heard: list[tuple[str, str]] = []  # (sender, op)
         self.closed: list[str] = []
         self.sent: list[list[bytes]] = []  # every message its ROUTER sent
