@@ -137,7 +137,7 @@ class Elastic:
             self._store = open_store(gen.store, self.timeout_s)
             try:
                 self._opened = join(gen, self.backend, self._store, self.timeout_s)
-                self._fenced(gen)
+                self._open_fence(gen)
             except NotArrived as exc:  # its daemon restarts it: a clear line, not a traceback
                 raise SystemExit(f"elastic: rank {gen.rank}: {exc}") from None
             self.round = gen.round
@@ -315,7 +315,7 @@ class Elastic:
             self._agreed = self.step
         return session.should_resize(self.step)
 
-    def _fenced(self, gen: Generation) -> None:
+    def _open_fence(self, gen: Generation) -> None:
         """A generation joined: its own fence, and every request still held settled again in it."""
         if self._store is not None and isinstance(self.session, Session):
             self._fence, self._agreed = StepFence(self._store, gen.prefix), None
@@ -339,7 +339,7 @@ class Elastic:
         self.round = gen.round
         try:
             self._opened = join(gen, self.backend, self._store, self.timeout_s)
-            self._fenced(gen)
+            self._open_fence(gen)
             ready = time.time()
             self._rebind()
         except Exception as exc:  # a callback, the broadcast, the group's init: the daemon restarts us instead

@@ -71,16 +71,20 @@ def refused(record: type[Record], op: str, body: object, errno: int = ErrorCode.
 
 def refuses(record: type[Record], body: dict[str, Any]) -> bool:
     """Whether `record` refuses `body`, built in process and arriving in a frame alike."""
-    verdicts = set()
+    verdict = _refused(record, body, None)
     env = framed("probe", body)
-    for size in (None, env.size if env is not None else None):
-        try:
-            record.decode(body if size is None else env.body, "probe", size)  # type: ignore[union-attr]
-            verdicts.add(False)
-        except ProtocolError:
-            verdicts.add(True)
-    assert len(verdicts) == 1, f"refused in process but not in a frame, or the reverse: {body}"
-    return verdicts.pop()
+    if env is not None:
+        assert _refused(record, env.body, env.size) == verdict, \
+            f"refused in process but not in a frame, or the reverse: {body}"
+    return verdict
+
+
+def _refused(record: type[Record], body: object, size: int | None) -> bool:
+    try:
+        record.decode(body, "probe", size)
+    except ProtocolError:
+        return True
+    return False
 
 
 def framed(op: str, body: object) -> Envelope | None:
