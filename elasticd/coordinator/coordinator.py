@@ -89,7 +89,9 @@ class Coordinator:
         self.restarts: dict[Cause, int] = dict.fromkeys(RESTART_CAUSES, 0)
         self.round: Round | None = None
         self.pending: PendingRound | None = None  # the next round, once its settle window passes
-        self.waiting_since = clock()
+        # The join timeout counts from the first wait on a registered node, and spares nodes that announced they
+        # are warming up: a zygote importing torch on a loaded host is not an absent node.
+        self.waiting_since: float | None = None
         self.told_waiting: set[str] = set()  # members that have this wait's notice (a `round` of null)
         self.used_ports: set[int] = set()
         self.join_seq = 0  # join order of nodes; persisted with etcd so a new coordinator numbers on
@@ -252,7 +254,8 @@ class Coordinator:
             self.liveness.check_liveness(now)
         self.start_pending_round(now)
         self.tracker.force_if_overdue(now)
-        if self.state == JobState.waiting and now - self.waiting_since > self.cfg.join_timeout_s:
+        if self.state == JobState.waiting and self.waiting_since is not None and self.pending is None \
+                and now - self.waiting_since > self.cfg.join_timeout_s and not self.registration.coming(now):
             self.end(JobState.failed, f"join timeout: {self.reason} for {self.cfg.join_timeout_s:.0f}s", now)
         self.transitions.ask_when_due(now)
         self.transitions.finish_if_ready(now)
@@ -339,7 +342,7 @@ class Coordinator:
 
     def wait_for_nodes(self, members: int, now: float) -> None:
         """Too few active nodes for --nnodes min: the job waits (and fails past the join timeout)."""
-        if self.state != JobState.waiting:
+        if self.state != JobState.waiting or self.waiting_since is None:
             self.waiting_since, self.told_waiting = now, set()
         self.state = JobState.waiting
         self.reason = (f"waiting for {self.cfg.min_nodes - members} more node(s): "

@@ -120,10 +120,14 @@ class Registration:
         if node_id not in nodes or nodes[node_id].status != NodeStatus.alive:
             self.announced[node_id] = now
 
-    def awaiting_announced(self, members: int, now: float) -> bool:
-        """Hold the first round for nodes that announced themselves: they are warming up, not absent."""
+    def coming(self, now: float) -> list[str]:
+        """Nodes that announced themselves lately and have not registered: warming up, not absent."""
         nodes = self.core.nodes
-        coming = [n for n, at in self.announced.items() if now - at < FIRST_ROUND_WAIT_S and n not in nodes]
+        return [n for n, at in self.announced.items() if now - at < FIRST_ROUND_WAIT_S and n not in nodes]
+
+    def awaiting_announced(self, members: int, now: float) -> bool:
+        """Hold the first round for nodes that announced themselves."""
+        coming = self.coming(now)
         return self.core.round is None and bool(coming) and members + len(coming) <= self.core.cfg.max_nodes
 
     def on_heartbeat(self, sender: str, beat: Heartbeat, now: float) -> None:

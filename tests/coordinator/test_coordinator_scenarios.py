@@ -372,6 +372,32 @@ def test_nodes_that_register_one_by_one_below_min_hear_once_that_the_job_waits()
     assert sim.round.world_size == 100
 
 
+def test_the_join_timeout_counts_from_the_first_wait_not_from_the_coordinators_own_warm_up() -> None:
+    """Its own node's zygote may take seconds to import torch on a loaded host: that is not waiting for others."""
+    sim = Sim("ab", nproc=1, join_timeout_s=6.0)
+    sim.run(10.0)  # nobody registered yet (the coordinator's node still warming): no wait, no timeout
+    assert sim.kinds() == [] and sim.coordinator.state == JobState.waiting
+    sim.start("a")
+    sim.run(5.0)
+    waiting, = sim.of(K.waiting)
+    assert "waiting for 1 more node(s)" in waiting["reason"] and sim.coordinator.state == JobState.waiting
+    sim.run(1.5)  # 6 s after the wait began
+    end, = sim.of(K.job_end)
+    assert end["state"] == JobState.failed and "join timeout" in end["reason"]
+    assert end["ts"] - waiting["ts"] == pytest.approx(6.0, abs=0.2)
+
+
+def test_a_node_that_announced_it_is_warming_up_holds_the_join_timeout_until_it_registers() -> None:
+    sim = Sim("ab", nproc=1, join_timeout_s=6.0)
+    sim.start("a")
+    sim.run(5.0)
+    sim.to_coordinator(sim.nodes["b"], MeshOp.announce, {})  # b's daemon started; its zygote imports torch
+    sim.run(8.0)  # past a's 6 s of waiting: b is coming, so the job still waits
+    assert sim.kinds(K.job_end) == [] and sim.coordinator.state == JobState.waiting
+    sim.start("b")
+    assert sim.formed().world_size == 2
+
+
 def test_a_storm_past_the_target_makes_the_rest_standby_and_losses_promote_them() -> None:
     """Roles come from a kept count of active nodes (not a scan per registration): it must stay exact."""
     sim = Sim(200, nproc=1, min_nodes=1, max_nodes=150)
