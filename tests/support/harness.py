@@ -153,6 +153,9 @@ class Job:
         deadline = time.monotonic() + timeout
         with self.client(node) as client:
             while time.monotonic() < deadline:
+                if self.daemon(node).proc.poll() is not None:  # say why rather than time out asking a dead daemon
+                    raise AssertionError(f"no {kind} event: the daemon exited; its log:\n"
+                                         f"{self.daemon(node).output()[-4000:]}")
                 for event in client.call("events", since_seq=since, kinds=[kind], limit=0)["events"]:
                     if match(event):
                         return event
