@@ -11,6 +11,9 @@ interleaved per repetition:
   torchrun-c10d      torchrun --rdzv-backend c10d: node a hosts the TCPStore, so its loss ends the job
   elasticd-etcd-base elasticd-etcd as another checkout has it (--base-tree DIR, e.g. a `git worktree` of the
                      commit to compare with): the same run, side by side
+  elasticd-etcd-tls  elasticd-etcd on a 3-member etcd with TLS for clients and peers, client certificates
+                     required and authentication on (RBAC: the daemons log in as a user whose role holds the
+                     job's prefix), through tests/support/etcd_tls.py
 
 The result is the first BENCH_STEP at world 2 from a process started after the kill; a system that never gets
 there within --timeout is reported as such, with how its processes ended.
@@ -40,8 +43,11 @@ from recovery import Job, Node, Rec, Timeout, charged
 
 sys.path.insert(0, str(ROOT / "tests"))
 from support.etcd_cluster import EtcdCluster
+from support.etcd_tls import Authority, enable_rbac
 
-SYSTEMS = ["elasticd-etcd", "torchrun-etcd-v2", "torchrun-c10d", "elasticd-etcd-base"]
+PASSWORD = "bench-trainer-pw"
+
+SYSTEMS = ["elasticd-etcd", "torchrun-etcd-v2", "torchrun-c10d", "elasticd-etcd-base", "elasticd-etcd-tls"]
 DEFAULT_SYSTEMS = SYSTEMS[:3]
 NODES = "abc"
 TARGET_S = 5.0
@@ -50,9 +56,11 @@ TARGET_S = 5.0
 class FailoverJob(Job):
     """recovery.py's job, 3 nodes x 1 worker, with the rendezvous each system uses."""
 
-    def __init__(self, system: str, rep: int, args: argparse.Namespace, logdir: Path, etcd: EtcdCluster | None):
+    def __init__(self, system: str, rep: int, args: argparse.Namespace, logdir: Path, etcd: EtcdCluster | None,
+                 conf: str = ""):
         super().__init__(system, rep, args, logdir)
         self.etcd = etcd  # elasticd-etcd-base runs from --base-tree as every `-base` system of recovery.py's Job
+        self.conf = conf  # elasticd-etcd-tls: the certificates and the login, as --rdzv-conf
 
     def cmd(self, node: str) -> list[str]:
         script = [str(TOY), "--ckpt", str(self.ckpt), "--step-time", str(self.args.step_time)]
@@ -60,7 +68,8 @@ class FailoverJob(Job):
         if self.elasticd:
             assert self.etcd is not None
             return [PY, "-m", "elasticd.cli", "start", *common, "--rdzv-backend", "etcd", "--rdzv-endpoint",
-                    self.etcd.endpoints, "--rdzv-conf", f"lease_ttl={self.args.lease_ttl}", "--node-id", node,
+                    self.etcd.endpoints, "--rdzv-conf", f"lease_ttl={self.args.lease_ttl}{self.conf}",
+                    "--node-id", node,
                     "--log-dir", str(self.tmp / "logs"), *script]
         if self.system == "torchrun-etcd-v2":
             assert self.etcd is not None
@@ -70,12 +79,25 @@ class FailoverJob(Job):
                 f"127.0.0.1:{self.port}", *common, *script]
 
 
+def secured_etcd(binary: str, folder: Path) -> tuple[EtcdCluster, str]:
+    """A TLS etcd with authentication on, and the --rdzv-conf settings that let a daemon in."""
+    ca = Authority(folder, "ca")
+    server, admin, nodes = ca.issue("etcd", server=True), ca.issue("admin"), ca.issue("nodes")
+    etcd = EtcdCluster(binary, folder, size=3, tls=server, admin=admin).start()
+    enable_rbac(etcd.url(0), admin, {"trainer": (PASSWORD, "/elasticd/")})
+    secret = folder / "password"
+    secret.write_text(PASSWORD)
+    return etcd, (f",cacert={server.ca},cert={nodes.cert},key={nodes.key},user=trainer,password_file={secret}")
+
+
 def lifetime(system: str, rep: int, args: argparse.Namespace, logdir: Path) -> dict[str, Any]:
-    etcd = None
-    if system != "torchrun-c10d":
+    etcd, conf = None, ""
+    if system == "elasticd-etcd-tls":
+        etcd, conf = secured_etcd(args.etcd, Path(tempfile.mkdtemp(prefix="bench-etcd-")))
+    elif system != "torchrun-c10d":
         etcd = EtcdCluster(args.etcd, Path(tempfile.mkdtemp(prefix="bench-etcd-")), size=3,
                            enable_v2=system == "torchrun-etcd-v2").start()
-    job = FailoverJob(system, rep, args, logdir, etcd)
+    job = FailoverJob(system, rep, args, logdir, etcd, conf)
     out: dict[str, Any] = {"system": system, "rep": rep, "loadavg_start": os.getloadavg()}
     try:
         t_launch = time.time()

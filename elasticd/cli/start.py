@@ -20,6 +20,7 @@ from elasticd.coordinator.goodput import WINDOW_S
 from elasticd.job.config import (
     DEFAULT_LEAVE_SIGNALS,
     ConfigError,
+    EtcdAccess,
     JobConfig,
     check_job_id,
     check_node_id,
@@ -132,6 +133,7 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
         metrics_port=parse_metrics_port(ns.metrics_port),
         etcd_endpoints=parse_endpoints(ns.rdzv_endpoint) if etcd else (),
         lease_ttl_s=int(conf.get("lease_ttl", 5)), etcd_outage_s=float(conf.get("etcd_outage_timeout", 300.0)),
+        etcd_access=_etcd_access(conf, etcd),
         relay_group=int(conf.get("relay_group", 32)), relay_from=int(conf.get("relay_from", 256)),
         on_event=tuple(parse_alert(rule, EventKind) for rule in ns.on_event),
         alert_goodput_below=below, alert_goodput_window_s=window, alert_checkpoint_age_s=age,
@@ -168,6 +170,31 @@ def _etcd_backend(backend: str, notes: list[str]) -> bool:
         notes.append(f"--rdzv-backend {backend} has no effect: elasticd's coordinator is the rendezvous "
                      "(c10d, static), or etcd elects it (etcd)")
     return False
+
+
+ETCD_KEYS = ("protocol", "cacert", "cert", "key", "user", "password_file", "password_env")
+
+
+def _etcd_access(conf: dict[str, Setting], etcd: bool) -> EtcdAccess:
+    """--rdzv-conf's TLS and login settings, consistent with each other; a certificate means https."""
+    given = {k: str(conf[k]) for k in ETCD_KEYS if k in conf}
+    if given and not etcd:
+        raise ConfigError(f"--rdzv-conf {', '.join(given)}: only --rdzv-backend etcd talks to etcd")
+    tls = [k for k in ("cacert", "cert", "key") if k in given]
+    protocol = given.setdefault("protocol", "https" if tls else "http")
+    if tls and protocol == "http":
+        raise ConfigError(f"--rdzv-conf {tls[0]} needs protocol=https (or leave protocol out)")
+    if ("cert" in given) != ("key" in given):
+        raise ConfigError("--rdzv-conf cert and key go together: the client certificate and its private key")
+    secrets = [k for k in ("password_file", "password_env") if k in given]
+    if len(secrets) > 1 or (secrets and "user" not in given) or ("user" in given and not secrets):
+        raise ConfigError("--rdzv-conf user= needs its password in exactly one of password_file=PATH or "
+                          "password_env=VARIABLE")
+    if "password_env" in given and not os.environ.get(given["password_env"]):
+        raise ConfigError(f"--rdzv-conf password_env={given['password_env']}: that variable is not set")
+    if "password_file" in given and not Path(given["password_file"]).read_text().strip():
+        raise ConfigError(f"--rdzv-conf password_file={given['password_file']}: the file is empty")
+    return EtcdAccess(**given)
 
 
 def _rendezvous(ns: argparse.Namespace, low: int, high: int, etcd: bool = False) -> tuple[str, int, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 from collections.abc import Callable
@@ -9,7 +10,7 @@ from collections.abc import Callable
 from elasticd.job.config import ConfigError
 
 _TRUE, _FALSE = ("1", "true", "t", "yes", "y"), ("0", "false", "f", "no", "n")  # torch's RendezvousParameters
-Setting = int | float | bool  # a --rdzv-conf value, converted
+Setting = int | float | bool | str  # a --rdzv-conf value, converted
 
 
 def _positive(text: str) -> float:
@@ -39,6 +40,25 @@ def _bool(text: str) -> bool:
     return text.lower() in _TRUE
 
 
+def _file(text: str) -> str:
+    """A file every daemon reads (a certificate, a key, a password): it must be there and readable now."""
+    path = os.path.abspath(os.path.expanduser(text))
+    if not os.path.isfile(path) or not os.access(path, os.R_OK):
+        raise ConfigError(f"{text}: {'cannot read it' if os.path.isfile(path) else 'no such file'}")
+    return path
+
+
+def _protocol(text: str) -> str:
+    if text not in ("http", "https"):
+        raise ConfigError(f"protocol must be http or https, got {text!r}")
+    return text
+
+
+def _password(_text: str) -> str:
+    raise ConfigError("a password is never taken on the command line, where `ps` shows it to everyone on the host: "
+                      "give password_file=PATH or password_env=VARIABLE")
+
+
 # rdzv-conf key -> (our setting, its conversion); a setting of None: accepted, and the text says why it does nothing.
 _RDZV_CONF: dict[str, tuple[str | None, Callable[[str], Setting] | str]] = {
     "join_timeout": ("join_timeout", _positive),
@@ -49,6 +69,14 @@ _RDZV_CONF: dict[str, tuple[str | None, Callable[[str], Setting] | str]] = {
     "is_host": ("is_host", _bool),
     "lease_ttl": ("lease_ttl", _count),  # --rdzv-backend etcd: the coordinator's lease, seconds
     "etcd_outage_timeout": ("etcd_outage_timeout", _positive),  # ... how long the job runs without etcd
+    "protocol": ("protocol", _protocol),  # --rdzv-backend etcd over TLS: torchrun's etcd rendezvous' names
+    "cacert": ("cacert", _file),
+    "cert": ("cert", _file),
+    "key": ("key", _file),
+    "user": ("user", str),  # ... etcd's own authentication: the user, and where its password is
+    "password_file": ("password_file", _file),
+    "password_env": ("password_env", str),
+    "password": ("password", _password),
     "relay_group": ("relay_group", _natural),  # members per relay; 0: none (docs/architecture.md "Relays")
     "relay_from": ("relay_from", _count),  # relays only in jobs whose --nnodes max is at least this
     "last_call_timeout": (None, "the coordinator forms a round after its own short settle window"),
@@ -74,6 +102,8 @@ def parse_rdzv_conf(text: str) -> tuple[dict[str, Setting], list[str]]:
         assert callable(handling)
         try:
             settings[setting] = handling(value)
+        except ConfigError as err:
+            raise ConfigError(f"--rdzv-conf {key}: {err}") from None
         except ValueError:
             kinds: dict[Callable[[str], Setting], str] = {_bool: "true or false", _natural: "0 or more"}
             kind = kinds.get(handling, "a positive number")

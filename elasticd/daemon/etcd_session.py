@@ -12,8 +12,10 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from elasticd.coordinator.etcd.client import EtcdClient, EtcdClusterChanged, EtcdUnavailable
+from elasticd.coordinator.etcd.access import check_files, password_source
+from elasticd.coordinator.etcd.client import EtcdClient
 from elasticd.coordinator.etcd.election import Elector, EtcdHealth, Leader
+from elasticd.coordinator.etcd.errors import EtcdClusterChanged, EtcdRefused, EtcdUnavailable
 from elasticd.coordinator.etcd.store import job_prefix
 from elasticd.job.config import JobConfig, StartError
 from elasticd.wire.protocol import JsonObject
@@ -23,11 +25,14 @@ News = TypeVar("News")
 
 
 def etcd_client(cfg: JobConfig) -> EtcdClient:
-    """The job's etcd client; without python-etcd installed, a start error."""
+    """The job's etcd client; without etcd3gw installed, or with TLS files that cannot work, a start error."""
+    access = cfg.etcd_access
     try:
-        return EtcdClient(list(cfg.etcd_endpoints))
-    except ImportError as exc:
-        raise StartError(str(exc)) from None
+        check_files(access)
+        return EtcdClient(list(cfg.etcd_endpoints), access=access, prefix=job_prefix(cfg.job_id),
+                          password=password_source(access))
+    except (ImportError, EtcdRefused) as exc:
+        raise StartError(f"--rdzv-backend etcd: {exc}" if isinstance(exc, EtcdRefused) else str(exc)) from None
 
 
 class EtcdSession:
@@ -54,7 +59,8 @@ class EtcdSession:
             raise StartError(f"--rdzv-backend etcd: {exc}") from None
         except Exception as exc:  # a refused request (auth, a proxy that is not etcd): one line, exit 2
             raise StartError(f"--rdzv-backend etcd: etcd refused us: {str(exc).splitlines()[0][:200]}") from None
-        log.info("[%s] etcd: cluster %s; mesh %s", self.cfg.node_id, self.client.cluster_id, self.endpoint)
+        log.info("[%s] etcd: cluster %s (%s); mesh %s", self.cfg.node_id, self.client.cluster_id,
+                 self.cfg.etcd_access.describe(), self.endpoint)
 
     def resign(self) -> None:
         """Our lease revoked: the next daemon takes over at once."""
@@ -94,6 +100,7 @@ class EtcdSession:
             "rdzv_backend": "etcd", "epoch": epoch,
             "etcd": {"ok": health.ok, "since": health.since, "detail": health.detail,
                      "endpoints": [f"{h}:{p}" for h, p in self.cfg.etcd_endpoints],
+                     "access": self.cfg.etcd_access.describe(),
                      "outage_limit_s": self.cfg.etcd_outage_s}}
         if not health.ok:
             extra["reason"] = (f"etcd unreachable for {now - health.since:.0f}s: membership frozen, training goes on "

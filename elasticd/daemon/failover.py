@@ -22,8 +22,9 @@ import zmq.asyncio
 
 from elasticd.coordinator import inbox
 from elasticd.coordinator.coordinator import Coordinator
-from elasticd.coordinator.etcd.client import EtcdClient, EtcdClusterChanged, EtcdUnavailable
+from elasticd.coordinator.etcd.client import EtcdClient
 from elasticd.coordinator.etcd.election import EtcdHealth, Leader
+from elasticd.coordinator.etcd.errors import EtcdClusterChanged, EtcdUnavailable
 from elasticd.coordinator.etcd.leader_probe import PROBE_AFTER_S, lease_of, refuses_connections
 from elasticd.coordinator.etcd.store import Deposed, EtcdStore, Snapshot, StoreUnavailable
 from elasticd.coordinator.transitions import SIGNAL_WINDOW_S

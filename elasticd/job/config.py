@@ -35,6 +35,26 @@ class AlertRule:
         return self.action.startswith(("http://", "https://"))
 
 
+@dataclass(frozen=True)
+class EtcdAccess:
+    """How every request reaches etcd (--rdzv-conf): TLS with torchrun's names, and etcd's own user. The password
+    is never held here, nor taken from the command line: it is read from `password_file` or `password_env`."""
+
+    protocol: str = "http"
+    cacert: str = ""  # the CA that signs etcd's certificate: it wins over REQUESTS_CA_BUNDLE and the system's
+    cert: str = ""  # our client certificate and its key (etcd's --client-cert-auth)
+    key: str = ""
+    user: str = ""  # etcd's authentication (RBAC): log in as this user
+    password_file: str = ""
+    password_env: str = ""
+
+    def describe(self) -> str:
+        """One line for `status` and the start-up log: how we reach etcd, without any secret."""
+        parts = [self.protocol] + (["client certificate"] if self.cert else []) + \
+            ([f"user {self.user}"] if self.user else [])
+        return ", ".join(parts)
+
+
 class ConfigError(ValueError):
     """A flag value that cannot work; the message is shown to the user as is."""
 
@@ -86,6 +106,7 @@ class JobConfig:
     etcd_endpoints: tuple[tuple[str, int], ...] = ()
     lease_ttl_s: int = 5  # --rdzv-conf lease_ttl: a dead coordinator is replaced within about this long
     etcd_outage_s: float = 300.0  # --rdzv-conf etcd_outage_timeout: how long the job runs without etcd, then stops
+    etcd_access: EtcdAccess = EtcdAccess()  # --rdzv-conf protocol, cacert, cert, key, user, password_file/_env
     relay_group: int = 32  # --rdzv-conf relay_group: members per relay (0: no relays); docs/architecture.md "Relays"
     relay_from: int = 256  # --rdzv-conf relay_from: a job whose --nnodes max is below this has no relays
     on_event: tuple[AlertRule, ...] = ()  # --on-event: what the coordinator's daemon runs or posts on which events

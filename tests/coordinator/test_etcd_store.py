@@ -16,8 +16,9 @@ from support.harness import TICKER, free_port
 from support.system_deps import require_binary
 
 from elasticd.coordinator.coordinator import Coordinator
-from elasticd.coordinator.etcd.client import EtcdClient, EtcdClusterChanged, b64, created_at, put
+from elasticd.coordinator.etcd.client import EtcdClient, b64, created_at, put
 from elasticd.coordinator.etcd.election import Elector, Leader
+from elasticd.coordinator.etcd.errors import EtcdClusterChanged
 from elasticd.coordinator.etcd.store import Deposed, EtcdStore, Snapshot
 from elasticd.coordinator.membership import MembershipStore, MemoryStore, NodeRecord, RankEntry, Round
 from elasticd.job.config import JobConfig

@@ -20,10 +20,10 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kubernetes"
 
 
-def rendered() -> dict[str, dict[str, Any]]:
-    """`kubectl kustomize deploy/kubernetes`, by kind."""
+def rendered(folder: Path = DEPLOY) -> dict[str, dict[str, Any]]:
+    """`kubectl kustomize deploy/kubernetes` (or another folder), by kind."""
     kubectl = require_binary("kubectl", "kubernetes-client")
-    out = subprocess.run([kubectl, "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True, text=True, timeout=60, check=True)
     return {doc["kind"]: doc for doc in yaml.safe_load_all(out.stdout) if doc}
 
 
@@ -45,6 +45,35 @@ def test_the_manifests_render_with_what_a_pod_needs() -> None:
     job = yaml.safe_load((DEPLOY / "pytorchjob.yaml").read_text())
     worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     assert worker["command"][:2] == ["elasticd", "start"] and "--insecure" not in worker["command"]
+
+
+def test_the_etcd_tls_example_takes_its_certificates_and_password_from_secrets_and_elasticd_accepts_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    overlay = DEPLOY.parent / "kubernetes-etcd-tls"
+    manifests = rendered(overlay)
+    main, spec = container(manifests), manifests["StatefulSet"]["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in main["env"]}
+    conf = dict(part.split("=", 1) for part in env["PET_RDZV_CONF"].split(","))
+    secrets = {v["name"] for v in spec["volumes"] if "secret" in v}
+    mounts = {m["mountPath"]: m["name"] for m in main["volumeMounts"]}
+    files = {k: conf[k] for k in ("cacert", "cert", "key", "password_file")}
+    assert all(mounts.get(str(Path(path).parent)) in secrets for path in files.values()), (files, mounts)
+    assert "password=" not in env["PET_RDZV_CONF"] + " ".join(main["command"])
+    # elasticd reads it as the pod would, with the Secrets' files in place
+    for key, path in files.items():
+        local = tmp_path / path.lstrip("/")
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_text("s3cret" if key == "password_file" else "PEM")
+        env["PET_RDZV_CONF"] = env["PET_RDZV_CONF"].replace(f"{key}={path}", f"{key}={local}")
+    for name, value in env.items():
+        if name.startswith(("PET_", "ELASTICD_")) and value:
+            monkeypatch.setenv(name, value.replace("$(POD_IP)", "127.0.0.1"))
+    from elasticd.cli.main import build_parser
+    from elasticd.cli.start import config_from_args
+
+    command = [str(SHIM) if word == "train.py" else word for word in main["command"][2:]]
+    cfg, _ = config_from_args(build_parser().parse_args(["start", *command]))
+    assert cfg.etcd_access.describe() == "https, client certificate, user trainer" and len(cfg.etcd_endpoints) == 3
 
 
 class Pods:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticd.client import ClientError
+from support.etcd_tls import Pair
 from support.harness import Job, free_port
 
 # Fast elections for tests (the minimum lease TTL is 1.5 x the election timeout: 750 ms).
@@ -25,9 +27,13 @@ class EtcdCluster:
     """`size` members with ports and data dirs of their own; `endpoints` is what --rdzv-endpoint takes."""
 
     def __init__(self, binary: str, tmp: Path, size: int = 1, enable_v2: bool = False,
-                 host: str = "127.0.0.1") -> None:
-        """`host`: the address clients reach it on (a netlab bridge's, for daemons in namespaces)."""
+                 host: str = "127.0.0.1", tls: Pair | None = None, admin: Pair | None = None,
+                 flags: tuple[str, ...] = ()) -> None:
+        """`host`: the address clients reach it on (a netlab bridge's, for daemons in namespaces). `tls`: the
+        members' certificate; clients and peers then need one from its CA (`admin`'s, for our own requests)."""
         self.binary, self.size, self.enable_v2, self.host = binary, size, enable_v2, host
+        self.tls, self.admin, self.flags = tls, admin, flags
+        self.scheme = "https" if tls else "http"
         self.dirs = [tmp / f"etcd-{i}" for i in range(size)]
         self.client_ports = [free_port() for _ in range(size)]
         self.peer_ports = [free_port() for _ in range(size)]
@@ -39,7 +45,7 @@ class EtcdCluster:
         return ",".join(f"{self.host}:{p}" for p in self.client_ports)
 
     def url(self, i: int) -> str:
-        return f"http://{self.host}:{self.client_ports[i]}"
+        return f"{self.scheme}://{self.host}:{self.client_ports[i]}"
 
     def start(self) -> EtcdCluster:
         for i in range(self.size):
@@ -49,15 +55,22 @@ class EtcdCluster:
         return self
 
     def start_member(self, i: int, state: str = "existing") -> None:
-        cluster = ",".join(f"m{j}=http://127.0.0.1:{self.peer_ports[j]}" for j in range(self.size))
+        peer = f"{self.scheme}://127.0.0.1:{{}}"
+        cluster = ",".join(f"m{j}={peer.format(self.peer_ports[j])}" for j in range(self.size))
         args = [self.binary, "--name", f"m{i}", "--data-dir", str(self.dirs[i]),
                 "--listen-client-urls", self.url(i), "--advertise-client-urls", self.url(i),
-                "--listen-peer-urls", f"http://127.0.0.1:{self.peer_ports[i]}",
-                "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer_ports[i]}",
+                "--listen-peer-urls", peer.format(self.peer_ports[i]),
+                "--initial-advertise-peer-urls", peer.format(self.peer_ports[i]),
                 "--initial-cluster", cluster, "--initial-cluster-state", state,
                 "--initial-cluster-token", self.token, *FAST]
+        if self.tls is not None:  # clients and peers alike: certificates from our CA only
+            files = ["--cert-file", str(self.tls.cert), "--key-file", str(self.tls.key),
+                     "--trusted-ca-file", str(self.tls.ca)]
+            args += [*files, "--client-cert-auth", *(f"--peer-{a[2:]}" if a.startswith("--") else a for a in files),
+                     "--peer-client-cert-auth"]
         if self.enable_v2:
             args.append("--enable-v2")
+        args += self.flags
         log = open(self.dirs[i].with_suffix(".log"), "ab")  # noqa: SIM115 - the member's lifetime, closed by Popen
         self.procs[i] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
@@ -66,7 +79,7 @@ class EtcdCluster:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(self.url(i) + "/health", timeout=1) as resp:
+                with urllib.request.urlopen(self.url(i) + "/health", timeout=1, context=self.context()) as resp:
                     if json.loads(resp.read()).get("health") == "true":
                         return
             except OSError:
@@ -82,11 +95,20 @@ class EtcdCluster:
         """The index of the member that is raft leader now."""
         for i in self.alive():
             with urllib.request.urlopen(urllib.request.Request(
-                    self.url(i) + "/v3/maintenance/status", data=b"{}", method="POST"), timeout=2) as resp:
+                    self.url(i) + "/v3/maintenance/status", data=b"{}", method="POST"), timeout=2,
+                    context=self.context()) as resp:
                 status = json.loads(resp.read())
             if status.get("leader") == status.get("header", {}).get("member_id"):
                 return i
         raise AssertionError("no etcd leader")
+
+    def context(self) -> ssl.SSLContext | None:
+        """Our own requests' TLS: the members' CA and the admin's certificate."""
+        if self.tls is None or self.admin is None:
+            return None
+        context = ssl.create_default_context(cafile=str(self.tls.ca))
+        context.load_cert_chain(str(self.admin.cert), str(self.admin.key))
+        return context
 
     def alive(self) -> list[int]:
         return [i for i, p in enumerate(self.procs) if p is not None and p.poll() is None]
@@ -125,9 +147,11 @@ class EtcdCluster:
 LEASE_TTL = 2  # seconds: a dead coordinator is replaced within about this long
 
 
-def etcd_job(tmp: Path, etcd: EtcdCluster, nnodes: str, **kw: Any) -> Job:
+def etcd_job(tmp: Path, etcd: EtcdCluster, nnodes: str, conf: str = "", **kw: Any) -> Job:
+    """`conf`: more --rdzv-conf settings (TLS, a login), after the short lease."""
     return Job(tmp, nnodes=nnodes, nproc=1, extra=["--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoints,
-                                                   "--rdzv-conf", f"lease_ttl={LEASE_TTL}"], **kw)
+                                                   "--rdzv-conf", ",".join(filter(None, (f"lease_ttl={LEASE_TTL}",
+                                                                                         conf)))], **kw)
 
 
 def ask(job: Job, node: str, op: str, timeout: float = 30.0, **args: Any) -> dict[str, Any]:

@@ -23,7 +23,7 @@ def render(s: dict[str, Any]) -> str:
         etcd = s.get("etcd", {})
         health = "reachable" if etcd.get("ok") else "UNREACHABLE: membership frozen, training goes on"
         lines.append(f"coordinator elected on etcd, epoch {s['epoch']}; etcd {','.join(etcd.get('endpoints', []))} "
-                     f"{health}")
+                     f"({etcd.get('access', 'http')}) {health}")
     if s.get("reason"):
         lines.append(f"reason: {s['reason']}")
     if s.get("last_recovery"):

@@ -5,11 +5,16 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
+from elasticd.coordinator.etcd.access import pinned_session, refusal, tls_failure, token_expiry
+from elasticd.coordinator.etcd.errors import EtcdClusterChanged, EtcdRefused, EtcdUnavailable
+from elasticd.job.config import EtcdAccess
 from elasticd.wire.protocol import Json, JsonObject
 
 if TYPE_CHECKING:  # optional: only --rdzv-backend etcd needs it, and loads it (load_etcd3gw)
@@ -22,14 +27,6 @@ TxnOp = dict[str, dict[str, str | int]]  # one txn operation: {"request_put": {â
 MISSING_CLIENT = ("--rdzv-backend etcd needs the etcd3gw client, which is not installed: "
                   "pip install 'elastic[etcd]'")
 REQUEST_TIMEOUT_S = 1.0  # per endpoint: a member that does not answer this fast is treated as down
-
-
-class EtcdUnavailable(Exception):
-    """No endpoint answered; the message names them and the last error."""
-
-
-class EtcdClusterChanged(Exception):
-    """An endpoint answered for another etcd cluster than the one this daemon started on."""
 
 
 @dataclass(frozen=True)
@@ -66,14 +63,19 @@ class EtcdClient:
     Thread-safe: each thread gets its own HTTP session (a keep-alive thread must never wait on a watch).
     """
 
-    def __init__(self, endpoints: list[tuple[str, int]], timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(self, endpoints: list[tuple[str, int]], timeout_s: float = REQUEST_TIMEOUT_S,
+                 access: EtcdAccess | None = None, prefix: str = "/",
+                 password: Callable[[], str] = lambda: "") -> None:
         self.client_class = load_etcd3gw()
         self.endpoints = endpoints
         self.timeout_s = timeout_s
+        self.access, self.prefix = access or EtcdAccess(), prefix  # prefix: where our rights must reach
+        self.password = password  # our login's (access.password_source)
         self.cluster_id = ""  # the first answer's; any later answer from another cluster is refused
         self._local = threading.local()
         self._lock = threading.Lock()
         self._current = 0  # the endpoint that answered last: tried first next time
+        self._token, self._token_until = "", 0.0  # etcd's authentication: shared by every thread's session
 
     def _clients(self) -> dict[int, Etcd3Client]:
         clients = getattr(self._local, "clients", None)
@@ -85,7 +87,8 @@ class EtcdClient:
         clients = self._clients()
         if index not in clients:
             host, port = self.endpoints[index]
-            clients[index] = self.client_class(host=host, port=port, timeout=self.timeout_s, api_path="/v3/")
+            clients[index] = self.client_class(host=host, port=port, protocol=self.access.protocol, api_path="/v3/",
+                                               timeout=self.timeout_s, session=pinned_session(self.access))
         return clients[index]
 
     def call(self, action: Callable[[Etcd3Client], T]) -> T:
@@ -97,17 +100,59 @@ class EtcdClient:
         for step in range(len(self.endpoints)):
             index = (first + step) % len(self.endpoints)
             try:
-                result = action(self._client(index))
+                result = self._authorized(self._client(index), action)
             except (errors.ConnectionFailedError, errors.ConnectionTimeoutError) as exc:
                 last = exc
                 continue
+            except errors.Etcd3Exception as exc:
+                raise self._refused(exc) from None
             if index != first:
                 with self._lock:
                     self._current = index
                 log.info("etcd: now using %s:%d", *self.endpoints[index])
             return result
         names = ",".join(f"{h}:{p}" for h, p in self.endpoints)
-        raise EtcdUnavailable(f"no etcd endpoint answered ({names}): {_short(last)}")
+        text = str(getattr(last, "detail_text", "") or last)
+        tls = tls_failure(text, self.access)
+        if tls:  # every endpoint said the same: a setting to change, not an outage to wait out
+            raise EtcdRefused(f"{tls} ({names})")
+        hint = " (an etcd that serves TLS there hangs up on plain HTTP: protocol=https,cacert=...)" \
+            if self.access.protocol == "http" and "RemoteDisconnected" in text else ""
+        raise EtcdUnavailable(f"no etcd endpoint answered ({names}): {_short(last)}{hint}")
+
+    def _authorized(self, client: Etcd3Client, action: Callable[[Etcd3Client], T]) -> T:
+        """`action` with our token (logged in when we have none, or ours is due); once more after etcd says that
+        ours has expired (a simple token left unused past etcd's --auth-token-ttl)."""
+        if not self.access.user:
+            return action(client)
+        from etcd3gw import exceptions as errors
+
+        for attempt in range(2):
+            with self._lock:
+                token = self._token if self._token and time.time() < self._token_until else ""
+            client.session.headers["Authorization"] = token or self._login(client)
+            try:
+                return action(client)
+            except errors.Etcd3Exception as exc:
+                if attempt or "invalid auth token" not in str(exc.detail_text):
+                    raise
+                with self._lock:
+                    self._token = ""
+        raise AssertionError("unreachable")
+
+    def _login(self, client: Etcd3Client) -> str:
+        client.session.headers.pop("Authorization", None)
+        body = {"name": self.access.user, "password": self.password()}
+        answer = client.post(client.get_url("/auth/authenticate"), data=json.dumps(body))
+        token = str(answer.get("token", "")) if isinstance(answer, dict) else ""
+        with self._lock:
+            self._token, self._token_until = token, token_expiry(token) or math.inf
+        return token
+
+    def _refused(self, exc: Exception) -> Exception:
+        """etcd's refusal as one line that says which setting to change; any other answer as it was."""
+        why = refusal(str(getattr(exc, "detail_text", "") or ""), self.access, self.prefix)
+        return EtcdRefused(why) if why else exc
 
     def post(self, path: str, body: Mapping[str, Json]) -> JsonObject:
         """One gateway request; its answer's cluster id must be ours."""

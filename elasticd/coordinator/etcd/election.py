@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from elasticd.coordinator.etcd.client import EtcdClient, EtcdClusterChanged, EtcdUnavailable, KeyValue, created_at, put
+from elasticd.coordinator.etcd.client import EtcdClient, KeyValue, created_at, put
+from elasticd.coordinator.etcd.errors import EtcdClusterChanged, EtcdUnavailable
 
 log = logging.getLogger("elasticd")
 WATCH_S = 1.0  # a watch returns at least this often, so a lost lease is noticed even when nothing changes

@@ -19,7 +19,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticd.coordinator.etcd.client import EtcdClient, EtcdUnavailable, TxnOp, created_at, delete, put
+from elasticd.coordinator.etcd.client import EtcdClient, TxnOp, created_at, delete, put
+from elasticd.coordinator.etcd.errors import EtcdUnavailable
 from elasticd.coordinator.membership import KEPT, NodeRecord, RankEntry, Round
 from elasticd.job.events import seq_of
 from elasticd.wire.names import Cause, NodeStatus, Role

@@ -1,0 +1,83 @@
+"""Certificates (Debian's openssl) and etcd's users and roles for a TLS etcd in tests: CAs, server, clients, RBAC."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+import urllib.request
+from base64 import b64encode
+from dataclasses import dataclass
+from pathlib import Path
+
+from support.system_deps import require_binary
+
+ROOT_PASSWORD = "root-secret-4b1d"
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A certificate and its key, signed by `ca`."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+
+class Authority:
+    """A CA in `folder/name`, signing servers (for 127.0.0.1) and clients (by common name)."""
+
+    def __init__(self, folder: Path, name: str) -> None:
+        self.openssl = require_binary("openssl", "openssl")
+        self.folder = folder / name
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.cert, self.key = self.folder / "ca.crt", self.folder / "ca.key"
+        self._run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", self.key, "-out", self.cert,
+                  "-days", "2", "-subj", f"/CN={name} test CA")
+
+    def _run(self, *args: str | Path) -> None:
+        subprocess.run([self.openssl, *map(str, args)], check=True, capture_output=True, timeout=60)
+
+    def issue(self, cn: str, server: bool = False, days: int = 2) -> Pair:
+        """A client's certificate names it by organisation only: etcd's gateway refuses a CommonName while its
+        authentication is on (it would not use it as the user)."""
+        key, csr, cert = (self.folder / f"{cn}.{ext}" for ext in ("key", "csr", "crt"))
+        self._run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj",
+                  f"/CN={cn}" if server else f"/O={cn}")
+        ext = self.folder / f"{cn}.ext"
+        usage = "serverAuth,clientAuth" if server else "clientAuth"
+        names = "subjectAltName=IP:127.0.0.1,DNS:localhost\n" if server else ""
+        ext.write_text(f"extendedKeyUsage={usage}\n{names}")
+        self._run("x509", "-req", "-in", csr, "-CA", self.cert, "-CAkey", self.key, "-CAcreateserial", "-out", cert,
+                  "-days", str(days), "-extfile", ext)
+        return Pair(cert, key, self.cert)
+
+
+def gateway(url: str, path: str, body: dict[str, object], client: Pair, token: str = "") -> dict[str, object]:
+    """One request to etcd's JSON gateway over TLS with `client`'s certificate."""
+    context = ssl.create_default_context(cafile=str(client.ca))
+    context.load_cert_chain(str(client.cert), str(client.key))
+    request = urllib.request.Request(url + "/v3/" + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Authorization": token} if token else {})
+    with urllib.request.urlopen(request, timeout=5, context=context) as resp:
+        answer: dict[str, object] = json.loads(resp.read())
+        return answer
+
+
+def b64(text: str) -> str:
+    return b64encode(text.encode()).decode()
+
+
+def enable_rbac(url: str, admin: Pair, users: dict[str, tuple[str, str]]) -> None:
+    """etcd's authentication on, with `root` and a user per entry: name -> (password, the prefix its role may
+    read and write; empty: a role with no rights at all)."""
+    for name, (password, prefix) in {"root": (ROOT_PASSWORD, ""), **users}.items():
+        gateway(url, "auth/user/add", {"name": name, "password": password}, admin)
+        role = "root" if name == "root" else f"{name}-role"
+        gateway(url, "auth/role/add", {"name": role}, admin)
+        if prefix:
+            end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+            gateway(url, "auth/role/grant", {"name": role, "perm": {"key": b64(prefix), "range_end": b64(end),
+                                                                     "permType": "READWRITE"}}, admin)
+        gateway(url, "auth/user/grant", {"user": name, "role": role}, admin)
+    gateway(url, "auth/enable", {}, admin)
