@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 from support.etcd_cluster import EtcdCluster, ask, etcd_job, wait_event
-from support.etcd_tls import Authority, Pair, enable_rbac
+from support.etcd_tls import Authority, Pair, enable_rbac, set_rights
 from support.harness import SHIM, TICKER, Job, sample_lines, wait_for
 from support.system_deps import require_binary
 
@@ -150,6 +150,26 @@ def test_a_daemon_without_access_is_refused_with_one_line_and_the_job_is_unchang
                 assert PASSWORD not in proc.environ().values(), proc.cmdline()
 
 
+def test_a_role_revoked_mid_job_is_an_etcd_outage_with_that_reason_and_granted_again_the_job_goes_on(
+        tmp_path: Path, tls_etcd: tuple[EtcdCluster, Pki]) -> None:
+    etcd, pki = tls_etcd
+    with tls_job(tmp_path, etcd, pki, "1:2") as job:
+        job.start("a", TICKER)
+        formed = wait_event(job, "a", "round_started")
+        set_rights(etcd.url(0), pki.admin, "trainer-role", JOB_PREFIX, granted=False)
+        try:
+            down = wait_event(job, "a", "etcd_unreachable", since=formed["seq"])
+            assert "etcd: user 'trainer' may not read and write /elasticd/job" in down["detail"]
+            status = ask(job, "a", "status")
+            assert not status["etcd"]["ok"] and "membership frozen" in status["reason"]
+        finally:
+            set_rights(etcd.url(0), pki.admin, "trainer-role", JOB_PREFIX, granted=True)
+        wait_event(job, "a", "etcd_restored", since=down["seq"])
+        after = ask(job, "a", "status")
+        assert after["etcd"]["ok"] and (after["round"], after["state"]) == (formed["round"], "running")
+        assert job.daemon("a").proc.poll() is None and "Traceback" not in job.daemon("a").output()
+
+
 def test_a_password_on_the_command_line_is_refused_without_echoing_it(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "elasticd.cli", "start", "--rdzv-backend", "etcd", "--rdzv-endpoint", "127.0.0.1:2379",
@@ -160,11 +180,35 @@ def test_a_password_on_the_command_line_is_refused_without_echoing_it(tmp_path: 
     assert "Traceback" not in result.stderr
 
 
+def test_a_jwt_is_renewed_before_it_expires(tmp_path: Path, tls_etcd: tuple[EtcdCluster, Pki]) -> None:
+    """etcd signing 6 s JWTs: renewed a third of its life early, while the old one is still good."""
+    _, pki = tls_etcd
+    openssl = require_binary("openssl", "openssl")
+    signing = tmp_path / "jwt.key"
+    subprocess.run([openssl, "genrsa", "-out", signing, "2048"], check=True, capture_output=True, timeout=60)
+    subprocess.run([openssl, "rsa", "-in", signing, "-pubout", "-out", f"{signing}.pub"], check=True,
+                   capture_output=True, timeout=60)
+    jwt = f"jwt,pub-key={signing}.pub,priv-key={signing},sign-method=RS256,ttl=6s"
+    with EtcdCluster(require_binary("etcd", "etcd-server"), tmp_path, size=1, tls=pki.server, admin=pki.admin,
+                     flags=("--auth-token", jwt)).start() as etcd:
+        enable_rbac(etcd.url(0), pki.admin, {"trainer": (PASSWORD, JOB_PREFIX)})
+        client = EtcdClient([("127.0.0.1", etcd.client_ports[0])], access=access(pki), password=lambda: PASSWORD)
+        client.get_prefix(JOB_PREFIX)
+        first, renew = client._token, client._token_until
+        assert first.count(".") == 2 and 0 < renew - time.time() < 6 * 2 / 3 + 0.5
+        time.sleep(max(0.0, renew - time.time()) + 0.2)  # past the renewal, well before the token's expiry
+        client.get_prefix(JOB_PREFIX)
+        assert client._token != first
+
+
+def access(pki: Pki) -> EtcdAccess:
+    return EtcdAccess("https", str(pki.server.ca), str(pki.daemon.cert), str(pki.daemon.key), "trainer",
+                      str(pki.password_file))
+
+
 def test_a_login_renews_its_token_once_etcd_has_expired_it(tls_etcd: tuple[EtcdCluster, Pki]) -> None:
     etcd, pki = tls_etcd
-    access = EtcdAccess("https", str(pki.server.ca), str(pki.daemon.cert), str(pki.daemon.key), "trainer",
-                        str(pki.password_file))
-    client = EtcdClient([("127.0.0.1", port) for port in etcd.client_ports], access=access,
+    client = EtcdClient([("127.0.0.1", port) for port in etcd.client_ports], access=access(pki),
                         password=lambda: PASSWORD)
     client.get_prefix(JOB_PREFIX)
     first = client._token

@@ -81,3 +81,14 @@ def enable_rbac(url: str, admin: Pair, users: dict[str, tuple[str, str]]) -> Non
                                                                      "permType": "READWRITE"}}, admin)
         gateway(url, "auth/user/grant", {"user": name, "role": role}, admin)
     gateway(url, "auth/enable", {}, admin)
+
+
+def set_rights(url: str, admin: Pair, role: str, prefix: str, granted: bool) -> None:
+    """Grant `role` readwrite on `prefix`, or revoke it, as root, while authentication is on."""
+    token = str(gateway(url, "auth/authenticate", {"name": "root", "password": ROOT_PASSWORD}, admin)["token"])
+    end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    if granted:
+        gateway(url, "auth/role/grant", {"name": role, "perm": {"key": b64(prefix), "range_end": b64(end),
+                                                                 "permType": "READWRITE"}}, admin, token)
+    else:
+        gateway(url, "auth/role/revoke", {"role": role, "key": b64(prefix), "range_end": b64(end)}, admin, token)

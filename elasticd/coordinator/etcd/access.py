@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import datetime
 import json
+import math
 import os
 import ssl
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from elasticd.job.config import EtcdAccess
 if TYPE_CHECKING:  # optional, with etcd3gw (the `etcd` extra)
     import requests
 
-TOKEN_MARGIN_S = 30.0  # a JWT is renewed this long before it expires
+TOKEN_MARGIN_S = 30.0  # a JWT is renewed this long before it expires (a short-lived one sooner)
 
 
 def pinned_session(access: EtcdAccess) -> requests.Session:
@@ -86,16 +87,17 @@ def password_source(access: EtcdAccess) -> Callable[[], str]:
     return lambda: value
 
 
-def token_expiry(token: str) -> float | None:
-    """A JWT token's expiry (wall clock); None for etcd's simple tokens, which live as long as they are used."""
+def renew_at(token: str, now: float) -> float:
+    """When to log in again: a JWT a third of its life (at most TOKEN_MARGIN_S) before it expires; etcd's simple
+    tokens never (they live as long as they are used, and one that lapsed is renewed when etcd says so)."""
     parts = token.split(".")
     if len(parts) != 3:
-        return None
+        return math.inf
     try:
-        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-        return float(claims["exp"]) - TOKEN_MARGIN_S
+        expires = float(json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))["exp"])
     except (ValueError, KeyError, TypeError):
-        return None
+        return math.inf
+    return expires - min(TOKEN_MARGIN_S, max(0.0, expires - now) / 3)
 
 
 def tls_failure(text: str, access: EtcdAccess) -> str:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from elasticd.coordinator.etcd.access import pinned_session, refusal, tls_failure, token_expiry
+from elasticd.coordinator.etcd.access import pinned_session, refusal, renew_at, tls_failure
 from elasticd.coordinator.etcd.errors import EtcdClusterChanged, EtcdRefused, EtcdUnavailable
 from elasticd.job.config import EtcdAccess
 from elasticd.wire.protocol import Json, JsonObject
@@ -146,7 +145,7 @@ class EtcdClient:
         answer = client.post(client.get_url("/auth/authenticate"), data=json.dumps(body))
         token = str(answer.get("token", "")) if isinstance(answer, dict) else ""
         with self._lock:
-            self._token, self._token_until = token, token_expiry(token) or math.inf
+            self._token, self._token_until = token, renew_at(token, time.time())
         return token
 
     def _refused(self, exc: Exception) -> Exception:
