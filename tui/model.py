@@ -60,6 +60,8 @@ class NodeView:
     daemon_state: str = ""
     connected: bool = True
     restarts: int = 0
+    health: list[str] = field(default_factory=list)  # why its checks fail (`lemon: ...` too); [] when healthy
+    spare: str = ""  # a standby's readiness to take a place: "ready", "warming: ..."; "" for other roles
     loss_history: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=LOSS_HISTORY))
 
 
@@ -167,6 +169,7 @@ class JobModel:
             node.status, node.nproc = str(record.get("status", "alive")), int(record.get("nproc", 0))
             node.control, node.pub = str(record.get("control", "")), str(record.get("pub", ""))
             node.ranks = ranks.get(node.node_id, [])
+            node.health, node.spare = [str(r) for r in record.get("health") or []], str(record.get("spare") or "")
             if "workers" in record:  # a page carries its nodes' workers: no `workers` call for all of them
                 node.workers = list(record.get("workers") or [])
             age = record.get("last_seen_age_s")
@@ -255,6 +258,8 @@ class JobModel:
             self.node(node_id).kept = {int(pid) for pid in event.get("kept") or []}
         elif kind == "node_role" and node_id:
             self.node(node_id).role = str(event.get("role", ""))
+        elif kind in ("node_unhealthy", "node_healthy") and node_id:
+            self.node(node_id).health = [str(r) for r in event.get("reasons") or []]
         elif kind in ("node_lost", "node_left") and node_id:
             self.node(node_id).status = "lost" if kind == "node_lost" else "left"
         elif kind == "round_started":

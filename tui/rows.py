@@ -75,8 +75,11 @@ def node_row(model: JobModel, node: NodeView, marked: bool, names: Names) -> lis
         Text(names.get(node.node_id, node.node_id), style=f"bold {node_colour(model, node.node_id)}"),
         node.host or "-",
         Text(f"{role}/{state}", style=ROLE_STYLE.get(role, "")) + (
-            Text(" SLOW", style="bold red") if node.node_id in model.stragglers else Text()),
-        Text(cause.brief, style="bold red", overflow="ellipsis") if cause else "",
+            Text(" SLOW", style="bold red") if node.node_id in model.stragglers else Text()) + (
+            Text(f" spare {node.spare.split(':')[0]}", style="green" if node.spare == "ready" else "yellow")
+            if node.spare else Text()),
+        Text(f"UNHEALTHY {'; '.join(node.health)}", style="bold red", overflow="ellipsis") if node.health
+        else Text(cause.brief, style="bold red", overflow="ellipsis") if cause else "",
         f"{running}/{len(node.workers)}" if node.workers else "-",
         span_text(node.ranks),
         str(max(steps)) if steps else "-",

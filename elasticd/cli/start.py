@@ -98,6 +98,14 @@ def add_alert_flags(flag: Callable[..., None]) -> None:
          help="the window of --alert-goodput-below, at most 3600 (default 3600)")
     flag("alert-checkpoint-age", default="0", metavar="SECONDS",
          help="a checkpoint_stale event when the job's newest checkpoint is older than this (default 0: never)")
+    flag("health-check", default="", metavar="CMD",
+         help="the site's own node check, run by `sh -c` every --health-interval: a non-zero exit or a timeout "
+              "cordons the node (its last output line is the reason; docs/health.md)")
+    flag("health-interval", default="30", metavar="SECONDS", help="how often each node checks itself (default 30)")
+    flag("health-timeout", default="10", metavar="SECONDS", help="a check running longer fails (default 10)")
+    flag("lemon-failures", default="3", metavar="K",
+         help="a node that is the root cause of K worker failures within --lemon-window is cordoned (0: never)")
+    flag("lemon-window", default="600", metavar="SECONDS", help="the window of --lemon-failures (default 600)")
 
 
 def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
@@ -137,7 +145,7 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
         relay_group=int(conf.get("relay_group", 32)), relay_from=int(conf.get("relay_from", 256)),
         on_event=tuple(parse_alert(rule, EventKind) for rule in ns.on_event),
         alert_goodput_below=below, alert_goodput_window_s=window, alert_checkpoint_age_s=age,
-        scheduler=scheduler,
+        scheduler=scheduler, **_health(ns),
     )
     for note in notes + conf_notes + std_notes + _checked(cfg):
         print(f"elasticd start: {note}", file=sys.stderr, flush=True)
@@ -251,6 +259,20 @@ def _alarms(ns: argparse.Namespace) -> tuple[float, float, float]:
         raise ConfigError(f"--alert-checkpoint-age must be 0 (never) or a number of seconds, "
                           f"got {ns.alert_checkpoint_age!r}")
     return below, window, age
+
+
+def _health(ns: argparse.Namespace) -> dict[str, Any]:
+    """--health-check and its interval and timeout, --lemon-failures and --lemon-window, checked."""
+    interval, timeout, window = (_number(getattr(ns, name)) for name in
+                                 ("health_interval", "health_timeout", "lemon_window"))
+    for name, value in (("health_interval", interval), ("health_timeout", timeout), ("lemon_window", window)):
+        if not 0 < value < math.inf:
+            raise ConfigError(f"--{name.replace('_', '-')} must be a positive number of seconds, "
+                              f"got {getattr(ns, name)!r}")
+    if not ns.lemon_failures.isdigit():
+        raise ConfigError(f"--lemon-failures must be 0 (never) or a count, got {ns.lemon_failures!r}")
+    return {"health_command": ns.health_check, "health_interval_s": interval, "health_timeout_s": timeout,
+            "lemon_failures": int(ns.lemon_failures), "lemon_window_s": window}
 
 
 def _number(text: str) -> float:

@@ -125,6 +125,12 @@ class Body:
     def text(self, key: str, limit: int = REASON_CHARS) -> str:
         return value_text(self.fields.get(key), limit)
 
+    def texts(self, key: str) -> str:
+        """A list of reasons, each a line: `a; b`, bounded as one reason."""
+        value = self.fields.get(key)
+        items = [value_text(v) for v in value[:LISTED]] if isinstance(value, list) else []
+        return clip("; ".join(items), REASON_CHARS) if items else "?"
+
     def word(self, key: str) -> str:
         return self.text(key, WORD_CHARS)
 

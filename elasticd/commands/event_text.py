@@ -230,6 +230,8 @@ SENTENCES: dict[str, Sentence] = {
                                               f"old workers on {b.nodes('nodes')}",
     EventKind.job_end: job_end,
     EventKind.relay_replaced: relay_replaced,
+    EventKind.node_unhealthy: lambda b: f"unhealthy ({b.texts('reasons')}): {b.text('action')}",
+    EventKind.node_healthy: lambda b: f"its checks pass again; {b.word('role')} until `elasticd uncordon`",
     EventKind.coordinator_elected: coordinator_elected,
     EventKind.etcd_unreachable: lambda b: f"etcd unreachable ({b.text('detail')}): membership frozen, the job "
                                           f"stops after {b.seconds('outage_limit_s')}",

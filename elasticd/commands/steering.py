@@ -51,6 +51,13 @@ def plan(c: JobPort, members_after: list[str]) -> Plan:
                 summary=f"world {c.round.world_size} → {world}" + (f"; ranks {span(leaving)} leave" if leaving else ""))
 
 
+def spare_for(c: JobPort, members_after: list[str]) -> list[str]:
+    """The members after a node leaves, with the first spare (a standby) in its place when the job has one."""
+    spare = next((n.node_id for n in sorted(c.alive(), key=lambda n: n.joined_seq)
+                  if n.role == Role.standby and n.node_id not in members_after), None)
+    return members_after + ([spare] if spare else [])
+
+
 def without_stragglers(c: JobPort, leaving: list[str], planned: Plan) -> Plan:
     """A plan that lets a straggler go says what the job gains: the wait per step its peers no longer have."""
     named = {n: dict(c.stragglers.named[n]) for n in leaving if n in c.stragglers.named}

@@ -17,15 +17,9 @@ from elasticd.coordinator.alarms import Alarms
 from elasticd.coordinator.assignments import node_part, shared_fields
 from elasticd.coordinator.core import PendingRound, Send, SendAll
 from elasticd.coordinator.goodput import GoodputLedger
+from elasticd.coordinator.health import NodeHealth
 from elasticd.coordinator.liveness import Liveness
-from elasticd.coordinator.membership import (
-    MembershipStore,
-    NodeRecord,
-    Round,
-    StoredJob,
-    build_rank_map,
-    sticky_order,
-)
+from elasticd.coordinator.membership import MembershipStore, NodeRecord, Round, StoredJob, build_rank_map, sticky_order
 from elasticd.coordinator.probes import FailureProbe
 from elasticd.coordinator.registration import Registration
 from elasticd.coordinator.relay_plan import RelayPlan
@@ -71,8 +65,8 @@ class Coordinator:
     - `tracker` (round_progress.py): the round in place, from its stop barrier and `go` to its first step;
     - `transitions` (transitions.py): the graceful change in flight, whose ranks stop at one agreed step;
     - `resizer` (resize.py): rounds that keep their workers in place; `status` (status.py): the summary;
-    - `goodput` (goodput.py), `stragglers` (stragglers.py), `alarms` (alarms.py): where the time went, who slows
-      the job, and the operator's thresholds on both.
+    - `goodput`, `stragglers`, `alarms`, `health` (their .py): where the time went, who slows the job, the
+      operator's thresholds on both, and sick nodes and lemons out with spares in.
     """
 
     def __init__(self, cfg: JobConfig, store: MembershipStore, send: Send, events: EventLog,
@@ -100,10 +94,11 @@ class Coordinator:
         self.goodput = GoodputLedger(clock())  # fed every event (_record)
         self.stragglers, self.alarms = Stragglers(self), Alarms(self, self.goodput)
         self.resizer = Resizer(cfg.job_id, self.emit)  # in-place rounds (elasticd/coordinator/resize.py)
+        self.health = NodeHealth(self, self.resizer.warming)
         self.routes = RelayRoutes(self)
         self.tracker = RoundTracker(self)
         self.liveness = Liveness(self, connected, self.routes.relay_silent, lambda n: self.probe.awaits(n))
-        self.probe = FailureProbe(self, self.liveness.lose_closed)
+        self.probe = FailureProbe(self, self.liveness.lose_closed, self.health.failure_charged)
         self.transitions = Transitions(self)
         self.registration = Registration(self, self.routes, self.tracker.resend_missed)
         self.handlers = inbox.handlers(self)
@@ -262,8 +257,8 @@ class Coordinator:
         if self.resizer.expired(now):
             self.restart_after_resize(now)
         self.transitions.resolve_expired(now)
-        self.stragglers.check(now)
-        self.alarms.check(now)
+        for part in (self.stragglers, self.alarms, self.health):
+            part.check(now)
 
     # ---- rounds -------------------------------------------------------------------------------
     def schedule(self, cause: Cause, detail: str, detected_at: float, due: float | None = None) -> None:
@@ -300,7 +295,8 @@ class Coordinator:
         order = sticky_order(self.round.node_ids() if self.round else [],
                              [n for n in alive if n.role == Role.active])
         cap = min(self.target, self.cfg.max_nodes)
-        for node in alive:
+        # A spare fills in before a node that just left the round (drained) comes back: stable sort, leavers last.
+        for node in sorted(alive, key=lambda n: self.round is not None and self.round.has(n.node_id)):
             if len(order) >= cap:
                 break
             if node.role == Role.standby:

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from elasticd.coordinator.health import NodeHealth
 from elasticd.coordinator.membership import NodeRecord
 from elasticd.coordinator.probes import FailureProbe
 from elasticd.coordinator.registration import Registration
@@ -31,6 +32,7 @@ class Parts(Protocol):
     probe: FailureProbe
     tracker: RoundTracker
     resizer: Resizer
+    health: NodeHealth
 
     def leave(self, node_id: str, leave: Leave, now: float) -> None: ...
     def node_done(self, node_id: str, done: RoundReport, now: float) -> None: ...
@@ -57,6 +59,7 @@ def handlers(c: Parts) -> dict[str, Handler]:
         MeshOp.event: lambda sender, event, _now: c.adopt(event, sender),
         MeshOp.warm: lambda sender, _body, _now: c.resizer.warm(sender),
         MeshOp.resize_failed: lambda _sender, msg, now: c.resize_failed(msg.round, msg.reason, now),
+        MeshOp.health: c.health.on_report,
     }
 
 

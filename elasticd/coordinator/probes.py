@@ -41,9 +41,11 @@ class FailureProbe:
     """Holds at most one suspect failure: probes the round's other members, and charges the failure (a round, or
     the job's end past --max-restarts) once all answered; a member that is lost meanwhile clears it."""
 
-    def __init__(self, core: ProbeCore, lose_closed: Callable[[Iterable[str], float], None]) -> None:
+    def __init__(self, core: ProbeCore, lose_closed: Callable[[Iterable[str], float], None],
+                 charged: Callable[[str, float], None] = lambda _node, _now: None) -> None:
         self.core = core
         self.lose_closed = lose_closed  # members whose connection closed are lost at once: they never answer
+        self.charged = charged  # a failure charged to its node (health.py counts lemons)
         self.suspect: Suspect | None = None
         self.root: Failure | None = None  # the first failure of the newest round that failed: its root cause
         self.consequences: list[Failure] = []  # the failures of that round that followed it
@@ -109,6 +111,7 @@ class FailureProbe:
             core.end(JobState.failed, f"{detail}; --max-restarts {core.cfg.max_restarts} exhausted "
                      f"({core.restarts[Cause.failure]} failure restart(s) used)", now)
             return
+        self.charged(suspect.node_id, now)
         detected = report.detected if report.detected is not None else now
         core.schedule(cause, detail, detected, due=now)  # a failed round is dead
 

@@ -7,6 +7,7 @@ from typing import Protocol
 
 from elasticd.coordinator.core import CoordinatorCore
 from elasticd.coordinator.goodput import GoodputLedger
+from elasticd.coordinator.health import NodeHealth
 from elasticd.coordinator.probes import FailureProbe
 from elasticd.coordinator.relay_plan import RelayPlan
 from elasticd.coordinator.round_progress import timeline
@@ -28,6 +29,7 @@ class StatusSource(CoordinatorCore, Protocol):
     goodput: GoodputLedger
     stragglers: Stragglers
     probe: FailureProbe
+    health: NodeHealth
 
     @property
     def tally(self) -> NodeTally: ...
@@ -49,9 +51,10 @@ def job_status(c: StatusSource, now: float, offset: int = 0, limit: int | None =
         "max_restarts": c.cfg.max_restarts, "scheduler": c.cfg.scheduler,
         "last_recovery": timeline(rnd) if rnd else {},
         "rank_map": rnd.public()["members"] if rnd else [],
-        "nodes": [n.public(now) for n in page], "nodes_total": len(ordered), "nodes_offset": offset,
+        "nodes": [{**n.public(now), **c.health.node_fields(n.node_id)} for n in page],
+        "nodes_total": len(ordered), "nodes_offset": offset,
         "node_counts": c.tally.groups(), "relays": len(c.relays.groups),
         "seq": c.events.seq, "goodput": c.goodput.share(now), "stragglers": dict(c.stragglers.named),
-        "root_cause": c.probe.root_cause(),
+        "root_cause": c.probe.root_cause(), **c.health.summary(),
         **c.status_extra(),
     }

@@ -32,6 +32,7 @@ from elasticd.job.events import EventLog
 from elasticd.job.runtime import advertised_addr, is_local_host, remove_endpoints, socket_ifname_env, write_endpoints
 from elasticd.keys.auth import Gatekeeper, KeyStore, KeyStoreError, NodeKeys
 from elasticd.member.agent import NodeAgent
+from elasticd.member.health import HealthMonitor
 from elasticd.member.link import Member
 from elasticd.member.worker_channel import WorkerChannel
 from elasticd.mesh.coordinator_mesh import CoordinatorMesh
@@ -71,6 +72,8 @@ class Daemon:
         self.member = Member(cfg, self.node, self.channel, self.to_coord, self, self.events, self.publish_event,
                              self.on_forwarded_reply, connect_timeout_s, is_coordinator=False, link=CurrentLink(self),
                              on_node_query=self.queries.on_query)
+        self.health = HealthMonitor(cfg, lambda r: self.to_coord(MeshOp.health, r.encode()),
+                                    lambda: self.member.registered)
         self.keys: NodeKeys | None = None
         self.gate: Gatekeeper | None = None
         self.services = WorkerServices(cfg, self.ctx, self.host, self.node)
@@ -145,8 +148,8 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for name in self.cfg.leave_signals:  # --signals-to-handle
             loop.add_signal_handler(signal.Signals[name], self.leave.on_signal, signal.Signals[name])
-        self.tasks += [asyncio.create_task(self.tick_loop()), asyncio.create_task(self.channel.serve()),
-                       *self.plane.tasks()]
+        self.tasks += [asyncio.create_task(c) for c in (self.tick_loop(), self.channel.serve(), self.health.run())]
+        self.tasks += self.plane.tasks()
         if self.coord_mesh is not None and self.failover is None:  # with etcd, the election's role serves the mesh
             self.tasks.append(asyncio.create_task(self.coord_mesh.serve(self.on_peer, self.on_connection_closed)))
         elif self.member_mesh is not None and self.failover is None:
@@ -206,14 +209,9 @@ class Daemon:
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        if self.plane is not None:
-            self.plane.close()
-        if self.exporter is not None:
-            self.exporter.close()
-        self.channel.close()
-        self.services.close()
-        if self.relay is not None:
-            self.relay.close()
+        for part in (self.plane, self.exporter, self.channel, self.services, self.relay):
+            if part is not None:
+                part.close()
         if self.failover is not None:  # after our workers stopped: resigning lets the next daemon take over now
             self.failover.close()
             self.coord_mesh = None

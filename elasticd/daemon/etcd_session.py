@@ -85,8 +85,9 @@ class EtcdSession:
         if health.ok:
             log.warning("[%s] etcd is reachable again: membership changes resume", self.cfg.node_id)
         else:
-            log.warning("[%s] etcd unreachable or refusing us (%s): membership is frozen; training goes on in the current world; "
-                        "the job stops if this lasts %.0fs", self.cfg.node_id, health.detail, self.cfg.etcd_outage_s)
+            log.warning("[%s] etcd unreachable or refusing us (%s): membership is frozen; training goes on in the "
+                        "current world; the job stops if this lasts %.0fs", self.cfg.node_id, health.detail,
+                        self.cfg.etcd_outage_s)
         self.on_health(health)
 
     def outage_over(self, now: float) -> bool:

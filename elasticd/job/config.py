@@ -114,6 +114,11 @@ class JobConfig:
     alert_goodput_window_s: float = 3600.0  # --alert-goodput-window: over this many seconds
     alert_checkpoint_age_s: float = 0.0  # --alert-checkpoint-age: `checkpoint_stale` past this age (0: never)
     scheduler: JsonObject = field(default_factory=dict)  # the SLURM step it runs in (job/slurm.py), for status
+    health_command: str = ""  # --health-check CMD: the site's own check, run by `sh -c` (docs/health.md)
+    health_interval_s: float = 30.0  # --health-interval: how often each node checks itself
+    health_timeout_s: float = 10.0  # --health-timeout: a check running longer fails
+    lemon_failures: int = 3  # --lemon-failures: root-cause failures that make a node a lemon (0: never)
+    lemon_window_s: float = 600.0  # --lemon-window: ... within this many seconds
 
     @property
     def lost_after_s(self) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from elasticd.wire.health import HealthReport
 from elasticd.wire.names import MeshOp
 from elasticd.wire.record import Record
 
@@ -64,4 +65,5 @@ TO_COORDINATOR: dict[str, type[Record]] = {
     MeshOp.announce: Empty, MeshOp.leave: Leave, MeshOp.node_done: RoundReport, MeshOp.node_drained: RoundReport,
     MeshOp.first_step: FirstStep, MeshOp.step_report: StepReport, MeshOp.pong: RoundReport,
     MeshOp.resize_failed: ResizeFailed, MeshOp.warm: Empty, MeshOp.node_answer: NodeAnswer,
+    MeshOp.health: HealthReport,
 }

@@ -45,6 +45,7 @@ class MeshOp(StrEnum):
     resize_failed = "resize_failed"  # an in-place resize failed on that node: restart instead
     warm = "warm"  # a joiner's pre-started workers are up and wait for their generation
     node_answer = "node_answer"  # a node's answer to a `node_query`: {id, body}
+    health = "health"  # the node's health verdict, on a change and each interval while unhealthy (docs/health.md)
     # coordinator -> member
     welcome = "welcome"
     unknown = "unknown"
@@ -120,6 +121,9 @@ class EventKind(StrEnum):
     stop_barrier_timeout = "stop_barrier_timeout"
     job_end = "job_end"
     relay_replaced = "relay_replaced"  # a relay went: its group now sends through another of its members
+    # node health (coordinator/health.py, docs/health.md)
+    node_unhealthy = "node_unhealthy"  # a node's checks failed, or it is a lemon: the reasons, and what was done
+    node_healthy = "node_healthy"  # its checks pass again; it stays cordoned until `uncordon`
     # --rdzv-backend etcd (elasticd/daemon/failover.py)
     coordinator_elected = "coordinator_elected"
     etcd_unreachable = "etcd_unreachable"
@@ -167,6 +171,19 @@ class EventKind(StrEnum):
     unauthorized = "unauthorized"
     key_refused = "key_refused"  # a connection a keyed socket refused, at any stage of the handshake (rate-limited)
     unknown = "unknown"  # a member's event without a kind
+
+
+class HealthCheck(StrEnum):
+    """A named reason a node is unhealthy (member/health.py; docs/health.md)."""
+
+    command = "command"  # --health-check CMD failed or timed out
+    xid = "xid"  # an NVML critical XID event
+    ecc = "ecc"  # uncorrectable ECC errors rose
+    retired_pages = "retired_pages"  # pages pending retirement
+    row_remap = "row_remap"  # a row remap failed
+    throttle = "throttle"  # hardware slowdown, thermal or power-brake throttling
+    log_dir = "log_dir"  # the daemon's log folder is full or unwritable
+    lemon = "lemon"  # --lemon-failures root-cause failures within --lemon-window (the coordinator's verdict)
 
 
 class Role(StrEnum):

@@ -37,6 +37,11 @@ SAMPLES: dict[str, dict[str, Any]] = {
                               "rank_map": {"a": [0, 1], "b": [2, 3]}, "in_place": False},
     EventKind.round_complete: {"round": 2, "cause": "failure", "timeline": TIMELINE},
     EventKind.first_step: {"round": 2, "cause": "failure", "timeline": TIMELINE, "step": 240},
+    EventKind.node_unhealthy: {"reasons": ["xid: GPU 3: XID 79 (fallen off the bus)", "ecc: GPU 3: uncorrectable "
+                                                                                    "ECC errors 0 -> 2"],
+                               "action": "cordon: it leaves at one agreed step; a spare takes its place if the job "
+                                         "has one"},
+    EventKind.node_healthy: {"checks": ["command", "xid", "ecc", "log_dir"], "role": "cordoned"},
     EventKind.straggler: {"wait_s": 0.0012, "others_wait_s": 0.0831, "cost_s_per_step": 0.0819, "step_time_s": 0.2,
                           "slow_for_s": 10.2},
     EventKind.straggler_cleared: {"reason": "its ranks no longer hold the others back"},

@@ -49,6 +49,8 @@ FROM_NODE: dict[str, dict[str, Any]] = {
     MeshOp.step_report: {"op_id": "5f2a", "step": 120, "step_time": 0.21, "in_place": True},
     MeshOp.resize_failed: {"round": 4, "reason": "rank 3 on node c: the generation's store did not answer"},
     MeshOp.node_answer: {"id": "q1", "body": {"ok": True, "node": "b", "round": 3, "ranks": []}},
+    MeshOp.health: {"checks": ["command", "xid", "log_dir"],
+                    "findings": [{"check": "xid", "reason": "GPU 3: XID 79 (the GPU has fallen off the bus)"}]},
 }
 # ...and as a shim rank sends it to its daemon (docs/worker-channel.md).
 FROM_RANK: dict[str, dict[str, Any]] = {

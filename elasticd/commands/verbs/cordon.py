@@ -26,7 +26,8 @@ def plan_cordon(c: JobPort, request: NodeRequest) -> Plan:
         return Plan(summary=f"node {node} cordoned; the world is unchanged")
     steering.check_leave(c, [node], request.force)
     return steering.without_stragglers(
-        c, [node], steering.plan(c, [n for n in steering.require_running(c).node_ids() if n != node]))
+        c, [node], steering.plan(c, steering.spare_for(
+            c, [n for n in steering.require_running(c).node_ids() if n != node])))
 
 
 def cordon(c: JobPort, request: NodeRequest, plan: Plan) -> Steered:

@@ -1,4 +1,5 @@
-"""`drain NODE`: a graceful leave; shim workers checkpoint and stop at one step, the node stays as standby."""
+"""`drain NODE`: a graceful leave; shim workers checkpoint and stop at one step, the node stays as standby; a spare
+(a standby already there) takes its place, else the job aims at one node fewer."""
 
 from elasticd.commands import steering
 from elasticd.commands.port import JobPort
@@ -12,11 +13,13 @@ def plan(c: JobPort, request: NodeRequest) -> Plan:
     rnd = steering.require_running(c)
     steering.check_leave(c, [request.node], request.force)
     return steering.without_stragglers(c, [request.node],
-                                       steering.plan(c, [n for n in rnd.node_ids() if n != request.node]))
+                                       steering.plan(c, steering.spare_for(
+                                           c, [n for n in rnd.node_ids() if n != request.node])))
 
 
 def apply(c: JobPort, request: NodeRequest, plan: Plan) -> Steered:
-    c.aim_at(max(1, len(steering.require_running(c).node_ids()) - 1))
+    if not any(n.role == Role.standby for n in c.alive()):  # a spare takes the node's place: the world stays
+        c.aim_at(max(1, len(steering.require_running(c).node_ids()) - 1))
     return steering.begin(c, TransitionKind.drain, [request.node], Role.standby, After.round,
                           f"drain of {request.node}")
 
