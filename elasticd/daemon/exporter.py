@@ -185,6 +185,12 @@ class DaemonCollector(Collector):
                           nodes.count((role, node_status)), role=role, status=node_status)
         for cause, count in status["restarts"].items():
             out.counter("elasticd_restarts_total", "Rounds started to restart the job, by cause", count, cause=cause)
+        for node in status["nodes"]:  # docs/health.md: a failing check or a lemon; the reasons are in `status`
+            if node["status"] == NodeStatus.alive:
+                out.gauge("elasticd_node_healthy", "1 while the node's last health verdict passed, 0 while it failed",
+                          0 if node.get("health") else 1, node=node["node_id"])
+        out.gauge("elasticd_spares", "Standby nodes ready to take the place of a node that goes",
+                  status["spares"]["ready"])
         self.goodput_metrics(out, c, status["goodput"])
         self.observe_recoveries(c)
         return [*out.built.values(), *self.recovery.collect()]

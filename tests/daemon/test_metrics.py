@@ -113,6 +113,7 @@ def test_the_values_are_the_daemons(job: tuple[Job, str]) -> None:
     assert value(served, "elasticd_round") == 2
     assert value(served, "elasticd_job_state", status="running") == 1
     assert value(served, "elasticd_nodes", role="active", status="alive") == 1
+    assert value(served, "elasticd_node_healthy", node="a") == 1 and value(served, "elasticd_spares") == 0
     assert value(served, "elasticd_restarts_total", job=the_job.job_id, cause="operator") == 1
     assert value(served, "elasticd_node_restarts_total", node="a", cause="operator") == 1
     assert value(served, "elasticd_workers", status="running") == 2

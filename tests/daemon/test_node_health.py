@@ -31,9 +31,9 @@ def test_a_node_whose_check_fails_is_drained_losing_no_step_and_a_spare_takes_it
         full = job.wait_event("round_started", lambda e: e["world_size"] == 3)
         job.wait_event("first_step", since=full["seq"])
         spare = next(n for n in "abcd" if n not in full["rank_map"])
-        status = job.status()
-        assert status["spares"] == {"ready": 1, "warming": 0}
-        assert next(n for n in status["nodes"] if n["node_id"] == spare)["spare"] == "ready"
+        job.wait_event("node_joined", lambda e: e["node"] == spare)  # its zygote may warm up after the round
+        wait_for(lambda: job.status()["spares"] == {"ready": 1, "warming": 0})  # its workers pre-started
+        assert next(n for n in job.status()["nodes"] if n["node_id"] == spare)["spare"] == "ready"
         wait_for(lambda: len(sample_lines(samples).get(2, [])) > 5)
 
         sick = list(full["rank_map"])[1]
@@ -71,6 +71,7 @@ def test_nvml_faults_give_named_reasons_and_each_sick_node_leaves(tmp_path: Path
         full = job.wait_event("round_started", lambda e: e["world_size"] == 2)
         spare = next(n for n in "abc" if n not in full["rank_map"])
         member = next(n for n in full["rank_map"] if n != "a")
+        wait_for(lambda: job.status()["spares"]["ready"] == 1)
         states[member].write_text(json.dumps({"ecc": 1, "xids": [79]}))
         xid = job.wait_event("node_unhealthy", since=full["seq"])
         assert (xid["node"], xid["reasons"]) == (member, ["xid: GPU 0: XID 79"])
