@@ -39,7 +39,7 @@ class SpareJob(ResizeJob):
 
     def cmd(self, node: str) -> list[str]:
         script = [str(ROOT / "examples" / "train_shim.py"), "--steps", "1000000", "--ckpt-dir", str(self.tmp / "ckpt"),
-                  "--ckpt-every", "10", "--step-time", str(self.args.step_time), "--batch", "16", "--micro", "8",
+                  "--ckpt-every", "10", "--step-time", str(self.args.step_time), "--batch", "24", "--micro", "4",
                   "--log-every", "1"]
         flag = self.tmp / f"sick-{node}"
         return [PY, "-m", "elasticd.cli", "start", "--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-endpoint",
@@ -57,7 +57,12 @@ def lifetime(system: str, event: str, rep: int, args: argparse.Namespace, logdir
     out: dict[str, Any] = {"system": system, "event": event, "rep": rep, "loadavg_start": os.getloadavg()}
     try:
         t = time.time()
-        for node in "abc":
+        job.launch("a")  # first: it hosts the coordinator, and b (the node each event hits) never does
+        deadline = time.time() + args.timeout
+        while job.cli("status").returncode != 0:
+            assert time.time() < deadline, "node a's daemon never answered"
+            time.sleep(0.2)
+        for node in "bc":
             job.launch(node)
         job.new_world(t, 3, args.timeout)
         if system == "spare":

@@ -76,7 +76,7 @@ def node_row(model: JobModel, node: NodeView, marked: bool, names: Names) -> lis
         node.host or "-",
         Text(f"{role}/{state}", style=ROLE_STYLE.get(role, "")) + (
             Text(" SLOW", style="bold red") if node.node_id in model.stragglers else Text()) + (
-            Text(f" spare {node.spare.split(':')[0]}", style="green" if node.spare == "ready" else "yellow")
+            Text(f" spare {node.spare}", style="green" if node.spare == "ready" else "yellow")
             if node.spare else Text()),
         Text(f"UNHEALTHY {'; '.join(node.health)}", style="bold red", overflow="ellipsis") if node.health
         else Text(cause.brief, style="bold red", overflow="ellipsis") if cause else "",

@@ -139,7 +139,7 @@ class NodeHealth:
                               "health": report.reasons() if report else []}
         node = self.core.nodes.get(node_id)
         if node is not None and node.role == Role.standby and node.status == NodeStatus.alive:
-            fields["spare"] = "warming: its workers are starting" if node_id in self.warming else "ready"
+            fields["spare"] = "warming: workers starting" if node_id in self.warming else "ready"
         return fields
 
     def summary(self) -> JsonObject:

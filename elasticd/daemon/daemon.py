@@ -73,7 +73,7 @@ class Daemon:
                              self.on_forwarded_reply, connect_timeout_s, is_coordinator=False, link=CurrentLink(self),
                              on_node_query=self.queries.on_query)
         self.health = HealthMonitor(cfg, lambda r: self.to_coord(MeshOp.health, r.encode()),
-                                    lambda: self.member.registered)
+                                    lambda: self.member.registered, self.node.rank_reports.checkpoint_folders)
         self.keys: NodeKeys | None = None
         self.gate: Gatekeeper | None = None
         self.services = WorkerServices(cfg, self.ctx, self.host, self.node)

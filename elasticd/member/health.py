@@ -20,8 +20,9 @@ class HealthMonitor:
     """Runs the checks, reports each verdict (the coordinator keeps the last), logs a change of verdict once."""
 
     def __init__(self, cfg: JobConfig, send: Callable[[HealthReport], None], registered: Callable[[], bool],
-                 nvml: Callable[[], NvmlHealth] = NvmlHealth) -> None:
+                 checkpoints: Callable[[], list[str]] = list, nvml: Callable[[], NvmlHealth] = NvmlHealth) -> None:
         self.cfg, self.send, self.registered, self.make_nvml = cfg, send, registered, nvml
+        self.checkpoints = checkpoints  # the folders this node's ranks last saved to
         self.nvml: NvmlHealth | None = None
         self.nvml_busy = False  # a device read still running past the timeout: not started again meanwhile
         self.last: HealthReport | None = None
@@ -47,10 +48,12 @@ class HealthMonitor:
             was = now
 
     async def check(self) -> HealthReport:
+        folders = [(self.cfg.log_dir, HealthCheck.log_dir)] + [(f, HealthCheck.checkpoint_dir)
+                                                                for f in self.checkpoints()]
         checks = [*([HealthCheck.command] if self.cfg.health_command else []),
-                  *(self.nvml.checks() if self.nvml else []), HealthCheck.log_dir]
-        found = [f for part in await asyncio.gather(self.command(), self.devices(), self.folder()) for f in part]
-        return HealthReport(checks, found)
+                  *(self.nvml.checks() if self.nvml else []), *dict.fromkeys(c for _, c in folders)]
+        parts = await asyncio.gather(self.command(), self.devices(), *(self.folder(f, c) for f, c in folders))
+        return HealthReport(checks, [f for part in parts for f in part])
 
     async def command(self) -> list[HealthFinding]:
         if not self.cfg.health_command:
@@ -75,13 +78,12 @@ class HealthMonitor:
         except TimeoutError:
             return [HealthFinding(HealthCheck.xid, f"NVML did not answer within {self.cfg.health_timeout_s:g}s")]
 
-    async def folder(self) -> list[HealthFinding]:
+    async def folder(self, path: str, check: HealthCheck) -> list[HealthFinding]:
         with contextlib.suppress(TimeoutError):
-            finding = await asyncio.wait_for(asyncio.to_thread(check_folder, self.cfg.log_dir),
-                                             self.cfg.health_timeout_s)
+            finding = await asyncio.wait_for(asyncio.to_thread(check_folder, path, check), self.cfg.health_timeout_s)
             return [finding] if finding else []
-        return [HealthFinding(HealthCheck.log_dir, f"{self.cfg.log_dir} did not answer within "
-                                                   f"{self.cfg.health_timeout_s:g}s (a hung filesystem)")]
+        return [HealthFinding(check, f"{path} did not answer within {self.cfg.health_timeout_s:g}s (a hung "
+                                     "filesystem)")]
 
     def note(self, report: HealthReport) -> None:
         if report.healthy:

@@ -54,18 +54,18 @@ async def run_command(command: str, timeout_s: float) -> HealthFinding | None:
     return HealthFinding(HealthCheck.command, lines[-1][:500] if lines else f"failed ({code})")
 
 
-def check_folder(path: str) -> HealthFinding | None:
-    """The daemon's log folder: writable, and not nearly full."""
+def check_folder(path: str, check: HealthCheck = HealthCheck.log_dir) -> HealthFinding | None:
+    """A folder the job writes (the daemon's logs, the ranks' checkpoints): writable, and not nearly full."""
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".health-"):
             pass
         usage = shutil.disk_usage(path)
     except OSError as exc:
-        return HealthFinding(HealthCheck.log_dir, f"{path} is not writable: {exc.strerror or exc}")
+        return HealthFinding(check, f"{path} is not writable: {exc.strerror or exc}")
     if usage.free < max(MIN_FREE_BYTES, MIN_FREE_SHARE * usage.total):
-        return HealthFinding(HealthCheck.log_dir, f"{path} is nearly full: {usage.free / 2**20:.0f} MiB free of "
-                                                  f"{usage.total / 2**30:.0f} GiB")
+        return HealthFinding(check, f"{path} is nearly full: {usage.free / 2**20:.0f} MiB free of "
+                                    f"{usage.total / 2**30:.0f} GiB")
     return None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 from typing import TypedDict
 
@@ -73,6 +74,11 @@ class RankReports:
     def checkpoint(self, saved: Saved, now: float) -> None:
         self._by_rank[saved.rank]["last_checkpoint"] = {"step": saved.step, "path": saved.path, "bytes": saved.bytes,
                                                         "duration_s": saved.duration_s, "at": now}
+
+    def checkpoint_folders(self) -> list[str]:
+        """The folders this node's ranks last saved to (health checks them; docs/health.md)."""
+        paths = {str(r["last_checkpoint"].get("path") or "") for r in self._by_rank.values() if "last_checkpoint" in r}
+        return sorted({os.path.dirname(p) for p in paths if p})
 
     def drained(self, rank: int, step: int | None) -> None:
         self._by_rank[rank]["drained_step"] = step

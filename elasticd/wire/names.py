@@ -183,6 +183,7 @@ class HealthCheck(StrEnum):
     row_remap = "row_remap"  # a row remap failed
     throttle = "throttle"  # hardware slowdown, thermal or power-brake throttling
     log_dir = "log_dir"  # the daemon's log folder is full or unwritable
+    checkpoint_dir = "checkpoint_dir"  # the folder the node's ranks last saved to is full or unwritable
     lemon = "lemon"  # --lemon-failures root-cause failures within --lemon-window (the coordinator's verdict)
 
 

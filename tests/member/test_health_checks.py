@@ -79,8 +79,11 @@ def test_the_monitor_reports_every_interval_and_again_at_once_when_registered_an
                     health_command="exit 1", health_interval_s=5.0, health_timeout_s=5.0)
     sent: list[tuple[float, HealthReport]] = []
     registered = [False]
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")  # where the ranks last saved: a checkpoint there would fail
     monitor = HealthMonitor(cfg, lambda r: sent.append((time.monotonic(), r)), lambda: registered[0],
-                            lambda: NvmlHealth(lambda: (_ for _ in ()).throw(ImportError("none"))))
+                            lambda: [str(blocked / "ckpt")],
+                            nvml=lambda: NvmlHealth(lambda: (_ for _ in ()).throw(ImportError("none"))))
 
     async def play() -> None:
         task = asyncio.create_task(monitor.run())
@@ -92,5 +95,6 @@ def test_the_monitor_reports_every_interval_and_again_at_once_when_registered_an
     asyncio.run(play())
     assert len(sent) == 2 and sent[1][0] - sent[0][0] < 0.9  # not the 5 s interval
     report = sent[0][1]
-    assert report.checks == [HealthCheck.command, HealthCheck.log_dir]
-    assert report.reasons() == ["command: failed (exit code 1)"]
+    assert report.checks == [HealthCheck.command, HealthCheck.log_dir, HealthCheck.checkpoint_dir]
+    assert report.reasons()[0] == "command: failed (exit code 1)"
+    assert report.reasons()[1].startswith(f"checkpoint_dir: {blocked}/ckpt is not writable")
