@@ -30,11 +30,17 @@ def render(s: dict[str, Any]) -> str:
         lines.append("last recovery: " + "  ".join(f"{k} {v:.2f}s" for k, v in s["last_recovery"].items()))
     if s.get("refused_keys"):
         lines.append(f"refused connections: {s['refused_keys']} at this daemon (elasticd events --kind key_refused)")
+    spares = s.get("spares") or {}
+    if spares.get("ready") or spares.get("warming"):
+        lines.append(f"spares: {spares.get('ready', 0)} ready, {spares.get('warming', 0)} warming")
     ranks = {e["node_id"]: e["ranks"] for e in s.get("rank_map", [])}
-    lines.append(f"{'NODE':<12} {'HOST':<16} {'ROLE':<9} {'STATUS':<7} {'RANKS':<12} LAST SEEN")
+    lines.append(f"{'NODE':<12} {'HOST':<16} {'ROLE':<9} {'STATUS':<7} {'RANKS':<12} LAST SEEN  HEALTH")
     for n in s["nodes"]:
+        health = ("UNHEALTHY " + "; ".join(n["health"])) if n.get("health") else \
+            f"spare {n['spare']}" if n.get("spare") else ""
         lines.append(f"{n['node_id']:<12} {n['host']:<16} {n['role']:<9} {n['status']:<7} "
-                     f"{','.join(map(str, ranks.get(n['node_id'], []))) or '-':<12} {n['last_seen_age_s']:.1f}s ago")
+                     f"{','.join(map(str, ranks.get(n['node_id'], []))) or '-':<12} "
+                     f"{n['last_seen_age_s']:>5.1f}s ago {health}".rstrip())
     shown, total = len(s["nodes"]), s.get("nodes_total", len(s["nodes"]))
     if shown < total:
         first = s.get("nodes_offset", 0)
