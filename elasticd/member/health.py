@@ -69,14 +69,14 @@ class HealthMonitor:
         if nvml is None or not nvml.checks():
             return []
         if self.nvml_busy:
-            return [HealthFinding(HealthCheck.xid, f"NVML has not answered for over {self.cfg.health_timeout_s:g}s")]
+            return [HealthFinding(HealthCheck.nvml, f"NVML has not answered for over {self.cfg.health_timeout_s:g}s")]
         self.nvml_busy = True
         task = asyncio.ensure_future(asyncio.to_thread(nvml.check))
         task.add_done_callback(lambda _t: setattr(self, "nvml_busy", False))
         try:
             return await asyncio.wait_for(asyncio.shield(task), self.cfg.health_timeout_s)
         except TimeoutError:
-            return [HealthFinding(HealthCheck.xid, f"NVML did not answer within {self.cfg.health_timeout_s:g}s")]
+            return [HealthFinding(HealthCheck.nvml, f"NVML did not answer within {self.cfg.health_timeout_s:g}s")]
 
     async def folder(self, path: str, check: HealthCheck) -> list[HealthFinding]:
         with contextlib.suppress(TimeoutError):

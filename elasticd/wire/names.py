@@ -182,6 +182,7 @@ class HealthCheck(StrEnum):
     retired_pages = "retired_pages"  # pages pending retirement
     row_remap = "row_remap"  # a row remap failed
     throttle = "throttle"  # hardware slowdown, thermal or power-brake throttling
+    nvml = "nvml"  # NVML itself did not answer within --health-timeout (a wedged driver)
     log_dir = "log_dir"  # the daemon's log folder is full or unwritable
     checkpoint_dir = "checkpoint_dir"  # the folder the node's ranks last saved to is full or unwritable
     lemon = "lemon"  # --lemon-failures root-cause failures within --lemon-window (the coordinator's verdict)

@@ -98,3 +98,33 @@ def test_the_monitor_reports_every_interval_and_again_at_once_when_registered_an
     assert report.checks == [HealthCheck.command, HealthCheck.log_dir, HealthCheck.checkpoint_dir]
     assert report.reasons()[0] == "command: failed (exit code 1)"
     assert report.reasons()[1].startswith(f"checkpoint_dir: {blocked}/ckpt is not writable")
+
+
+class WedgedNvml(NvmlHealth):
+    """NVML that answers the set-up, then hangs on every read (a wedged driver)."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda: (_ for _ in ()).throw(ImportError("none")))
+        self.nvml = object()
+
+    def checks(self) -> list[HealthCheck]:
+        return [HealthCheck.ecc]
+
+    def check(self) -> list[HealthFinding]:
+        time.sleep(1.5)
+        return []
+
+
+def test_a_wedged_nvml_is_a_reason_and_is_not_asked_again_while_it_hangs(tmp_path: Path) -> None:
+    cfg = JobConfig(1, 1, 1, "127.0.0.1", 29400, "job", "a", ["train.py"], log_dir=str(tmp_path),
+                    health_interval_s=5.0, health_timeout_s=0.3)
+    monitor = HealthMonitor(cfg, lambda _r: None, lambda: False)
+    monitor.nvml = WedgedNvml()
+
+    async def twice() -> tuple[HealthReport, HealthReport, float]:
+        started = time.monotonic()
+        return await monitor.check(), await monitor.check(), time.monotonic() - started
+
+    first, second, took = asyncio.run(twice())
+    assert first.reasons() == ["nvml: NVML did not answer within 0.3s"]
+    assert second.reasons() == ["nvml: NVML has not answered for over 0.3s"] and took < 1.4  # not waited for
