@@ -11,9 +11,11 @@ each), the newcomers hold a fresh model and no optimizer state (DDP) or a fresh 
              checkpoint file in the page cache: process start, torch import, torch.load (what a restart costs
              at least, before any group forms)
   loopback   gloo send/recv of one tensor of the state's size between two processes: the physical limit here
-Per row: newcomer_s (its heal), world_s (until the last rank is done: the survivors' stall), moved_bytes (all
-ranks' received bytes), GB/s (state per replica / newcomer_s) and its share of loopback.
-Usage: heal.py [--sizes-mb 100,500,1000,2000] [--layouts ddp,hsdp] [--base-tree DIR] [--out bench/results/heal.json]
+Per row: newcomer_s (its heal), survivor_s (the slowest survivor's: it holds the freshest step), world_s (until
+the last rank is done: the survivors' stall), moved_bytes (all ranks' received bytes), GB/s (state per replica /
+newcomer_s) and its share of loopback. --tensors sets how many tensors hold the same bytes (issue 35's axis).
+Usage: heal.py [--sizes-mb 100,500,1000,2000] [--layouts ddp,hsdp] [--tensors 12,99,999,4998] [--base-tree DIR]
+               [--out bench/results/heal.json]
 """
 
 from __future__ import annotations
@@ -41,38 +43,43 @@ WORLDS = {"ddp": [(2, 3), (4, 5)], "hsdp": [(2, 4), (4, 6)]}  # (old, new): HSDP
 SHARDS = 2
 
 
-def state_of(rank: int, nbytes: int, survivor: bool, layout: str, world: int) -> tuple[dict, dict | None]:
-    """(held, wants) for one rank: DDP holds whole tensors, HSDP its shard of each (DTensors on a 2-D mesh)."""
-    per = max(nbytes // 3 // 4 // 4, 1)  # 4 tensors of params, each with two moments: floats
+def state_of(rank: int, nbytes: int, survivor: bool, layout: str, world: int,
+             params: int = 4) -> tuple[dict, dict | None]:
+    """(held, wants) for one rank: DDP holds whole tensors, HSDP its shard of each (DTensors on a 2-D mesh).
+    `params` tensors of parameters, each with AdamW's two moments: 3 x `params` tensors of the state's bytes."""
+    per = max(nbytes // 3 // 4 // params, 1)  # floats per tensor
     shard = layout == "hsdp"
-    rows = per // 1024 if not shard else per // 1024 // SHARDS
+    cols = min(1024, per)  # a small tensor (a bias, a norm's weight) is one row
+    rows = max(per // cols // (SHARDS if shard else 1), 1)
     mesh = None
     if shard:
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh("cpu", (world // SHARDS, SHARDS))
 
     def tensor(fill: float) -> torch.Tensor:
-        local = torch.empty(rows, 1024).fill_(fill)  # touched, as a trained model's memory is
+        local = torch.empty(rows, cols).fill_(fill)  # touched, as a trained model's memory is
         if not shard:
             return local
         from torch.distributed.tensor import DTensor, Replicate, Shard
         return DTensor.from_local(local, mesh, [Replicate(), Shard(0)], run_check=False,
-                                  shape=torch.Size((rows * SHARDS, 1024)), stride=(1024, 1))
+                                  shape=torch.Size((rows * SHARDS, cols)), stride=(cols, 1))
 
-    model = {f"w{i}": tensor(rank + 1.0) for i in range(4)}
+    model = {f"w{i}": tensor(rank + 1.0) for i in range(params)}
     if survivor or shard:
-        opt = {i: {"exp_avg": tensor(0.5), "exp_avg_sq": tensor(0.25), "step": torch.tensor(10.0)} for i in range(4)}
+        opt = {i: {"exp_avg": tensor(0.5), "exp_avg_sq": tensor(0.25), "step": torch.tensor(10.0)}
+               for i in range(params)}
     else:
         opt = {}  # a newcomer's AdamW has no state before its first step
-    state = {"model": model, "opt": {"state": opt, "param_groups": [{"lr": 1e-3, "params": [0, 1, 2, 3]}]}}
+    state = {"model": model, "opt": {"state": opt, "param_groups": [{"lr": 1e-3, "params": list(range(params))}]}}
     return state, (state if shard else None)
 
 
-def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int, addr: str, out: dict) -> None:
+def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int, addr: str, out: dict,
+           params: int = 4) -> None:
     store = dist.TCPStore("127.0.0.1", int(addr), is_master=False, timeout=timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=new, timeout=timedelta(seconds=TIMEOUT_S))
     survivor = rank < old
-    held, wants = state_of(rank, nbytes, survivor, layout, new)
+    held, wants = state_of(rank, nbytes, survivor, layout, new, params)
     cpu = torch.device("cpu")
     if method == "heal":
         from trainer_shim import heal as shim_heal  # imported before the clock starts, as a worker has it
@@ -97,7 +104,7 @@ def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int,
         error = str(exc).splitlines()[0][:200]
     mine = time.perf_counter() - start
     times: list[Any] = [None] * new
-    dist.all_gather_object(times, (mine, survivor, received, error))
+    dist.all_gather_object(times, (mine, survivor, received, error))  # after the clock: not part of the heal
     if rank == 0:
         out["result"] = times
     dist.destroy_process_group()
@@ -110,17 +117,19 @@ def shim_heal_targets(state: dict) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def run_join(method: str, layout: str, old: int, new: int, nbytes: int) -> dict[str, Any]:
+def run_join(method: str, layout: str, old: int, new: int, nbytes: int, params: int = 4) -> dict[str, Any]:
     server = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
                            timeout=timedelta(seconds=60))
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.start_processes(member, args=(method, layout, old, new, nbytes, str(server.port), out), nprocs=new,
-                           start_method="spawn")
+        mp.start_processes(member, args=(method, layout, old, new, nbytes, str(server.port), out, params),
+                           nprocs=new, start_method="spawn")
         times = out["result"]
     newcomer = max(t for t, survivor, _, _ in times if not survivor)
+    survivor_s = max(t for t, survivor, _, _ in times if survivor)
     errors = sorted({e for *_, e in times if e})
     return {"method": method, "layout": layout, "old": old, "new": new, "state_mb": nbytes >> 20,
+            "tensors": 3 * params, "survivor_s": round(survivor_s, 4),
             "newcomer_s": round(newcomer, 3), "world_s": round(max(t for t, *_ in times), 3),
             "moved_bytes": sum(r for _, _, r, _ in times), "errors": errors}
 
@@ -166,6 +175,9 @@ def main() -> int:
     parser.add_argument("--sizes-mb", default="100,500,1000,2000")
     parser.add_argument("--layouts", default="ddp,hsdp")
     parser.add_argument("--base-tree", default="", help="the checkout whose broadcast is compared (the tree before)")
+    parser.add_argument("--tensors", default="12", help="tensors in the state, model and AdamW's moments "
+                        "together (a multiple of 3), e.g. 12,99,999,4998: the heal's cost against the tensor count "
+                        "at fixed bytes")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "heal.json"))
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
@@ -174,7 +186,7 @@ def main() -> int:
     folder = Path(tempfile.mkdtemp(prefix="heal-bench-"))
     for layout in args.layouts.split(","):
         for old, new in WORLDS[layout]:
-            for nbytes in sizes:
+            for nbytes, count in ((n, int(t) // 3) for n in sizes for t in args.tensors.split(",")):
                 # The broadcast holds the state about three times per rank (a flat copy, then new tensors).
                 fits = new * 3 * nbytes < 0.7 * psutil.virtual_memory().total
                 methods = ["heal"] + (["broadcast"] if args.base_tree and layout == "ddp" and fits else [])
@@ -182,7 +194,7 @@ def main() -> int:
                     env_tree = args.base_tree if method == "broadcast" else str(ROOT)
                     os.environ["PYTHONPATH"] = env_tree  # spawned members import the tree under test
                     sys.path.insert(0, env_tree)
-                    row = run_join(method, layout, old, new, nbytes)
+                    row = run_join(method, layout, old, new, nbytes, count)
                     sys.path.remove(env_tree)
                     row["gbps"] = round(nbytes / row["newcomer_s"] / 1e9, 3)
                     row["loopback_gbps"] = round(nbytes / loopback[nbytes] / 1e9, 3)
