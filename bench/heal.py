@@ -83,6 +83,7 @@ def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int,
     cpu = torch.device("cpu")
     if method == "heal":
         from trainer_shim import heal as shim_heal  # imported before the clock starts, as a worker has it
+        from trainer_shim.state_paths import flatten
     else:
         from trainer_shim.generation import sync
     dist.barrier()
@@ -91,7 +92,7 @@ def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int,
     try:
         if method == "heal":
             tensors: dict[str, torch.Tensor] = {}
-            skeleton = shim_heal.flatten(held, tensors)
+            skeleton = flatten(held, tensors)
             if layout == "hsdp" and not survivor:
                 tensors = {}
             healed, _ = shim_heal.heal(10 if survivor else 0, tensors, skeleton,
@@ -111,7 +112,7 @@ def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int,
 
 
 def shim_heal_targets(state: dict) -> dict[str, torch.Tensor]:
-    from trainer_shim.heal import flatten
+    from trainer_shim.state_paths import flatten
     tensors: dict[str, torch.Tensor] = {}
     flatten(state, tensors)
     return tensors

@@ -38,9 +38,10 @@ from trainer_shim.generation import (
     open_store,
     sockets_now,
 )
-from trainer_shim.heal import NOTHING, Healed, HealError, fill, flatten, heal
+from trainer_shim.heal import NOTHING, Healed, HealError, heal
 from trainer_shim.noop import NullSession
 from trainer_shim.session import Session
+from trainer_shim.state_paths import fill, flatten
 from trainer_shim.step_fence import StepFence
 from trainer_shim.step_timing import CollectiveWait
 

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from trainer_shim.heal import Slot, flatten
+from trainer_shim.state_paths import Slot, flatten
 
 STORE_ENV = "ELASTICD_STORE"  # host:port of the job's long-lived c10d store (hosted by the coordinator's daemon)
 PREFIX_ENV = "ELASTICD_STORE_PREFIX"  # this generation's key prefix in it

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 from itertools import pairwise
 from typing import Any
 
@@ -35,7 +35,8 @@ class HealError(RuntimeError):
 
 @dataclass(frozen=True)
 class Block:
-    """Rows [lo, hi) along `dim` of a tensor of global `shape`: all of a plain tensor, one shard of a DTensor."""
+    """Rows [lo, hi) along `dim` of a tensor of global `shape`: all of a plain tensor, one shard of a DTensor.
+    Made through `block()`, so equal blocks are one object: a model's many tensors of one shape pickle as one."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype
@@ -43,7 +44,7 @@ class Block:
     lo: int
     hi: int
 
-    @property
+    @cached_property
     def row_bytes(self) -> int:
         per = 1
         for i, n in enumerate(self.shape):
@@ -52,7 +53,14 @@ class Block:
         return per * self.dtype.itemsize
 
     def full(self) -> Block:
-        return Block(self.shape, self.dtype, self.dim, 0, self.shape[self.dim] if self.shape else 1)
+        return block(self.shape, self.dtype, self.dim, 0, self.shape[self.dim] if self.shape else 1)
+
+
+@lru_cache(maxsize=1 << 16)
+def block(shape: tuple[int, ...], dtype: torch.dtype, dim: int, lo: int, hi: int) -> Block:
+    """The one Block of these fields. A heal's offers list a block per tensor and every rank unpickles every offer:
+    shared, the thousands of same-shaped tensors of a model cost one block each way, not one each (issue 35)."""
+    return Block(shape, dtype, dim, lo, hi)
 
 
 @dataclass
@@ -82,48 +90,11 @@ class Healed:
     missing: list[str] = field(default_factory=list)  # paths with rows no live rank holds at the freshest step
 
 
-class Slot:
-    """Where a tensor was in a state: its path (keys from the root)."""
-
-    __slots__ = ("path",)
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __reduce__(self) -> tuple[type[Slot], tuple[str]]:
-        return (Slot, (self.path,))
-
-
-def flatten(obj: Any, tensors: dict[str, torch.Tensor], path: str = "") -> Any:
-    """The state with each tensor replaced by a `Slot` (the tensor goes into `tensors` under its path)."""
-    if isinstance(obj, torch.Tensor):
-        tensors[path] = obj.detach() if not isinstance(obj, DTensor) else obj
-        return Slot(path)
-    if isinstance(obj, dict):
-        items = [(k, flatten(v, tensors, f"{path}/{k!r}")) for k, v in obj.items()]
-        return OrderedDict(items) if isinstance(obj, OrderedDict) else dict(items)
-    if isinstance(obj, list | tuple):
-        return type(obj)(flatten(v, tensors, f"{path}/{i}") for i, v in enumerate(obj))
-    return obj
-
-
-def fill(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
-    """The inverse of `flatten`: each `Slot` replaced by the tensor at its path."""
-    if isinstance(skeleton, Slot):
-        return tensors[skeleton.path]
-    if isinstance(skeleton, dict):
-        items = [(k, fill(v, tensors)) for k, v in skeleton.items()]
-        return OrderedDict(items) if isinstance(skeleton, OrderedDict) else dict(items)
-    if isinstance(skeleton, list | tuple):
-        return type(skeleton)(fill(v, tensors) for v in skeleton)
-    return skeleton
-
-
 def block_of(t: torch.Tensor) -> tuple[torch.Tensor, Block]:
     """A tensor's local data and the block of the global tensor it is. A DTensor may be sharded along one dim."""
     if not isinstance(t, DTensor):
         local = t.detach()
-        return local, Block(tuple(t.shape), t.dtype, 0, 0, t.shape[0] if t.dim() else 1)
+        return local, block(tuple(t.shape), t.dtype, 0, 0, t.shape[0] if t.dim() else 1)
     local = t.to_local().detach()
     shape = tuple(t.shape)
     _, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
@@ -131,9 +102,9 @@ def block_of(t: torch.Tensor) -> tuple[torch.Tensor, Block]:
     if len(split) > 1:
         raise HealError(f"a DTensor sharded along {len(split)} dims ({t.placements}) cannot be healed by rows")
     if not shape:
-        return local, Block(shape, t.dtype, 0, 0, 1)
+        return local, block(shape, t.dtype, 0, 0, 1)
     dim = split[0] if split else next((p.dim for p in t.placements if isinstance(p, Shard)), 0)
-    return local, Block(shape, t.dtype, dim, int(offset[dim]), int(offset[dim]) + int(local.shape[dim]))
+    return local, block(shape, t.dtype, dim, int(offset[dim]), int(offset[dim]) + int(local.shape[dim]))
 
 
 def replicated(t: torch.Tensor) -> bool:
@@ -148,6 +119,9 @@ def replicated(t: torch.Tensor) -> bool:
 # -- the plan: pure, the same on every rank -------------------------------------------------------------
 def _cuts(want: Block, holders: list[tuple[int, Block]]) -> Iterator[tuple[int, int, list[int]]]:
     """Consecutive row ranges of `want`, each with the ranks holding all of it."""
+    if all(h.lo <= want.lo and want.hi <= h.hi for _, h in holders):  # data parallel: every holder has it all
+        yield want.lo, want.hi, [r for r, _ in holders]
+        return
     points = sorted({want.lo, want.hi, *(b for _, h in holders for b in (h.lo, h.hi) if want.lo < b < want.hi)})
     for lo, hi in pairwise(points):
         yield lo, hi, [r for r, h in holders if h.lo <= lo and hi <= h.hi]
@@ -161,9 +135,10 @@ def plan(wants: Mapping[int, Mapping[str, Block]], holds: Mapping[int, Mapping[s
     load: dict[int, int] = {r: 0 for r in holds}
     pieces: list[Piece] = []
     missing: list[str] = []
+    ordered = sorted(holds.items())
     for dst in sorted(wants):
         for path, want in wants[dst].items():
-            holders = [(r, h[path]) for r, h in sorted(holds.items()) if path in h]
+            holders = [(r, h[path]) for r, h in ordered if path in h]
             for lo, hi, ranks in _cuts(want, holders):
                 ranks = ranks[:1] if sole else ranks
                 if not ranks:

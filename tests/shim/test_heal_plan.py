@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer_shim.heal import NOTHING, SPLIT_BYTES, Block, Offer, fill, flatten, plan, settle
+from trainer_shim.heal import NOTHING, SPLIT_BYTES, Block, Offer, plan, settle
+from trainer_shim.state_paths import fill, flatten
 
 pytestmark = pytest.mark.quick
 
@@ -89,3 +90,17 @@ def test_after_a_crash_the_freshest_step_every_shard_has_is_restored_not_the_che
     assert {(p.src, p.dst) for p in settled.pieces} == {(2, 0), (2, 2), (3, 3)}  # rank 0 goes back to step 10
     lost = [Offer(11, True, {"w": s0}, {"w": s0}), Offer(NOTHING, True, {}, {"w": s1})]  # shard 1's only holder died
     assert settle(lost).missing == ["w"]
+
+
+def test_equal_blocks_are_one_object_so_an_offer_of_many_tensors_pickles_small() -> None:
+    """Every rank unpickles every rank's offer: a model's thousands of same-shaped tensors must not cost a block each
+    (issue 35: unpickling the offers was a third of a 5,000-tensor heal)."""
+    import pickle
+
+    from trainer_shim.heal import block_of
+
+    tensors = {f"layers.{i}.w": torch.zeros(4, 8) for i in range(1000)}
+    blocks = [block_of(t)[1] for t in tensors.values()]
+    assert all(b is blocks[0] for b in blocks) and blocks[0].row_bytes == 32
+    offer = Offer(3, True, dict(zip(tensors, blocks, strict=True)), None)
+    assert len(pickle.dumps(offer)) < 25 * len(tensors)  # its paths and one block, not a block per tensor

@@ -18,7 +18,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer_shim.elastic import lost_peer
 from trainer_shim.generation import Generation, NotArrived, arrive, join, leave, open_store, state_digest
-from trainer_shim.heal import fill, flatten, heal
+from trainer_shim.heal import heal
+from trainer_shim.state_paths import fill, flatten
 
 
 @pytest.fixture
