@@ -19,7 +19,7 @@ CORDONED = "cordoned: it is not in the round"
 LEFT_OUT = "cordoned: the round its failure starts leaves it out; a spare takes its place if the job has one"
 AFTER_CHANGE = "cordon after the change in flight"
 HOSTS_COORDINATOR = "stays: it hosts the coordinator (its leaving would end the job)"
-BELOW_MIN = "stays: the job would fall below --nnodes min with no spare to fill in"
+BELOW_MIN = "stays until a spare comes: the job would fall below --nnodes min without one"
 
 
 class HealthCore(CoordinatorCore, Protocol):
@@ -56,7 +56,7 @@ class NodeHealth:
                                role=self.role(node_id))
             return
         if before is None or before.reasons() != report.reasons():
-            self.take_out(node_id, report.reasons(), now)
+            self.take_out(node_id, report.reasons())
 
     def failure_charged(self, node_id: str, now: float) -> None:
         """A worker failure that is its round's root cause counts against its node: K within the window, a lemon."""
@@ -71,17 +71,19 @@ class NodeHealth:
             times.clear()
             reason = f"{cfg.lemon_failures} root-cause failures within {cfg.lemon_window_s:g}s"
             self.reports[node_id] = HealthReport([HealthCheck.lemon], [HealthFinding(HealthCheck.lemon, reason)])
-            self.take_out(node_id, [f"{HealthCheck.lemon}: {reason}"], now, failed=True)
+            self.take_out(node_id, [f"{HealthCheck.lemon}: {reason}"], failed=True)
 
-    def check(self, now: float) -> None:
-        """Each tick: the cordons that waited for a change in flight."""
+    def check(self, _now: float) -> None:
+        """Each tick: the cordons that waited for a change in flight, or for a spare to let the node go."""
         for node_id, reasons in list(self.due.items()):
-            if self.core.transition is None and self.core.pending is None:
+            if self.core.transition is not None or self.core.pending is not None:
+                return
+            if self.interlock(node_id) != BELOW_MIN:
                 del self.due[node_id]
-                self.take_out(node_id, reasons, now)
+                self.take_out(node_id, reasons)
 
     # ---- taking a node out ----------------------------------------------------------------------------------
-    def take_out(self, node_id: str, reasons: list[str], now: float, failed: bool = False) -> None:
+    def take_out(self, node_id: str, reasons: list[str], failed: bool = False) -> None:
         """`failed`: its round already failed (a lemon), so the round that follows leaves it out, no drain."""
         core = self.core
         node = core.nodes.get(node_id)
@@ -90,9 +92,10 @@ class NodeHealth:
         rnd = core.round
         in_round = rnd is not None and rnd.has(node_id) and core.state == JobState.running
         action = self.interlock(node_id) if in_round else ""
-        if not action and in_round and not failed and (core.transition is not None or core.pending is not None):
-            self.due[node_id] = reasons
-            action = AFTER_CHANGE
+        if action == BELOW_MIN or (not action and in_round and not failed
+                                   and (core.transition is not None or core.pending is not None)):
+            self.due[node_id] = reasons  # tried again each tick: once the change is over, or a spare has come
+            action = action or AFTER_CHANGE
         elif not action and in_round and not failed:
             core.begin_transition(TransitionKind.cordon, [node_id], Role.cordoned, After.round,
                                   f"cordon of {node_id}: unhealthy ({'; '.join(reasons)})")

@@ -83,6 +83,10 @@ def test_a_sick_node_stays_where_its_leaving_would_end_the_job_and_says_why() ->
     assert sim.of(K.node_unhealthy, since=mark)[-1]["action"] == BELOW_MIN
     sim.run(3.0)
     assert member in sim.round.node_ids() and sim.round.round_id == 1
+    sim.add("d", shim=True, step_time=0.1, save_s=0.2).start()  # a spare comes: now the sick node can go
+    sim.formed(2)
+    assert member not in sim.round.node_ids() and "d" in sim.round.node_ids() and c.nodes[member].role == Role.cordoned
+    assert [e["action"] for e in sim.of(K.node_unhealthy, since=mark) if e["node"] == member] == [BELOW_MIN, CORDON]
 
 
 def test_a_node_that_causes_three_failures_is_a_lemon_and_the_job_trains_on_without_it() -> None:
