@@ -30,11 +30,16 @@ class HealthMonitor:
     async def run(self) -> None:
         self.nvml = await asyncio.to_thread(self.make_nvml)  # nvmlInit can take seconds on a big node
         while True:
-            report = await self.check()
-            if (self.last is None and not report.healthy) or (self.last and report.reasons() != self.last.reasons()):
-                self.note(report)
-            self.last = report
-            self.send(report)
+            try:
+                report = await self.check()
+            except Exception:  # a bug in one check must not end the others for good: said, and tried again
+                log.exception("[%s] health: a check failed to run", self.cfg.node_id)
+            else:
+                changed = report.reasons() != self.last.reasons() if self.last else not report.healthy
+                if changed:
+                    self.note(report)
+                self.last = report
+                self.send(report)
             await self.wait_interval()
 
     async def wait_interval(self) -> None:

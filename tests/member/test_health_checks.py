@@ -128,3 +128,27 @@ def test_a_wedged_nvml_is_a_reason_and_is_not_asked_again_while_it_hangs(tmp_pat
     first, second, took = asyncio.run(twice())
     assert first.reasons() == ["nvml: NVML did not answer within 0.3s"]
     assert second.reasons() == ["nvml: NVML has not answered for over 0.3s"] and took < 1.4  # not waited for
+
+
+def test_a_check_that_raises_is_logged_and_the_monitor_goes_on(tmp_path: Path) -> None:
+    cfg = JobConfig(1, 1, 1, "127.0.0.1", 29400, "job", "a", ["train.py"], log_dir=str(tmp_path),
+                    health_interval_s=0.2, health_timeout_s=5.0)
+    calls: list[int] = []
+
+    def checkpoints() -> list[str]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in a check")
+        return []
+
+    sent: list[HealthReport] = []
+    monitor = HealthMonitor(cfg, sent.append, lambda: False, checkpoints,
+                            nvml=lambda: NvmlHealth(lambda: (_ for _ in ()).throw(ImportError("none"))))
+
+    async def play() -> None:
+        task = asyncio.create_task(monitor.run())
+        await asyncio.sleep(0.9)
+        task.cancel()
+
+    asyncio.run(play())
+    assert len(calls) >= 3 and sent and all(r.healthy for r in sent)
