@@ -99,3 +99,17 @@ def test_a_password_from_a_variable_leaves_the_environment_so_no_child_inherits_
     monkeypatch.setenv("ETCD_PW", "s3cret")
     source = password_source(EtcdAccess(user="trainer", password_env="ETCD_PW"))
     assert "ETCD_PW" not in os.environ and source() == "s3cret"
+
+
+def test_the_jobs_ca_wins_over_requests_ca_bundle_and_without_one_the_environment_verifies(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from elasticd.coordinator.etcd.access import pinned_session
+
+    bundle = tmp_path / "corporate.pem"
+    bundle.write_text("")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(bundle))
+    url = "https://127.0.0.1:2379/v3/kv/range"
+    pinned = pinned_session(EtcdAccess("https", "/etc/elasticd/ca.crt"))
+    assert pinned.merge_environment_settings(url, {}, None, None, None)["verify"] == "/etc/elasticd/ca.crt"
+    plain = pinned_session(EtcdAccess("https"))
+    assert plain.merge_environment_settings(url, {}, None, None, None)["verify"] == str(bundle)

@@ -22,8 +22,9 @@ TOKEN_MARGIN_S = 30.0  # a JWT is renewed this long before it expires (a short-l
 
 
 def pinned_session(access: EtcdAccess) -> requests.Session:
-    """A session whose CA is the job's whatever the environment says: requests lets REQUESTS_CA_BUNDLE (set on many
-    corporate hosts) override a session's `verify`, and a TLS etcd then fails with "unable to get local issuer"."""
+    """A session whose CA, when the job names one, is that one whatever the environment says: requests lets
+    REQUESTS_CA_BUNDLE (set on many corporate hosts) override a session's `verify`, and a TLS etcd then fails with
+    "unable to get local issuer". Without `cacert`, the environment's CAs verify etcd, as for any requests user."""
     import requests  # with etcd3gw
 
     class PinnedSession(requests.Session):
@@ -32,7 +33,7 @@ def pinned_session(access: EtcdAccess) -> requests.Session:
             settings["verify"] = self.verify
             return settings
 
-    session = PinnedSession()
+    session = PinnedSession() if access.cacert else requests.Session()
     if access.cacert:
         session.verify = access.cacert
     if access.cert:
