@@ -160,8 +160,11 @@ def test_a_role_revoked_mid_job_is_an_etcd_outage_with_that_reason_and_granted_a
         try:
             down = wait_event(job, "a", "etcd_unreachable", since=formed["seq"])
             assert "etcd: user 'trainer' may not read and write /elasticd/job" in down["detail"]
+            time.sleep(2.0)  # several keep-alives: they need no rights on the job's keys, and must not say all is well
             status = ask(job, "a", "status")
             assert not status["etcd"]["ok"] and "membership frozen" in status["reason"]
+            kinds = [e["kind"] for e in ask(job, "a", "events", since_seq=down["seq"], limit=0)["events"]]
+            assert "etcd_restored" not in kinds, kinds
         finally:
             set_rights(etcd.url(0), pki.admin, "trainer-role", JOB_PREFIX, granted=True)
         wait_event(job, "a", "etcd_restored", since=down["seq"])

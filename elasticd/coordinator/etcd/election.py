@@ -21,6 +21,7 @@ from elasticd.coordinator.etcd.errors import EtcdClusterChanged, EtcdUnavailable
 log = logging.getLogger("elasticd")
 WATCH_S = 1.0  # a watch returns at least this often, so a lost lease is noticed even when nothing changes
 OUTAGE_RETRY_S = 0.25
+KEEP_ALIVE, CAMPAIGN = "keep-alive", "campaign"  # the two threads whose word on etcd's health counts
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class Elector:
         self.valid_until = 0.0  # monotonic: the lease certainly lives until then (send time of the last ack + TTL)
         self.leader: Leader | None = None
         self.healthy = True
+        self.failing: dict[str, str] = {}  # thread -> what etcd last said to it
         self.stopping = threading.Event()
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
@@ -116,7 +118,7 @@ class Elector:
             try:
                 ttl = self.client.refresh(lease)
             except EtcdUnavailable as exc:
-                self.health(False, str(exc))
+                self.health(False, str(exc), KEEP_ALIVE)
                 self.stopping.wait(OUTAGE_RETRY_S)
                 continue
             except EtcdClusterChanged as exc:
@@ -125,7 +127,7 @@ class Elector:
             except Exception as exc:  # a refused request: try again at the next interval
                 log.warning("[%s] etcd: keep-alive failed: %s", self.node_id, exc)
                 ttl = 0
-            self.health(True, "")
+            self.health(True, "", KEEP_ALIVE)
             if ttl <= 0:
                 self.lost_session()
                 continue
@@ -150,11 +152,11 @@ class Elector:
                 if not self.lease:
                     self.open_session()
                 kvs, revision = self.client.get_prefix(f"{self.prefix}leader/")
-                self.health(True, "")
+                self.health(True, "", CAMPAIGN)
                 self.follow(kvs)
                 self.client.wait_change(f"{self.prefix}leader/", revision, WATCH_S)
             except EtcdUnavailable as exc:
-                self.health(False, str(exc))
+                self.health(False, str(exc), CAMPAIGN)
                 self.stopping.wait(OUTAGE_RETRY_S)
             except EtcdClusterChanged as exc:
                 self.on_fatal(str(exc))
@@ -179,7 +181,16 @@ class Elector:
             self.leader = leader
             self.on_leader(leader)
 
-    def health(self, ok: bool, detail: str) -> None:
-        if ok != self.healthy:
-            self.healthy = ok
-            self.on_health(EtcdHealth(ok, time.time(), detail))
+    def health(self, ok: bool, detail: str, who: str) -> None:
+        """etcd is healthy while neither thread is failing: a lease's keep-alive needs no rights on the job's
+        keys, so it must not call etcd back while the election is refused (a role revoked) or cut off."""
+        with self.lock:
+            if ok:
+                self.failing.pop(who, None)
+            else:
+                self.failing[who] = detail
+            healthy = not self.failing
+            changed, self.healthy = healthy != self.healthy, healthy
+            why = next(iter(self.failing.values()), "")
+        if changed:
+            self.on_health(EtcdHealth(healthy, time.time(), why))
