@@ -7,10 +7,11 @@ take the node out where that helps, say why where it cannot, and never let it ba
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Container
 from typing import Protocol
 
 from elasticd.coordinator.core import CoordinatorCore, PendingRound
-from elasticd.wire.health import HealthFinding, HealthReport
+from elasticd.wire.health import HealthReport
 from elasticd.wire.names import After, Cause, EventKind, HealthCheck, JobState, NodeStatus, Role, TransitionKind
 from elasticd.wire.protocol import JsonObject
 
@@ -26,7 +27,6 @@ class HealthCore(CoordinatorCore, Protocol):
     """What health needs of the coordinator besides the core: the change in flight, and starting a cordon."""
 
     pending: PendingRound | None
-    target: int
 
     @property
     def transition(self) -> object | None: ...
@@ -38,11 +38,12 @@ class HealthCore(CoordinatorCore, Protocol):
 class NodeHealth:
     """Each node's last verdict, the failures counted against it, and the cordons still to start."""
 
-    def __init__(self, core: HealthCore, warming: set[str] | dict[str, float]) -> None:
+    def __init__(self, core: HealthCore, warming: Container[str]) -> None:
         self.core = core
         self.warming = warming  # the resizer's joiners whose pre-started workers are still starting: not ready
-        self.reports: dict[str, HealthReport] = {}
+        self.reports: dict[str, HealthReport] = {}  # each node's own last verdict
         self.failures: dict[str, deque[float]] = {}
+        self.lemons: dict[str, str] = {}  # node -> why it is a lemon: said while it stays cordoned
         self.due: dict[str, list[str]] = {}  # node -> reasons: cordon once the change in flight is over
 
     # ---- verdicts ---------------------------------------------------------------------------------------
@@ -69,9 +70,10 @@ class NodeHealth:
             times.popleft()
         if len(times) >= cfg.lemon_failures:
             times.clear()
-            reason = f"{cfg.lemon_failures} root-cause failures within {cfg.lemon_window_s:g}s"
-            self.reports[node_id] = HealthReport([HealthCheck.lemon], [HealthFinding(HealthCheck.lemon, reason)])
-            self.take_out(node_id, [f"{HealthCheck.lemon}: {reason}"], failed=True)
+            # Apart from the node's own verdict: its next passing check must not clear the coordinator's.
+            self.lemons[node_id] = (f"{HealthCheck.lemon}: {cfg.lemon_failures} root-cause failures within "
+                                    f"{cfg.lemon_window_s:g}s")
+            self.take_out(node_id, [self.lemons[node_id]], failed=True)
 
     def check(self, _now: float) -> None:
         """Each tick: the cordons that waited for a change in flight, or for a spare to let the node go."""
@@ -113,8 +115,8 @@ class NodeHealth:
             return HOSTS_COORDINATOR
         rnd = core.round
         staying = len(rnd.node_ids()) - 1 if rnd is not None else 0
-        if staying + len(self.spares()[0]) < core.cfg.min_nodes:
-            return BELOW_MIN
+        if staying < core.cfg.min_nodes and staying + len(self.spares()[0]) < core.cfg.min_nodes:
+            return BELOW_MIN  # the spares are counted only where they matter: a tick retries a held node
         return ""
 
     # ---- what status and the console read ------------------------------------------------------------------
@@ -135,11 +137,18 @@ class NodeHealth:
         node = self.core.nodes.get(node_id)
         return str(node.role) if node else ""
 
+    def reasons(self, node_id: str) -> list[str]:
+        """Why a node is out: its own checks' reasons, and the coordinator's lemon verdict while it is cordoned."""
+        report = self.reports.get(node_id)
+        own = report.reasons() if report else []
+        lemon = self.lemons.get(node_id) if self.role(node_id) == Role.cordoned else None
+        return [*own, lemon] if lemon else own
+
     def node_fields(self, node_id: str) -> JsonObject:
         """A node's entry in `status`: its checks, why it is unhealthy, and whether it is a spare ready to go."""
         report = self.reports.get(node_id)
         fields: JsonObject = {"checks": [str(c) for c in report.checks] if report else [],
-                              "health": report.reasons() if report else []}
+                              "health": self.reasons(node_id)}
         node = self.core.nodes.get(node_id)
         if node is not None and node.role == Role.standby and node.status == NodeStatus.alive:
             fields["spare"] = "warming: workers starting" if node_id in self.warming else "ready"
@@ -148,4 +157,4 @@ class NodeHealth:
     def summary(self) -> JsonObject:
         ready, warming = self.spares()
         return {"spares": {"ready": len(ready), "warming": len(warming)},
-                "unhealthy": sorted(n for n in self.reports if self.unhealthy(n))}
+                "unhealthy": sorted(n for n in {*self.reports, *self.lemons} if self.reasons(n))}

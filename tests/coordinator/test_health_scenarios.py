@@ -103,6 +103,10 @@ def test_a_node_that_causes_three_failures_is_a_lemon_and_the_job_trains_on_with
     assert unhealthy["node"] == lemon and unhealthy["action"] == LEFT_OUT
     assert unhealthy["reasons"] == [f"{HealthCheck.lemon}: 3 root-cause failures within 600s"]
     assert lemon not in sim.round.node_ids() and c.nodes[lemon].role == Role.cordoned
+    report(sim, lemon, PASSING)  # its own checks pass: the coordinator's verdict stays, and nothing says healed
+    entry = next(n for n in c.status(sim.clock.now)["nodes"] if n["node_id"] == lemon)
+    assert entry["health"] == unhealthy["reasons"] and c.status(sim.clock.now)["unhealthy"] == [lemon]
+    assert sim.of(K.node_healthy) == []
     assert sim.round.world_size == 6 and other in sim.round.node_ids()  # the spare filled in; the echo's node stays
     assert [e["root_cause"] for e in sim.of(K.worker_failed) if e["node"] == other] == [False] * 3
 
