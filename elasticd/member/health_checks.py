@@ -55,7 +55,10 @@ async def run_command(command: str, timeout_s: float) -> HealthFinding | None:
 
 
 def check_folder(path: str, check: HealthCheck = HealthCheck.log_dir) -> HealthFinding | None:
-    """A folder the job writes (the daemon's logs, the ranks' checkpoints): writable, and not nearly full."""
+    """A folder the job writes (the daemon's logs, the ranks' checkpoints): writable, and not nearly full. The
+    daemon makes its log folder; a checkpoint folder is the ranks', so one that is gone (pruned) is not checked."""
+    if check != HealthCheck.log_dir and not os.path.isdir(path):
+        return None
     try:
         os.makedirs(path, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".health-"):

@@ -76,9 +76,10 @@ class RankReports:
                                                         "duration_s": saved.duration_s, "at": now}
 
     def checkpoint_folders(self) -> list[str]:
-        """The folders this node's ranks last saved to (health checks them; docs/health.md)."""
+        """The local folders this node's ranks last saved to (health checks them; docs/health.md). A path that is
+        not absolute (`s3://bucket/…`, DCP's other storage) is no folder of this host's."""
         paths = {str(r["last_checkpoint"].get("path") or "") for r in self._by_rank.values() if "last_checkpoint" in r}
-        return sorted({os.path.dirname(p) for p in paths if p})
+        return sorted({os.path.dirname(p) for p in paths if os.path.isabs(p)})
 
     def drained(self, rank: int, step: int | None) -> None:
         self._by_rank[rank]["drained_step"] = step

@@ -79,10 +79,9 @@ def test_the_monitor_reports_every_interval_and_again_at_once_when_registered_an
                     health_command="exit 1", health_interval_s=5.0, health_timeout_s=5.0)
     sent: list[tuple[float, HealthReport]] = []
     registered = [False]
-    blocked = tmp_path / "file"
-    blocked.write_text("not a folder")  # where the ranks last saved: a checkpoint there would fail
+    # Where the ranks last saved: a folder no file can be made in (as root, /proc), and one pruned since.
     monitor = HealthMonitor(cfg, lambda r: sent.append((time.monotonic(), r)), lambda: registered[0],
-                            lambda: [str(blocked / "ckpt")],
+                            lambda: ["/proc", str(tmp_path / "pruned")],
                             nvml=lambda: NvmlHealth(lambda: (_ for _ in ()).throw(ImportError("none"))))
 
     async def play() -> None:
@@ -96,8 +95,9 @@ def test_the_monitor_reports_every_interval_and_again_at_once_when_registered_an
     assert len(sent) == 2 and sent[1][0] - sent[0][0] < 0.9  # not the 5 s interval
     report = sent[0][1]
     assert report.checks == [HealthCheck.command, HealthCheck.log_dir, HealthCheck.checkpoint_dir]
-    assert report.reasons()[0] == "command: failed (exit code 1)"
-    assert report.reasons()[1].startswith(f"checkpoint_dir: {blocked}/ckpt is not writable")
+    assert report.reasons()[0] == "command: failed (exit code 1)" and len(report.reasons()) == 2
+    assert report.reasons()[1].startswith("checkpoint_dir: /proc is not writable")
+    assert not (tmp_path / "pruned").exists()  # a checkpoint folder is the ranks': never made by the check
 
 
 class WedgedNvml(NvmlHealth):
@@ -152,3 +152,14 @@ def test_a_check_that_raises_is_logged_and_the_monitor_goes_on(tmp_path: Path) -
 
     asyncio.run(play())
     assert len(calls) >= 3 and sent and all(r.healthy for r in sent)
+
+
+def test_only_local_checkpoint_folders_are_checked() -> None:
+    from elasticd.member.rank_reports import RankReports
+    from elasticd.wire.worker_reports import Saved
+
+    reports = RankReports()
+    for rank, path in enumerate(("/mnt/ckpt/step-40/rank-0.pt", "s3://bucket/run/step-40/rank-1.pt")):
+        reports.hello(rank, 3, 0.0, in_place=True)
+        reports.checkpoint(Saved(rank, 40, path, 1024, 0.5), 1.0)
+    assert reports.checkpoint_folders() == ["/mnt/ckpt/step-40"]
