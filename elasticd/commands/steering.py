@@ -51,10 +51,15 @@ def plan(c: JobPort, members_after: list[str]) -> Plan:
                 summary=f"world {c.round.world_size} → {world}" + (f"; ranks {span(leaving)} leave" if leaving else ""))
 
 
+def first_spare(c: JobPort, besides: list[str]) -> str | None:
+    """The standby that would take a leaving node's place (the first to have joined), if the job has one."""
+    return next((n.node_id for n in sorted(c.alive(), key=lambda n: n.joined_seq)
+                 if n.role == Role.standby and n.node_id not in besides), None)
+
+
 def spare_for(c: JobPort, members_after: list[str]) -> list[str]:
-    """The members after a node leaves, with the first spare (a standby) in its place when the job has one."""
-    spare = next((n.node_id for n in sorted(c.alive(), key=lambda n: n.joined_seq)
-                  if n.role == Role.standby and n.node_id not in members_after), None)
+    """The members after a node leaves, with the first spare in its place when the job has one."""
+    spare = first_spare(c, members_after)
     return members_after + ([spare] if spare else [])
 
 

@@ -18,8 +18,9 @@ def plan(c: JobPort, request: NodeRequest) -> Plan:
 
 
 def apply(c: JobPort, request: NodeRequest, plan: Plan) -> Steered:
-    if not any(n.role == Role.standby for n in c.alive()):  # a spare takes the node's place: the world stays
-        c.aim_at(max(1, len(steering.require_running(c).node_ids()) - 1))
+    members = steering.require_running(c).node_ids()
+    if steering.first_spare(c, members) is None:  # else a spare takes the node's place: the world stays
+        c.aim_at(max(1, len(members) - 1))
     return steering.begin(c, TransitionKind.drain, [request.node], Role.standby, After.round,
                           f"drain of {request.node}")
 
