@@ -6,10 +6,10 @@ import json
 import ssl
 import subprocess
 import urllib.request
-from base64 import b64encode
 from dataclasses import dataclass
 from pathlib import Path
 
+from elasticd.coordinator.etcd.client import b64, prefix_end
 from support.system_deps import require_binary
 
 ROOT_PASSWORD = "root-secret-4b1d"
@@ -64,10 +64,6 @@ def gateway(url: str, path: str, body: dict[str, object], client: Pair, token: s
         return answer
 
 
-def b64(text: str) -> str:
-    return b64encode(text.encode()).decode()
-
-
 def enable_rbac(url: str, admin: Pair, users: dict[str, tuple[str, str]]) -> None:
     """etcd's authentication on, with `root` and a user per entry: name -> (password, the prefix its role may
     read and write; empty: a role with no rights at all)."""
@@ -76,19 +72,22 @@ def enable_rbac(url: str, admin: Pair, users: dict[str, tuple[str, str]]) -> Non
         role = "root" if name == "root" else f"{name}-role"
         gateway(url, "auth/role/add", {"name": role}, admin)
         if prefix:
-            end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
-            gateway(url, "auth/role/grant", {"name": role, "perm": {"key": b64(prefix), "range_end": b64(end),
-                                                                     "permType": "READWRITE"}}, admin)
+            grant(url, admin, role, prefix)
         gateway(url, "auth/user/grant", {"user": name, "role": role}, admin)
     gateway(url, "auth/enable", {}, admin)
+
+
+def grant(url: str, admin: Pair, role: str, prefix: str, token: str = "") -> None:
+    """`role` may read and write every key under `prefix`."""
+    gateway(url, "auth/role/grant", {"name": role, "perm": {"key": b64(prefix), "range_end": b64(prefix_end(prefix)),
+                                                             "permType": "READWRITE"}}, admin, token)
 
 
 def set_rights(url: str, admin: Pair, role: str, prefix: str, granted: bool) -> None:
     """Grant `role` readwrite on `prefix`, or revoke it, as root, while authentication is on."""
     token = str(gateway(url, "auth/authenticate", {"name": "root", "password": ROOT_PASSWORD}, admin)["token"])
-    end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
     if granted:
-        gateway(url, "auth/role/grant", {"name": role, "perm": {"key": b64(prefix), "range_end": b64(end),
-                                                                 "permType": "READWRITE"}}, admin, token)
+        grant(url, admin, role, prefix, token)
     else:
-        gateway(url, "auth/role/revoke", {"role": role, "key": b64(prefix), "range_end": b64(end)}, admin, token)
+        gateway(url, "auth/role/revoke", {"role": role, "key": b64(prefix), "range_end": b64(prefix_end(prefix))},
+                admin, token)
