@@ -119,7 +119,8 @@ def replicated(t: torch.Tensor) -> bool:
 # -- the plan: pure, the same on every rank -------------------------------------------------------------
 def _cuts(want: Block, holders: list[tuple[int, Block]]) -> Iterator[tuple[int, int, list[int]]]:
     """Consecutive row ranges of `want`, each with the ranks holding all of it."""
-    if all(h.lo <= want.lo and want.hi <= h.hi for _, h in holders):  # data parallel: every holder has it all
+    if want.lo < want.hi and all(h.lo <= want.lo and want.hi <= h.hi for _, h in holders):  # every holder has all
+        # (an empty shard, lo == hi, has no range at all: the general path below yields none)
         yield want.lo, want.hi, [r for r, _ in holders]
         return
     points = sorted({want.lo, want.hi, *(b for _, h in holders for b in (h.lo, h.hi) if want.lo < b < want.hi)})

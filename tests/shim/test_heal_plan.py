@@ -92,6 +92,14 @@ def test_after_a_crash_the_freshest_step_every_shard_has_is_restored_not_the_che
     assert settle(lost).missing == ["w"]
 
 
+def test_an_empty_shard_is_neither_moved_nor_missing() -> None:
+    """FSDP gives a rank no rows of a tensor smaller than the world (lo == hi): nothing to move, nothing lost."""
+    pieces, missing = plan({0: {"b": shard(2, 2, 2)}, 1: {"b": shard(2, 0, 2)}}, {1: {"b": shard(2, 0, 2)}})
+    assert missing == [] and [(p.dst, p.lo, p.hi) for p in pieces] == [(1, 0, 2)]
+    pieces, missing = plan({0: {"b": shard(2, 2, 2)}}, {})  # nobody holds it, but rank 0 wants no rows of it
+    assert (pieces, missing) == ([], [])
+
+
 def test_equal_blocks_are_one_object_so_an_offer_of_many_tensors_pickles_small() -> None:
     """Every rank unpickles every rank's offer: a model's thousands of same-shaped tensors must not cost a block each
     (issue 35: unpickling the offers was a third of a 5,000-tensor heal)."""
