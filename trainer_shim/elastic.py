@@ -33,6 +33,7 @@ from trainer_shim.generation import (
     Generation,
     NotArrived,
     abort,
+    arrive,
     join,
     leave,
     open_store,
@@ -96,6 +97,7 @@ class Elastic:
         self.last_heal: dict[str, Any] = {}  # what the last heal moved (the `joined` report's `heal`)
         self._vouched = False  # this process's state was healed in a world: equal to the other ranks'
         self._leaving = False  # between leaving a group and joining the next: the daemon's abort is moot
+        self._resize_pending = False  # a resize settled at the last boundary, acted on before the next step
         self.state_dict, self.load_state_dict, self.on_world = state_dict, load_state_dict, on_world
         self.sampler = sampler
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -149,8 +151,8 @@ class Elastic:
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         ready = time.time()
         try:
-            self._rebind()
-        except HealError as exc:  # no state to start from (a lost shard and no checkpoint): a line, not a traceback
+            self._rebind(gen)
+        except (HealError, NotArrived) as exc:  # no state to start from, or peers that never rebuilt: a line
             raise SystemExit(f"elastic: rank {self.rank}: {exc}") from None
         if isinstance(self.session, Session):
             if self.in_place:
@@ -170,12 +172,15 @@ class Elastic:
             body = session.wait_generation(0, GENERATION_WAIT_S)
         return Generation.from_body(body)
 
-    def _rebind(self) -> None:
+    def _rebind(self, gen: Generation | None) -> None:
         """After joining: receive what this rank lacks of the freshest state, re-fit the sampler, reseed; the
-        script's rebuild comes last, or first for a sharded script (its model lives on the new mesh)."""
+        script's rebuild comes last, or first for a sharded script (its model lives on the new mesh, and the
+        heal waits until every rank has rebuilt: a newcomer's first build can outlast the heal's timeout)."""
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         if self.sharded:
             self._world()
+            if gen is not None and self._store is not None:
+                arrive(gen, self._store, stage="rebuilt")
         healed, state = self._heal_sharded() if self.sharded else self._heal_replicated()
         if state is not None:
             self._restore(state)
@@ -285,7 +290,8 @@ class Elastic:
         committed position, the rank leaves its group and rejoins the next generation with the survivors.
         Any other exception is raised: the script's own bug is not healed in place.
         """
-        if self._resize_due():
+        while self._resize_pending or self._resize_due():
+            self._resize_pending = False
             self._resize(None)
         error = None
         try:
@@ -301,8 +307,10 @@ class Elastic:
             return self.step
         self.step += 1
         self._commit()
-        if self._resize_due():
-            self._resize(None)
+        # Settled now, before the script's should_checkpoint; acted on at the next run_step (or close), so that
+        # what the script does at this boundary (a save, an eval: collectives) runs in the world every rank
+        # shares. A resize here would take the survivors into a world whose newcomers skip this boundary.
+        self._resize_pending = self._resize_due()
         return self.step
 
     def _resize_due(self) -> bool:
@@ -342,7 +350,7 @@ class Elastic:
             self._opened = join(gen, self.backend, self._store, self.timeout_s)
             self._open_fence(gen)
             ready = time.time()
-            self._rebind()
+            self._rebind(gen)
         except Exception as exc:  # a callback, the broadcast, the group's init: the daemon restarts us instead
             session.resize_failed(gen.round, _reason(exc))
             leave(self.backend, True, self._opened)
@@ -371,5 +379,8 @@ class Elastic:
             self.session.add_metrics(self._wait.take)
 
     def close(self) -> None:
+        if self._resize_pending:  # the last step's boundary: the newcomers wait for this rank's state
+            self._resize_pending = False
+            self._resize(None)
         if dist.is_initialized():
             dist.destroy_process_group()

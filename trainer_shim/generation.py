@@ -87,20 +87,22 @@ class NotArrived(RuntimeError):
     """The generation's other ranks did not all arrive in time: the daemon restarts this process instead."""
 
 
-def arrive(gen: Generation, store: dist.Store, wait_s: float = ARRIVAL_WAIT_S) -> None:
-    """Wait until every rank of the generation is here, so that the group's init needs only its short timeout.
+def arrive(gen: Generation, store: dist.Store, wait_s: float = ARRIVAL_WAIT_S, stage: str = "arrival") -> None:
+    """Wait until every rank of the generation has reached `stage`, so that the collectives after it need only
+    their short timeout: `arrival` before the group's init, `rebuilt` before a sharded heal (a newcomer builds its
+    model for the first time there, which takes seconds on a loaded host while its peers wait in the heal).
 
-    One counter per generation: the last rank to count sets `all`, which the others wait for (one blocking
-    wait: c10d logs a warning for every wait that times out, so there is no polling).
+    One counter per generation and stage: the last rank to count sets `all`, which the others wait for (one
+    blocking wait: c10d logs a warning for every wait that times out, so there is no polling).
     """
-    view = dist.PrefixStore(f"{gen.prefix}/arrival", store)
+    view = dist.PrefixStore(f"{gen.prefix}/{stage}", store)
     if view.add("count", 1) >= gen.world_size:
         view.set("all", "1")
     try:
         view.wait(["all"], timedelta(seconds=wait_s))
     except dist.DistStoreError:
-        raise NotArrived(f"generation {gen.round}: {view.add('count', 0)} of {gen.world_size} ranks arrived "
-                         f"within {wait_s:.0f}s") from None
+        raise NotArrived(f"generation {gen.round}: {view.add('count', 0)} of {gen.world_size} ranks "
+                         f"{'arrived' if stage == 'arrival' else 'reached ' + stage} within {wait_s:.0f}s") from None
 
 
 def join(gen: Generation, backend: str, store: dist.Store, timeout_s: float,

@@ -16,9 +16,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer_shim.elastic import lost_peer
+from trainer_shim.elastic import Elastic, lost_peer
 from trainer_shim.generation import Generation, NotArrived, arrive, join, leave, open_store, state_digest
 from trainer_shim.heal import heal
+from trainer_shim.noop import NullSession
 from trainer_shim.state_paths import fill, flatten
 
 
@@ -170,3 +171,28 @@ def test_a_generation_whose_ranks_do_not_all_arrive_says_how_many_came(store_add
     store = open_store(store_addr, 5)
     with pytest.raises(NotArrived, match="generation 4: 1 of 3 ranks arrived within 0s"):
         arrive(Generation(4, 0, 3, store_addr, "test/absent"), store, wait_s=0.2)
+
+
+def slow_builder(proc: int, store_addr: str, out: dict) -> None:
+    """A sharded rank whose model build (`on_world`) outlasts the collectives' 1 s timeout: a newcomer's first
+    build on a loaded host."""
+    os.environ.update({"RANK": str(proc), "WORLD_SIZE": "2", "ELASTICD_STORE": store_addr,
+                       "ELASTICD_STORE_PREFIX": "test/rebuilt", "ELASTICD_ROUND": "1"})
+    me = {"w": torch.full((4,), float(proc)), "step": 0}
+
+    def on_world(rank: int, world_size: int) -> None:
+        if rank == 1:
+            time.sleep(3)
+
+    shim = Elastic(NullSession(proc), state_dict=lambda: dict(me), load_state_dict=me.update, on_world=on_world,
+                   backend="gloo", timeout_s=1, sharded=True)
+    out[proc] = shim.init()
+    dist.destroy_process_group()
+
+
+def test_a_sharded_rank_that_rebuilds_after_the_heals_timeout_still_heals(store_addr: str) -> None:
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.start_processes(slow_builder, args=(store_addr, out), nprocs=2, start_method="spawn")
+        seen = dict(out)
+    assert seen == {0: 0, 1: 0}

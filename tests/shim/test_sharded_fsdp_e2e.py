@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from support.harness import Job, cli, wait_for
-from support.resizes import FSDP, digests, finish, kept, pids_of, resized
+from support.resizes import FSDP, digests, finish, first_world, kept, pids_of, resized
 
 from trainer_shim.sharded import list_sharded
 
@@ -38,3 +38,22 @@ def test_fsdp_job_reshards_in_memory_and_falls_back_to_its_checkpoint_when_a_sha
     seen = digests(tmp_path / "digests.log")
     for step, by_round in seen.items():
         assert len(set(by_round.values())) == 1, f"step {step}: the state differed between worlds {by_round}"
+
+
+def test_a_resize_at_a_checkpoint_boundary_saves_in_the_old_world_then_resizes(tmp_path: Path) -> None:
+    """The script saves after every step, so every resize meets a save at its boundary: the survivors save with
+    the ranks of the world that trained that step, then resize, rather than save in a world whose newcomers
+    skip that boundary's save (a hang until the collectives' timeout, then a restart)."""
+    with Job(tmp_path, nnodes="1:2", nproc=2) as job:
+        args = ("--steps", "100000", "--steps-file", str(tmp_path / "stop"), "--ckpt-dir", str(tmp_path / "ckpt"),
+                "--digest-log", str(tmp_path / "digests.log"), "--step-time", "0.1", "--mesh", "fsdp",
+                "--ckpt-every", "1")
+        a_pids = first_world(job, "a", FSDP, args, 2)
+        for world, act in ((4, lambda: job.start("b", FSDP, *args)), (2, lambda: cli(job, "drain", "b"))):
+            mark = job.seq()
+            act()
+            rnd = resized(job, world, mark)
+            assert kept(job, "a", rnd)[1] == a_pids
+        finish(job, tmp_path, "a")
+    seen = digests(tmp_path / "digests.log")
+    assert all(len(set(by_round.values())) == 1 for by_round in seen.values())
