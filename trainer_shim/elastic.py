@@ -98,6 +98,7 @@ class Elastic:
         self._vouched = False  # this process's state was healed in a world: equal to the other ranks'
         self._leaving = False  # between leaving a group and joining the next: the daemon's abort is moot
         self._resize_pending = False  # a resize settled at the last boundary, acted on before the next step
+        self._rebuild_s = 0.0  # how long the script's last `on_world` took (the `joined` report's `rebuild_s`)
         self.state_dict, self.load_state_dict, self.on_world = state_dict, load_state_dict, on_world
         self.sampler = sampler
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -158,7 +159,9 @@ class Elastic:
             if self.in_place:
                 self.session.rejoin(self.rank, self.round, in_place=True)
             self.session.joined(self.round, self.step, self.in_place, {"started": started, "group_ready": ready,
-                                                                       "synced": time.time()}, self.last_heal)
+                                                                       "synced": time.time(),
+                                                                       "rebuild_s": round(self._rebuild_s, 4)},
+                                self.last_heal)
         return self.step
 
     def _await_first(self, session: Session) -> Generation:
@@ -194,8 +197,9 @@ class Elastic:
 
     def _world(self) -> None:
         """The script's rebuild; the sockets it opens (its subgroups') are this generation's to sever."""
-        before = sockets_now()
+        before, began = sockets_now(), time.perf_counter()
         self.on_world(self.rank, self.world_size)
+        self._rebuild_s = time.perf_counter() - began
         self._opened |= sockets_now() - before
 
     def _heal_replicated(self) -> tuple[Healed, dict[str, Any] | None]:
@@ -236,7 +240,9 @@ class Elastic:
 
     def _note(self, healed: Healed, fallback: str | None) -> None:
         self.last_heal = {"received_bytes": healed.received_bytes, "sent_bytes": healed.sent_bytes,
-                          "senders": healed.senders, "seconds": round(healed.seconds, 4), "fallback": fallback}
+                          "senders": healed.senders, "seconds": round(healed.seconds, 4),
+                          "plan_s": round(healed.plan_s, 4), "transfer_s": round(healed.transfer_s, 4),
+                          "fallback": fallback}
 
     def _hold(self, graceful: bool) -> None:
         """Before a sharded rank leaves: keep its shards (no copy). On a graceful change, a shard no other rank
@@ -357,7 +363,8 @@ class Elastic:
             self._await_restart(gen.round)
         self._leaving = False
         session.rejoin(self.rank, gen.round, in_place=True)
-        session.joined(gen.round, self.step, True, {"group_ready": ready, "synced": time.time()}, self.last_heal)
+        session.joined(gen.round, self.step, True, {"group_ready": ready, "synced": time.time(),
+                                                    "rebuild_s": round(self._rebuild_s, 4)}, self.last_heal)
 
     def _await_restart(self, round_id: int) -> None:
         """The coordinator answers a failed resize with a restart round, whose first act stops this process."""

@@ -87,6 +87,8 @@ class Healed:
     sent_bytes: int = 0
     senders: int = 0
     seconds: float = 0.0
+    plan_s: float = 0.0  # the offers' exchange, the plan and the source's structure
+    transfer_s: float = 0.0  # the rows' moving (and the new memory's touching)
     missing: list[str] = field(default_factory=list)  # paths with rows no live rank holds at the freshest step
 
 
@@ -301,6 +303,8 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
         if rank == settled.source else [None, None]
     dist.broadcast_object_list(top, src=settled.source, device=comm_device)
     result = Healed(settled.step, settled.source, top[0], missing=settled.missing)
+    planned = time.perf_counter()
+    result.plan_s = result.seconds = planned - start
     if settled.missing:
         return result, {}
     pieces, full, asks = settled.pieces, settled.full, settled.asks
@@ -310,7 +314,8 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
     into = {p: block_of(t) for p, t in filled.items()}
     new = {p for p in filled if mine.fresh(p, full[p])}
     result.received_bytes, result.sent_bytes, result.senders = move(pieces, rank, have, into, new, comm_device)
-    result.seconds = time.perf_counter() - start
+    done = time.perf_counter()
+    result.transfer_s, result.seconds = done - planned, done - start
     return result, filled
 
 

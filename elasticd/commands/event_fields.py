@@ -108,6 +108,13 @@ def timeline_text(timeline: object) -> str:
     return " → ".join(f"{p} {t:.2f}" for p, t in phases[:PHASES_SHOWN] if t is not None)
 
 
+def parts_text(parts: object) -> str:
+    """leave 0.30 + group 0.80 + … = 2.20 (a duration's parts, in seconds, and their sum)."""
+    named = [(value_text(p, WORD_CHARS), number(t)) for p, t in parts.items()] if isinstance(parts, dict) else []
+    shown = [(p, t) for p, t in named[:PHASES_SHOWN] if t is not None]
+    return f"{' + '.join(f'{p} {t:.2f}' for p, t in shown)} = {sum(t for _, t in shown):.2f}" if shown else ""
+
+
 class Body:
     """An event's fields, read so that a record from another version, or a broken one, still reads."""
 
@@ -165,6 +172,9 @@ class Body:
 
     def timeline(self) -> str:
         return timeline_text(self.fields.get("timeline"))
+
+    def parts(self, key: str) -> str:
+        return parts_text(self.fields.get(key))
 
     def op(self) -> str:
         return f" (op {self.word('op_id')})" if self.has("op_id") else ""

@@ -125,8 +125,9 @@ def resize(b: Body) -> str:
     heal = b.sub("heal")
     moved = f"; heal moved {format_bytes(heal.number('received_bytes'))} in {heal.seconds('seconds')}" \
         if heal.fields else ""
+    went = f"; stall {b.parts('parts')} s" if b.has("parts") else ""
     return (f"generation {b.count('generation')} formed in place, world {b.count('world_size')} "
-            f"({b.word('cause')}: {b.text('detail')}): {b.timeline()} s{moved}")
+            f"({b.word('cause')}: {b.text('detail')}): {b.timeline()} s{moved}{went}")
 
 
 # -- a node's own ---------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import Any
 
 from elasticd.coordinator.membership import NodeRecord, Round
 from elasticd.coordinator.step_agreement import StepQuery
-from elasticd.wire.heal_report import merge_heals
+from elasticd.wire.heal_report import MergedHeal, merge_heals
 from elasticd.wire.member_state import Heal, ProgressReport
 from elasticd.wire.names import EventKind
 
@@ -138,8 +138,8 @@ class Resizer:
         if cur is None or cur.round_id != rnd.round_id:
             return
         if report.synced is not None and node_id in cur.members:
-            cur.synced[node_id] = {"synced": report.synced, **({"group_ready": report.group_ready}
-                                                               if report.group_ready is not None else {})}
+            cur.synced[node_id] = {"synced": report.synced, "rebuild_s": report.rebuild_s or 0.0,
+                                   **({"group_ready": report.group_ready} if report.group_ready is not None else {})}
             if report.heal is not None:
                 cur.heals[node_id] = report.heal
         self.finish_if_done(rnd)
@@ -162,10 +162,12 @@ class Resizer:
             marks[phase] = max(s.get(phase, 0.0) for s in cur.synced.values())
         start = marks["detect"]
         order = ("detect", "agreed", "left", "group_ready", "synced", "first_step")
+        heal = merge_heals([h.encode() for h in cur.heals.values()]) if cur.heals else None
+        rebuild = max(s.get("rebuild_s", 0.0) for s in cur.synced.values())
         self.emit(EventKind.resize, generation=rnd.round_id, round=rnd.round_id, world_size=rnd.world_size,
                   cause=rnd.cause, detail=rnd.detail,
                   timeline={p: round(marks[p] - start, 3) for p in order if p in marks},
-                  **({"heal": merge_heals([h.encode() for h in cur.heals.values()])} if cur.heals else {}))
+                  parts=stall_parts(marks, rebuild, heal), **({"heal": heal} if heal else {}))
 
     def failed(self, round_id: int, reason: str) -> bool:
         """A member says its part of this in-place round failed: True when the coordinator must restart."""
@@ -193,3 +195,14 @@ class Resizer:
         self.fall_back = reason
         self.emit(EventKind.resize_failed, generation=cur.round_id, round=cur.round_id, reason=reason)
         return True
+
+
+def stall_parts(marks: dict[str, float], rebuild_s: float, heal: MergedHeal | None) -> dict[str, float]:
+    """Where a resize's stall went, in seconds that add up to it (detection to the first step): leaving the old
+    group, forming the new one, the script's rebuild, the heal's plan and transfer (each the slowest rank's), the
+    first step, and `other` for the rest (waiting for the slowest rank, restoring the state)."""
+    parts = {"leave": marks["left"] - marks["detect"], "group": marks["group_ready"] - marks["left"],
+             "rebuild": rebuild_s, "plan": heal["plan_s"] if heal else 0.0,
+             "transfer": heal["transfer_s"] if heal else 0.0, "first_step": marks["first_step"] - marks["synced"]}
+    parts["other"] = marks["first_step"] - marks["detect"] - sum(parts.values())
+    return {name: round(seconds, 3) for name, seconds in parts.items()}

@@ -146,6 +146,7 @@ class InPlace:
             self.node.to_coord(MeshOp.round_progress, {
                 "round": group.round_id, "in_place": all(j.in_place for j in mine),
                 "group_ready": max(j.group_ready or 0.0 for j in mine), "synced": max(j.synced or 0.0 for j in mine),
+                "rebuild_s": max(j.rebuild_s or 0.0 for j in mine),
                 **({"heal": merge_heals(heals)} if heals else {})})
 
     def on_failed(self, failed: JoinFailed) -> None:

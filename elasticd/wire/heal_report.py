@@ -18,6 +18,8 @@ class Heal(Record):
     sent_bytes: int = 0
     senders: int = 0  # how many ranks it received from
     seconds: float = 0.0
+    plan_s: float = 0.0  # of `seconds`: the offers' exchange and the plan
+    transfer_s: float = 0.0  # of `seconds`: moving the rows
     fallback: str | None = None
 
 
@@ -27,17 +29,23 @@ class MergedHeal(TypedDict):
     received_bytes: int
     sent_bytes: int
     seconds: float
+    plan_s: float
+    transfer_s: float
     fallback: str | None
 
 
 def merge_heals(heals: Sequence[Mapping[str, Json]]) -> MergedHeal:
-    """Ranks' (or nodes') heal reports as one: bytes summed, the longest time, the first fallback's reason."""
+    """Ranks' (or nodes') heal reports as one: bytes summed, the longest of each time, the first fallback's reason."""
     def number(heal: Mapping[str, Json], key: str) -> float:
         value = heal.get(key)
         return value if isinstance(value, int | float) else 0.0
 
     def total(key: str) -> int:
         return sum(int(number(h, key)) for h in heals)
+
+    def longest(key: str) -> float:
+        return max(float(number(h, key)) for h in heals)
     fallback = next((str(h["fallback"]) for h in heals if h.get("fallback")), None)
     return {"received_bytes": total("received_bytes"), "sent_bytes": total("sent_bytes"),
-            "seconds": max(float(number(h, "seconds")) for h in heals), "fallback": fallback}
+            "seconds": longest("seconds"), "plan_s": longest("plan_s"), "transfer_s": longest("transfer_s"),
+            "fallback": fallback}

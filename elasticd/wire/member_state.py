@@ -169,6 +169,8 @@ class Heal(Record):
     received_bytes: int = 0
     sent_bytes: int = 0
     seconds: float = 0.0
+    plan_s: float = 0.0
+    transfer_s: float = 0.0
     fallback: str | None = None
 
 
@@ -182,6 +184,7 @@ class ProgressReport(Record):
     spawned: float | None = None  # its new workers are up
     group_ready: float | None = None  # in place: the latest of its ranks, once every one said `joined`
     synced: float | None = None
+    rebuild_s: float | None = None  # in place: the longest of its ranks' `on_world` (the script's rebuild)
     in_place: bool = False
     heal: Heal | None = None
     events: list[EventReport] = field(default_factory=list)

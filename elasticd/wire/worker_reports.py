@@ -106,6 +106,7 @@ class Joined(RankReport):
     started: float | None = None  # wall-clock times; `started` only at a process's first generation
     group_ready: float | None = None
     synced: float | None = None
+    rebuild_s: float | None = None  # how long the script's `on_world` took in this generation
     heal: Heal | None = None
 
 

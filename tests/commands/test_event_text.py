@@ -70,7 +70,10 @@ SAMPLES: dict[str, dict[str, Any]] = {
     EventKind.resize: {"generation": 5, "round": 5, "world_size": 6, "cause": "membership", "detail": "node c joined",
                        "timeline": {"detect": 0.0, "agreed": 0.2, "left": 0.3, "group_ready": 1.1, "synced": 1.9,
                                     "first_step": 2.2},
-                       "heal": {"received_bytes": 3 << 30, "sent_bytes": 3 << 30, "seconds": 1.42, "fallback": None}},
+                       "heal": {"received_bytes": 3 << 30, "sent_bytes": 3 << 30, "seconds": 0.42, "plan_s": 0.02,
+                                "transfer_s": 0.4, "fallback": None},
+                       "parts": {"leave": 0.3, "group": 0.8, "rebuild": 0.3, "plan": 0.02, "transfer": 0.4,
+                                 "first_step": 0.3, "other": 0.08}},
     EventKind.resize_failed: {"generation": 5, "round": 5,
                               "reason": "not every rank of generation 5 synced within 30s"},
     EventKind.workers_started: {"round": 2, "ranks": [0, 1], "world_size": 4, "pids": [1003, 1004], "kept": []},
@@ -217,3 +220,9 @@ def test_long_paths_keep_the_file_name_and_the_distinguishing_tail() -> None:
     assert short_path(CKPT) == "…/step-000200/rank-00017.pt"
     assert short_path("/ckpt/step-200/rank-3.pt") == "/ckpt/step-200/rank-3.pt"
     assert short_path("/x/" + "a" * 60 + ".pt", 20).endswith("aaa.pt")
+
+
+def test_a_resize_says_where_its_stall_went_in_parts_that_add_up() -> None:
+    line = describe(event(EventKind.resize, **SAMPLES[EventKind.resize]))
+    assert line.endswith("; stall leave 0.30 + group 0.80 + rebuild 0.30 + plan 0.02 + transfer 0.40 + "
+                         "first_step 0.30 + other 0.08 = 2.20 s"), line

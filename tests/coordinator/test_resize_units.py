@@ -11,7 +11,7 @@ from elasticd.coordinator.membership import MemoryStore, NodeRecord, RankEntry, 
 from elasticd.coordinator.resize import Resizer
 from elasticd.job.config import LEAVE_SLACK_S, STOP_SLACK_S, JobConfig
 from elasticd.job.events import EventLog
-from elasticd.wire.member_state import ProgressReport
+from elasticd.wire.member_state import Heal, ProgressReport
 from elasticd.wire.names import Cause, EventKind
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
@@ -75,6 +75,23 @@ def test_a_generation_that_never_syncs_falls_back_and_one_that_does_closes_its_t
     assert r.begin(nxt, [node("a", 0, False, [0, 1])], 3, 20.0, 20.0)  # its `synced` said in place
     assert not r.expired(20.0 + 29) and r.expired(20.0 + 31)
     assert events[-1][0] == EventKind.resize_failed and "synced within 30s" in events[-1][1]["reason"]
+
+
+def test_a_resize_says_where_its_stall_went_in_parts_that_add_up_to_it() -> None:
+    r, events = resizer()
+    prev, nxt = round_of(1, {"a": [0, 1], "b": [2, 3]}), round_of(2, {"a": [0, 1], "b": [2, 3]})
+    assert r.begin(prev, [node("a", 1, True, [0, 1]), node("b", 1, True, [2, 3])], 2, 10.0, 10.0)
+    nxt.timeline["go"] = 10.2
+    slow = Heal(received_bytes=1 << 20, seconds=0.5, plan_s=0.1, transfer_s=0.4)
+    r.progress("a", ProgressReport(2, group_ready=10.3, synced=11.0, rebuild_s=0.1, in_place=True,
+                                   heal=Heal(seconds=0.05, plan_s=0.05)), nxt)
+    r.progress("b", ProgressReport(2, group_ready=10.4, synced=11.2, rebuild_s=0.2, in_place=True, heal=slow), nxt)
+    r.first_step(nxt, 11.5)
+    kind, fields = events[-1]
+    assert kind == EventKind.resize
+    assert fields["parts"] == {"leave": 0.2, "group": 0.2, "rebuild": 0.2, "plan": 0.1, "transfer": 0.4,
+                               "first_step": 0.3, "other": 0.1}  # the slowest node's of each
+    assert sum(fields["parts"].values()) == pytest.approx(fields["timeline"]["first_step"])
 
 
 def test_an_in_place_rounds_stop_barrier_outwaits_the_nodes_wait_for_their_kept_workers() -> None:

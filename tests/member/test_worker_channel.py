@@ -168,15 +168,17 @@ async def test_left_joined_and_resize_failed_reach_the_in_place_round_as_records
                                                     "error": "NCCL communicator was aborted"})]
     assert node.failures == ["worker rank 3 on node a lost its process group at step 7: NCCL communicator was aborted"]
     node.group = SimpleNamespace(round_id=5, workers=[SimpleNamespace(proc=SimpleNamespace(pid=PID))])
-    heal = {"received_bytes": 4096, "sent_bytes": 0, "senders": 2, "seconds": 0.41, "fallback": None}
+    heal = {"received_bytes": 4096, "sent_bytes": 0, "senders": 2, "seconds": 0.41, "plan_s": 0.01, "transfer_s": 0.4,
+            "fallback": None}
     await live.send(WorkerOp.joined, {"rank": 2, "pid": PID, "round": 4, "step": 7, "in_place": True})  # an old one
     await live.send(WorkerOp.joined, {"rank": 2, "pid": PID, "round": 5, "step": 7, "in_place": True,
-                                      "group_ready": 10.5, "synced": 11.0, "heal": heal})
+                                      "group_ready": 10.5, "synced": 11.0, "rebuild_s": 0.27, "heal": heal})
     await live.send(WorkerOp.resize_failed, {"rank": 2, "pid": PID, "round": 6, "reason": "the store timed out"})
     await live.until(lambda: len(node.sent) == 2)
     assert node.sent == [(MeshOp.round_progress, {"round": 5, "in_place": True, "group_ready": 10.5, "synced": 11.0,
+                                                  "rebuild_s": 0.27,
                                                   "heal": {"received_bytes": 4096, "sent_bytes": 0, "seconds": 0.41,
-                                                           "fallback": None}}),
+                                                           "plan_s": 0.01, "transfer_s": 0.4, "fallback": None}}),
                          (MeshOp.resize_failed, {"round": 6, "reason": "rank 2 on node a: the store timed out"})]
     assert PID not in node.in_place.capable and live.channel.dropped_frames == 0
 

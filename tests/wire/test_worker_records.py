@@ -36,8 +36,9 @@ FROM_SHIM: dict[str, dict[str, Any]] = {
     WorkerOp.left: {"rank": 3, "pid": 4242, "round": 5, "step": 120, "request_id": None,
                     "error": "NCCL communicator was aborted"},
     WorkerOp.joined: {"rank": 2, "pid": 4242, "round": 6, "step": 120, "in_place": True, "group_ready": 1795841441.5,
-                      "synced": 1795841442.25, "heal": {"received_bytes": 4096, "sent_bytes": 0, "senders": 2,
-                                                        "seconds": 0.41, "fallback": None}},
+                      "synced": 1795841442.25, "rebuild_s": 0.27,
+                      "heal": {"received_bytes": 4096, "sent_bytes": 0, "senders": 2, "seconds": 0.41, "plan_s": 0.01,
+                               "transfer_s": 0.4, "fallback": None}},
     WorkerOp.resize_failed: {"rank": 2, "pid": 4242, "round": 6, "reason": "the generation's store did not answer"},
 }
 # ...and as the daemon sends it.
@@ -90,7 +91,8 @@ def test_every_op_either_way_has_a_record_and_a_sample() -> None:
 def test_a_real_shims_frames_decode_into_their_records(router: tuple[str, zmq.Socket]) -> None:
     """Every key trainer_shim writes is a field of the op's record (none ignored), and every field is written."""
     addr, sock = router
-    healed = Healed(step=120, source=0, skeleton=None, received_bytes=4096, senders=2, seconds=0.41)
+    healed = Healed(step=120, source=0, skeleton=None, received_bytes=4096, senders=2, seconds=0.41, plan_s=0.01,
+                    transfer_s=0.4)
     heal = SimpleNamespace()  # Elastic's note of a heal: what its `joined` carries
     Elastic._note(heal, healed, "rows of 1 tensors are held by no live rank")  # type: ignore[arg-type]
     with Session(addr, rank=3, local_rank=1, node="n1", round_id=5) as s:
@@ -98,7 +100,7 @@ def test_a_real_shims_frames_decode_into_their_records(router: tuple[str, zmq.So
         s.rejoin(3, 0, in_place=True, waiting=True, welcome=True)  # a pre-started worker's first hello
         s.left(120, "r1")
         s.left(120, None, "NCCL communicator was aborted")
-        s.joined(6, 120, True, {"started": 1.5, "group_ready": 2.5, "synced": 3.5}, heal.last_heal)
+        s.joined(6, 120, True, {"started": 1.5, "group_ready": 2.5, "synced": 3.5, "rebuild_s": 0.27}, heal.last_heal)
         s.joined(7, 121, True, {"group_ready": 4.5, "synced": 5.5})  # a heal that moved nothing is not reported
         s.resize_failed(8, "RuntimeError: the generation's store did not answer")
         frames = [recv(sock)[1] for _ in range(7)]
@@ -118,6 +120,7 @@ def test_a_real_shims_frames_decode_into_their_records(router: tuple[str, zmq.So
     joined = Joined.decode(frames[4].body)
     assert joined.heal is not None and (joined.heal.received_bytes, joined.heal.senders, joined.heal.fallback) == \
         (4096, 2, "rows of 1 tensors are held by no live rank")
+    assert (joined.rebuild_s, joined.heal.plan_s, joined.heal.transfer_s) == (0.27, 0.01, 0.4)
     assert Joined.decode(frames[5].body).heal is None
 
 
