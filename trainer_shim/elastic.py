@@ -344,6 +344,7 @@ class Elastic:
         if self.sharded:
             self._hold(graceful=error is None)
         leave(self.backend, error is not None, self._opened)
+        left_at = time.time()  # this rank stopped training: where the stall began (the `resize` event's parts)
         session.left_group()
         session.left(self.step, rid, error)
         body = session.wait_generation(self.round, GENERATION_WAIT_S)
@@ -363,7 +364,7 @@ class Elastic:
             self._await_restart(gen.round)
         self._leaving = False
         session.rejoin(self.rank, gen.round, in_place=True)
-        session.joined(gen.round, self.step, True, {"group_ready": ready, "synced": time.time(),
+        session.joined(gen.round, self.step, True, {"left_at": left_at, "group_ready": ready, "synced": time.time(),
                                                     "rebuild_s": round(self._rebuild_s, 4)}, self.last_heal)
 
     def _await_restart(self, round_id: int) -> None:

@@ -83,15 +83,18 @@ def test_a_resize_says_where_its_stall_went_in_parts_that_add_up_to_it() -> None
     assert r.begin(prev, [node("a", 1, True, [0, 1]), node("b", 1, True, [2, 3])], 2, 10.0, 10.0)
     nxt.timeline["go"] = 10.2
     slow = Heal(received_bytes=1 << 20, seconds=0.5, plan_s=0.1, transfer_s=0.4)
-    r.progress("a", ProgressReport(2, group_ready=10.3, synced=11.0, rebuild_s=0.1, in_place=True,
+    r.progress("a", ProgressReport(2, left_at=10.05, group_ready=10.3, synced=11.0, rebuild_s=0.1, in_place=True,
                                    heal=Heal(seconds=0.05, plan_s=0.05)), nxt)
-    r.progress("b", ProgressReport(2, group_ready=10.4, synced=11.2, rebuild_s=0.2, in_place=True, heal=slow), nxt)
+    r.progress("b", ProgressReport(2, left_at=10.1, group_ready=10.4, synced=11.2, rebuild_s=0.2, in_place=True,
+                                   heal=slow), nxt)
     r.first_step(nxt, 11.5)
     kind, fields = events[-1]
     assert kind == EventKind.resize
-    assert fields["parts"] == {"leave": 0.2, "group": 0.2, "rebuild": 0.2, "plan": 0.1, "transfer": 0.4,
-                               "first_step": 0.3, "other": 0.1}  # the slowest node's of each
-    assert sum(fields["parts"].values()) == pytest.approx(fields["timeline"]["first_step"])
+    # From the first rank's leaving its group (a's, at 10.05) to the first step; each part the slowest node's.
+    assert fields["stall_s"] == 1.45
+    assert fields["parts"] == {"leave": 0.15, "group": 0.2, "rebuild": 0.2, "plan": 0.1, "transfer": 0.4,
+                               "first_step": 0.3, "other": 0.1}
+    assert sum(fields["parts"].values()) == pytest.approx(fields["stall_s"])
 
 
 def test_an_in_place_rounds_stop_barrier_outwaits_the_nodes_wait_for_their_kept_workers() -> None:

@@ -32,7 +32,7 @@ def resized(job: Job, world: int, since: int) -> dict:
     assert list(done["timeline"]) == ["detect", "agreed", "left", "group_ready", "synced", "first_step"]
     parts = done["parts"]  # where the stall went: the shim's rebuild and heal times, the rest from the timeline
     assert list(parts) == ["leave", "group", "rebuild", "plan", "transfer", "first_step", "other"], parts
-    assert abs(sum(parts.values()) - done["timeline"]["first_step"]) < 0.01, done
+    assert abs(sum(parts.values()) - done["stall_s"]) < 0.01 and done["stall_s"] > 0, done
     assert parts["rebuild"] > 0 and parts["plan"] > 0, parts  # measured by every rank, not left at zero
     return started
 

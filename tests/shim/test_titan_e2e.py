@@ -1,0 +1,48 @@
+"""A torchtitan-shaped job (examples/train_titan.py: meta init, per-layer FSDP2, a named HSDP mesh, AdamW and a
+warm-up schedule, 117 DTensors) through every kind of change under real daemons."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from support.harness import ROOT, Job, cli
+from support.resizes import digests, finish, first_world, kept, resized
+
+TITAN = ROOT / "examples" / "train_titan.py"
+
+
+def test_a_torchtitan_shaped_job_keeps_its_processes_and_every_step_through_each_kind_of_change(
+        tmp_path: Path) -> None:
+    with Job(tmp_path, nnodes="1:2", nproc=2) as job:
+        args = ("--steps", "100000", "--steps-file", str(tmp_path / "stop"), "--ckpt-dir", str(tmp_path / "ckpt"),
+                "--digest-log", str(tmp_path / "digests.log"), "--step-time", "0.1", "--ckpt-every", "0")
+        a_pids = first_world(job, "a", TITAN, args, 2)
+        stalls = []
+
+        def change(world: int, act) -> None:
+            mark = job.seq()
+            act()
+            rnd = resized(job, world, mark)  # its stall's parts add up to it (support/resizes.py)
+            assert kept(job, "a", rnd)[1] == a_pids  # a's workers are the same processes
+            done = job.wait_event("resize", lambda e: e["round"] == rnd["round"], since=mark)
+            assert done["heal"]["fallback"] is None, done  # every shard had a live replica: nothing read
+            stalls.append((done["detail"], done["parts"]))
+
+        b = job.start("b", TITAN, *args, wait=False)
+        change(4, lambda: b.wait_line(r"elasticd \S+: node "))
+        change(2, lambda: cli(job, "drain", "b"))
+        change(4, lambda: cli(job, "scale", "2"))
+        change(2, lambda: b.signal(signal.SIGTERM))
+        assert b.wait_exit(30) == 0
+        b = job.start("b", TITAN, *args, wait=False)
+        change(4, lambda: b.wait_line(r"elasticd \S+: node "))
+        change(2, b.kill_with_workers)
+        b = job.start("b", TITAN, *args, wait=False)
+        change(4, lambda: b.wait_line(r"elasticd \S+: node "))
+        last = finish(job, tmp_path, "a")
+    print("where each stall went (s):", *stalls, sep="\n  ")
+    seen = digests(tmp_path / "digests.log")
+    assert sorted(seen) == list(range(last)), "a step was lost or trained twice"
+    for step, by_round in seen.items():
+        assert len(set(by_round.values())) == 1, f"step {step}: the state differed between worlds {by_round}"
