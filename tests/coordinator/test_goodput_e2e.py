@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.harness import SHIM_TICKER, Job
+from support.harness import SHIM_TICKER, Job, wait_for
 
 SAVE_S = 0.6  # each requested save (the forced checkpoint, the join's agreed step)
 
@@ -17,6 +17,14 @@ def trained(log: Path) -> list[tuple[int, int, float]]:
     """Rank 0's steps: (round, step, when)."""
     rows = [line.split() for line in log.read_text().splitlines()]
     return [(int(r), int(s), float(t)) for r, s, t in rows]
+
+
+def stepping(logs: dict[str, Path], rnd: dict, nodes: str) -> None:
+    """Wait until each of these nodes' ranks stepped in that round. Its `first_step` is the first rank's: under
+    load another one's process may start stepping seconds later (these ranks share no collective)."""
+    def stepped(node: str) -> bool:
+        return logs[node].exists() and any(r == rnd["round"] for r, _, _ in trained(logs[node]))
+    wait_for(lambda: all(stepped(n) for n in nodes), timeout=60)
 
 
 def test_goodput_accounts_a_jobs_crash_joins_drain_and_saves_as_seen_from_outside(tmp_path: Path) -> None:
@@ -29,6 +37,7 @@ def test_goodput_accounts_a_jobs_crash_joins_drain_and_saves_as_seen_from_outsid
         job.start("b", SHIM_TICKER, *args, "--step-log", str(logs["b"]))
         pair = job.wait_event("round_started", lambda e: e["world_size"] == 2)
         job.wait_event("first_step", since=pair["seq"])
+        stepping(logs, pair, "ab")
         time.sleep(1.5)
         mark = job.seq()
         with job.client() as client:
@@ -43,15 +52,18 @@ def test_goodput_accounts_a_jobs_crash_joins_drain_and_saves_as_seen_from_outsid
         killed = time.time()
         crashed = job.wait_event("round_started", lambda e: e["cause"] == "failure", since=mark)
         job.wait_event("first_step", since=crashed["seq"])
+        stepping(logs, crashed, "ab")
         time.sleep(1.5)
         job.start("c", SHIM_TICKER, *args, "--step-log", str(logs["c"]))
         grown = job.wait_event("round_started", lambda e: e["world_size"] == 3, since=crashed["seq"])
         job.wait_event("first_step", since=grown["seq"])
+        stepping(logs, grown, "abc")
         time.sleep(1.5)
         with job.client() as client:
             client.call("drain", node="c")
         drained = job.wait_event("round_started", lambda e: e["world_size"] == 2, since=grown["seq"])
         job.wait_event("first_step", since=drained["seq"])
+        stepping(logs, drained, "ab")
         time.sleep(1.5)
         with job.client() as client:
             report = client.call("goodput")
