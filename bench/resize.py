@@ -52,7 +52,8 @@ from procs import (
     write_report,
 )
 
-SCRIPTS = {"ddp": "train_shim.py", "hsdp": "train_fsdp.py"}  # --script: the job (train_fsdp.py: --mesh hsdp)
+# --script: the job (train_fsdp.py: --mesh hsdp; train_titan.py: torchtitan-shaped, 117 DTensors)
+SCRIPTS = {"ddp": "train_shim.py", "hsdp": "train_fsdp.py", "titan": "train_titan.py"}
 SYSTEMS = ["in-place", "restart", "torchrun"]
 EVENTS = ["join", "drain", "scale", "sigterm_leave", "rejoin", "worker_crash", "node_sigkill"]
 TARGETS = {"join": 0.15, "drain": 0.15, "scale": 0.15, "sigterm_leave": 0.15, "rejoin": 0.15, "worker_crash": 0.5,
@@ -280,7 +281,8 @@ def main() -> int:
                         "(train_shim.py --state-mb): what a heal moves")
     parser.add_argument("--events", default=",".join(EVENTS), help="the events to run, in their order")
     parser.add_argument("--script", choices=sorted(SCRIPTS), default="ddp", help="ddp: examples/train_shim.py; "
-                        "hsdp: examples/train_fsdp.py (a sharded transformer, in place only since this tree)")
+                        "hsdp: examples/train_fsdp.py (a sharded transformer, in place only since this tree); "
+                        "titan: examples/train_titan.py (torchtitan-shaped)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "resize.json"))
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, on_signal)

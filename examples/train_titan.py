@@ -43,6 +43,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=24, help="global batch of sequences over all ranks")
     parser.add_argument("--micro", type=int, default=12, help="largest micro-batch per rank")
     parser.add_argument("--step-time", type=float, default=0.0, help="extra sleep per step (seconds)")
+    parser.add_argument("--no-in-place", action="store_true", help="restart on every membership change instead")
     parser.add_argument("--steps-file", default="", help="tests: once this file exists, the number in it replaces "
                         "--steps")
     parser.add_argument("--digest-log", default="", help="tests: rank 0 appends `round step digest` of the whole "
@@ -176,7 +177,8 @@ def main() -> int:
         w.schedule.load_state_dict(state["lr_scheduler"])
 
     elastic = trainer_shim.Elastic(session, state_dict=get_state, load_state_dict=set_state, on_world=on_world,
-                                   sampler=sampler, sharded=True, checkpoint_dir=args.ckpt_dir)
+                                   sampler=sampler, sharded=True, checkpoint_dir=args.ckpt_dir,
+                                   in_place=not args.no_in_place)
     elastic.init()
 
     def train_step(step: int) -> None:
