@@ -10,6 +10,8 @@ One lifetime goes through: b joins, `elasticd drain b`, `elasticd scale 2`, SIGT
 b joins again, SIGKILL of one of a's workers, SIGKILL of b's daemon (or agent) with its workers. torchrun has no
 drain or scale: those rows say n/a. Per event:
   stall       rank 0's last step in the old world -> its first step in the new one (the `t=` its lines print)
+  parts       in place: the `resize` event's own stall (`event_stall_s`, from the first rank's leaving its group)
+              and where it went (leave, group, rebuild, plan, transfer, first step, other)
   steps_lost  that last old step minus the step the new world started from (0: nothing trained again); a crash
               also loses the compute of the step that was in flight, which no step number shows
   ckpt_read   whether the new world's rank 0 started from a checkpoint file (elasticd: a `checkpoint_skipped`
@@ -162,6 +164,12 @@ class Job:
         found = [e for e in json.loads(cp.stdout)["events"] if e["node"] == node]
         return found[-1] if found else {}
 
+    def resize_parts(self, world: int) -> dict[str, Any]:
+        """The latest `resize` event of that world: the stall the job measured itself, and where it went."""
+        cp = self.cli("events", "--json", "--kind", "resize")
+        found = [e for e in json.loads(cp.stdout or "{}").get("events", []) if e.get("world_size") == world]
+        return {"event_stall_s": found[-1].get("stall_s"), "parts": found[-1].get("parts")} if found else {}
+
     def stop(self) -> None:
         for n in self.nodes.values():
             if n.proc.poll() is None:
@@ -201,7 +209,8 @@ def lifetime(system: str, rep: int, args: argparse.Namespace, logdir: Path) -> d
                 print(f"  [{system}] {name}: timed out", flush=True)
                 return
             kept = [] if system == "torchrun" else job.started("a").get("kept", [])
-            res = {**job.measure(world_t, start), "a_pids_kept": sorted(kept)}
+            res = {**job.measure(world_t, start), "a_pids_kept": sorted(kept),
+                   **(job.resize_parts(world) if system.startswith("in-place") else {})}
             out["events"][name] = res
             print(f"  [{system}] {name}: {res}", flush=True)
 

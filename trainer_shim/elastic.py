@@ -99,6 +99,7 @@ class Elastic:
         self._leaving = False  # between leaving a group and joining the next: the daemon's abort is moot
         self._resize_pending = False  # a resize settled at the last boundary, acted on before the next step
         self._rebuild_s = 0.0  # how long the script's last `on_world` took (the `joined` report's `rebuild_s`)
+        self._step_end = time.time()  # when this rank's last step ended (the `joined` report's `last_step_at`)
         self.state_dict, self.load_state_dict, self.on_world = state_dict, load_state_dict, on_world
         self.sampler = sampler
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -312,6 +313,7 @@ class Elastic:
             self._resize(error)
             return self.step
         self.step += 1
+        self._step_end = time.time()
         self._commit()
         # Settled now, before the script's should_checkpoint; acted on at the next run_step (or close), so that
         # what the script does at this boundary (a save, an eval: collectives) runs in the world every rank
@@ -344,7 +346,9 @@ class Elastic:
         if self.sharded:
             self._hold(graceful=error is None)
         leave(self.backend, error is not None, self._opened)
-        left_at = time.time()  # this rank stopped training: where the stall began (the `resize` event's parts)
+        # Where this rank's stall began (the `resize` event's parts): its last completed step's end, so that the
+        # boundary's agreement and what the script did there count, and after a crash the step lost in flight.
+        last_step_at = self._step_end
         session.left_group()
         session.left(self.step, rid, error)
         body = session.wait_generation(self.round, GENERATION_WAIT_S)
@@ -364,8 +368,9 @@ class Elastic:
             self._await_restart(gen.round)
         self._leaving = False
         session.rejoin(self.rank, gen.round, in_place=True)
-        session.joined(gen.round, self.step, True, {"left_at": left_at, "group_ready": ready, "synced": time.time(),
-                                                    "rebuild_s": round(self._rebuild_s, 4)}, self.last_heal)
+        session.joined(gen.round, self.step, True, {"last_step_at": last_step_at, "group_ready": ready,
+                                                    "synced": time.time(), "rebuild_s": round(self._rebuild_s, 4)},
+                       self.last_heal)
 
     def _await_restart(self, round_id: int) -> None:
         """The coordinator answers a failed resize with a restart round, whose first act stops this process."""

@@ -140,7 +140,7 @@ class Resizer:
         if report.synced is not None and node_id in cur.members:
             cur.synced[node_id] = {"synced": report.synced, "rebuild_s": report.rebuild_s or 0.0,
                                    **({"group_ready": report.group_ready} if report.group_ready is not None else {}),
-                                   **({"left_at": report.left_at} if report.left_at is not None else {})}
+                                   **({"last_step_at": report.last_step_at} if report.last_step_at is not None else {})}
             if report.heal is not None:
                 cur.heals[node_id] = report.heal
         self.finish_if_done(rnd)
@@ -165,8 +165,8 @@ class Resizer:
         order = ("detect", "agreed", "left", "group_ready", "synced", "first_step")
         heal = merge_heals([h.encode() for h in cur.heals.values()]) if cur.heals else None
         rebuild = max(s.get("rebuild_s", 0.0) for s in cur.synced.values())
-        left = [s["left_at"] for s in cur.synced.values() if "left_at" in s]
-        marks["stalled"] = min(left, default=marks["agreed"])  # after a crash, the survivors' failed collective
+        left = [s["last_step_at"] for s in cur.synced.values() if "last_step_at" in s]
+        marks["stalled"] = min(left, default=marks["agreed"])  # training stopped there (a crash: before detection)
         self.emit(EventKind.resize, generation=rnd.round_id, round=rnd.round_id, world_size=rnd.world_size,
                   cause=rnd.cause, detail=rnd.detail,
                   timeline={p: round(marks[p] - start, 3) for p in order if p in marks},
@@ -202,10 +202,11 @@ class Resizer:
 
 
 def stall_parts(marks: dict[str, float], rebuild_s: float, heal: MergedHeal | None) -> dict[str, float]:
-    """Where a resize's stall went, in seconds that add up to it (the first rank's leaving its old group, or the
-    agreement when none had, to the first step): every old rank out and the round started, forming the new group,
-    the script's rebuild, the heal's plan and transfer (each the slowest rank's), the first step, and `other` for
-    the rest (waiting for the slowest rank, restoring the state)."""
+    """Where a resize's stall went, in seconds that add up to it (the end of the first rank's last step in the old
+    world, or the agreement when no rank was in one, to the first step): the boundary's agreement and every old
+    rank out with the round started (`leave`), forming the new group, the script's rebuild, the heal's plan and
+    transfer (each the slowest rank's), the first step, and `other` for the rest (waiting for the slowest rank,
+    restoring the state)."""
     parts = {"leave": marks["left"] - marks["stalled"], "group": marks["group_ready"] - marks["left"],
              "rebuild": rebuild_s, "plan": heal["plan_s"] if heal else 0.0,
              "transfer": heal["transfer_s"] if heal else 0.0, "first_step": marks["first_step"] - marks["synced"]}

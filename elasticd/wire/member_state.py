@@ -182,7 +182,7 @@ class ProgressReport(Record):
     round: int
     stopped: float | None = None  # its old workers are gone (or out of their group, in place)
     spawned: float | None = None  # its new workers are up
-    left_at: float | None = None  # in place: the earliest of its kept ranks' leaving their old group
+    last_step_at: float | None = None  # in place: the earliest of its kept ranks' last step in the old group
     group_ready: float | None = None  # in place: the latest of its ranks, once every one said `joined`
     synced: float | None = None
     rebuild_s: float | None = None  # in place: the longest of its ranks' `on_world` (the script's rebuild)

@@ -104,7 +104,7 @@ class Joined(RankReport):
     step: int | None = None  # the freshest step, which it now holds
     in_place: bool = False
     started: float | None = None  # wall-clock times; `started` only at a process's first generation
-    left_at: float | None = None  # when it left its previous group (a kept rank; a new process has none)
+    last_step_at: float | None = None  # a kept rank: when its last completed step in the old group ended
     group_ready: float | None = None
     synced: float | None = None
     rebuild_s: float | None = None  # how long the script's `on_world` took in this generation

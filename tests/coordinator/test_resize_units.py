@@ -83,9 +83,9 @@ def test_a_resize_says_where_its_stall_went_in_parts_that_add_up_to_it() -> None
     assert r.begin(prev, [node("a", 1, True, [0, 1]), node("b", 1, True, [2, 3])], 2, 10.0, 10.0)
     nxt.timeline["go"] = 10.2
     slow = Heal(received_bytes=1 << 20, seconds=0.5, plan_s=0.1, transfer_s=0.4)
-    r.progress("a", ProgressReport(2, left_at=10.05, group_ready=10.3, synced=11.0, rebuild_s=0.1, in_place=True,
+    r.progress("a", ProgressReport(2, last_step_at=10.05, group_ready=10.3, synced=11.0, rebuild_s=0.1, in_place=True,
                                    heal=Heal(seconds=0.05, plan_s=0.05)), nxt)
-    r.progress("b", ProgressReport(2, left_at=10.1, group_ready=10.4, synced=11.2, rebuild_s=0.2, in_place=True,
+    r.progress("b", ProgressReport(2, last_step_at=10.1, group_ready=10.4, synced=11.2, rebuild_s=0.2, in_place=True,
                                    heal=slow), nxt)
     r.first_step(nxt, 11.5)
     kind, fields = events[-1]

@@ -35,7 +35,7 @@ FROM_SHIM: dict[str, dict[str, Any]] = {
                      "welcome": True, "abort_signal": 12},
     WorkerOp.left: {"rank": 3, "pid": 4242, "round": 5, "step": 120, "request_id": None,
                     "error": "NCCL communicator was aborted"},
-    WorkerOp.joined: {"rank": 2, "pid": 4242, "round": 6, "step": 120, "in_place": True, "left_at": 1795841441.25,
+    WorkerOp.joined: {"rank": 2, "pid": 4242, "round": 6, "step": 120, "in_place": True, "last_step_at": 1795841441.25,
                       "group_ready": 1795841441.5, "synced": 1795841442.25, "rebuild_s": 0.27,
                       "heal": {"received_bytes": 4096, "sent_bytes": 0, "senders": 2, "seconds": 0.41, "plan_s": 0.01,
                                "transfer_s": 0.4, "fallback": None}},
@@ -100,8 +100,8 @@ def test_a_real_shims_frames_decode_into_their_records(router: tuple[str, zmq.So
         s.rejoin(3, 0, in_place=True, waiting=True, welcome=True)  # a pre-started worker's first hello
         s.left(120, "r1")
         s.left(120, None, "NCCL communicator was aborted")
-        s.joined(6, 120, True, {"started": 1.5, "left_at": 2.0, "group_ready": 2.5, "synced": 3.5, "rebuild_s": 0.27},
-                 heal.last_heal)
+        s.joined(6, 120, True, {"started": 1.5, "last_step_at": 2.0, "group_ready": 2.5, "synced": 3.5,
+                                "rebuild_s": 0.27}, heal.last_heal)
         s.joined(7, 121, True, {"group_ready": 4.5, "synced": 5.5})  # a heal that moved nothing is not reported
         s.resize_failed(8, "RuntimeError: the generation's store did not answer")
         frames = [recv(sock)[1] for _ in range(7)]
