@@ -298,7 +298,6 @@ class Elastic:
         Any other exception is raised: the script's own bug is not healed in place.
         """
         while self._resize_pending or self._resize_due():
-            self._resize_pending = False
             self._resize(None)
         error = None
         try:
@@ -343,6 +342,7 @@ class Elastic:
         assert isinstance(session, Session) and self._store is not None
         rid = session.last_request_id if error is None else None
         self._leaving = True
+        self._resize_pending = False  # any leave serves the one settled at the boundary (a crash in its save too)
         if self.sharded:
             self._hold(graceful=error is None)
         leave(self.backend, error is not None, self._opened)
@@ -393,7 +393,6 @@ class Elastic:
 
     def close(self) -> None:
         if self._resize_pending:  # the last step's boundary: the newcomers wait for this rank's state
-            self._resize_pending = False
             self._resize(None)
         if dist.is_initialized():
             dist.destroy_process_group()

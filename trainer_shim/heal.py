@@ -92,14 +92,25 @@ class Healed:
     missing: list[str] = field(default_factory=list)  # paths with rows no live rank holds at the freshest step
 
 
-def block_of(t: torch.Tensor) -> tuple[torch.Tensor, Block]:
-    """A tensor's local data and the block of the global tensor it is. A DTensor may be sharded along one dim."""
+Offsets = dict[tuple[Any, ...], tuple[int, ...]]  # a heal's DTensor offsets by (shape, mesh, placements)
+
+
+def block_of(t: torch.Tensor, offsets: Offsets | None = None) -> tuple[torch.Tensor, Block]:
+    """A tensor's local data and the block of the global tensor it is. A DTensor may be sharded along one dim.
+    `offsets`: a heal's cache of the DTensors' offsets (a parameter and its two moments share one; computing
+    one costs ~30 us, most of a heal's own time at a model's hundreds of tensors)."""
     if not isinstance(t, DTensor):
         local = t.detach()
         return local, block(tuple(t.shape), t.dtype, 0, 0, t.shape[0] if t.dim() else 1)
-    local = t.to_local().detach()
+    with torch.no_grad():  # to_local without autograd's Function: its plain local tensor
+        local = t.to_local().detach()
     shape = tuple(t.shape)
-    _, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    key = (shape, t.device_mesh, t.placements)
+    offset = offsets.get(key) if offsets is not None else None
+    if offset is None:
+        offset = tuple(compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)[1])
+        if offsets is not None:
+            offsets[key] = offset
     split = [d for d in range(len(shape)) if local.shape[d] != shape[d]]
     if len(split) > 1:
         raise HealError(f"a DTensor sharded along {len(split)} dims ({t.placements}) cannot be healed by rows")
@@ -293,9 +304,10 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
     the lowest holder of each row is its only source, so that every rank ends equal."""
     start = time.perf_counter()
     rank = dist.get_rank()
-    have = dict(zip(held, map(block_of, held.values()), strict=True))
+    offsets: Offsets = {}
+    have = {p: block_of(t, offsets) for p, t in held.items()}
     mine = Offer(held_step if held else NOTHING, vouched, {p: b for p, (_, b) in have.items()},
-                 None if wants is None else {p: block_of(t)[1] for p, t in wants.items()})
+                 None if wants is None else {p: block_of(t, offsets)[1] for p, t in wants.items()})
     offers: list[Offer | None] = [None] * dist.get_world_size()
     dist.all_gather_object(offers, mine)
     settled = settle(offers)
@@ -311,7 +323,7 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
     # Rows into new memory last: the receiver touches that memory while the rest arrives (docs: "Healing").
     pieces.sort(key=lambda p: offers[p.dst].fresh(p.path, full[p.path]))  # type: ignore[union-attr]
     filled = _targets(asks[rank], wants or {}, held, top[1], comm_device) if asks[rank] else {}
-    into = {p: block_of(t) for p, t in filled.items()}
+    into = {p: block_of(t, offsets) for p, t in filled.items()}
     new = {p for p in filled if mine.fresh(p, full[p])}
     result.received_bytes, result.sent_bytes, result.senders = move(pieces, rank, have, into, new, comm_device)
     done = time.perf_counter()
