@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.optim.lr_scheduler import LRScheduler
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -102,6 +103,7 @@ class World:
     gb: GlobalBatch
     rank, size = 0, 1
     mesh: tuple[int, int] = (1, 1)
+    schedule: LRScheduler | None = None  # stepped after the optimizer when the script has one
     shown = -1  # the round whose world line rank 0 printed
 
 
@@ -140,12 +142,22 @@ def main() -> int:
                                    sampler=sampler, sharded=True, checkpoint_dir=args.ckpt_dir,
                                    in_place=not args.no_in_place)
     elastic.init()
+    train(args, elastic, session, w, sampler, data, device)
+    return 0
+
+
+def train(args: argparse.Namespace, elastic: trainer_shim.Elastic,
+          session: trainer_shim.Session | trainer_shim.NullSession, w: World,
+          sampler: ElasticSampler, data: torch.Tensor, device: torch.device) -> None:
+    """The training loop of a sharded script (this one's and examples/train_titan.py's): each step through
+    `run_step`, a save every --ckpt-every steps or when asked, a drain on the restart path."""
 
     def train_step(step: int) -> None:
         if w.rank == 0 and w.shown != elastic.round:  # the world's line once its state is healed
             w.shown = elastic.round
+            lr = f" lr={w.schedule.get_last_lr()[0]:.6f}" if w.schedule is not None else ""
             print(f"world_size={w.size} round={elastic.round} start_step={step - 1} mesh={w.mesh} "
-                  f"consumed={sampler.consumed} pid={os.getpid()} t={time.time():.4f}", flush=True)
+                  f"consumed={sampler.consumed}{lr} pid={os.getpid()} t={time.time():.4f}", flush=True)
         if args.digest_log:  # before the step changes anything: a peer lost in the gather loses nothing
             log_digest(args.digest_log, f"{elastic.round} {step - 1}", w)
         w.opt.zero_grad(set_to_none=True)
@@ -162,6 +174,8 @@ def main() -> int:
             loss.backward()
             total += loss.detach()
         w.opt.step()
+        if w.schedule is not None:
+            w.schedule.step()
         session.report(step, loss=total.item(), samples=w.gb.micro_batch * w.gb.accum_steps)
         if w.rank == 0:
             print(f"step={step} world_size={w.size} loss={total.item():.4f} t={time.time():.4f}", flush=True)
@@ -180,7 +194,6 @@ def main() -> int:
         log_digest(args.digest_log, f"final {elastic.step}", w, keep=args.digest_log + ".final.pt")
     session.close()
     elastic.close()
-    return 0
 
 
 def last_step(args: argparse.Namespace) -> int:

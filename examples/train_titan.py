@@ -14,7 +14,6 @@ import argparse
 import math
 import os
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +25,7 @@ from torch.optim.lr_scheduler import LambdaLR
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import trainer_shim
-from examples.train_fsdp import SEQ, VOCAB, World, last_step, log_digest, tokens
+from examples.train_fsdp import SEQ, VOCAB, World, tokens, train
 from trainer_shim.data import ElasticSampler, GlobalBatch
 
 WARMUP = 20  # steps of the learning rate's linear warm-up
@@ -135,10 +134,6 @@ class Transformer(torch.nn.Module):
         return self.output(self.norm(x))
 
 
-class TitanWorld(World):
-    schedule: LambdaLR
-
-
 def main() -> int:
     args = parse_args()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if torch.cuda.is_available() \
@@ -146,7 +141,7 @@ def main() -> int:
     session = trainer_shim.init()
     data = tokens()
     sampler = ElasticSampler(data.shape[0], seed=42)
-    w = TitanWorld()
+    w = World()
 
     def on_world(rank: int, size: int) -> None:
         """A new world: the named HSDP mesh, the model on meta, sharded per layer, materialized, its optimizer and
@@ -180,46 +175,7 @@ def main() -> int:
                                    sampler=sampler, sharded=True, checkpoint_dir=args.ckpt_dir,
                                    in_place=not args.no_in_place)
     elastic.init()
-
-    def train_step(step: int) -> None:
-        if w.rank == 0 and w.shown != elastic.round:
-            w.shown = elastic.round
-            print(f"world_size={w.size} round={elastic.round} start_step={step - 1} mesh={w.mesh} "
-                  f"lr={w.schedule.get_last_lr()[0]:.6f} pid={os.getpid()} t={time.time():.4f}", flush=True)
-        if args.digest_log:
-            log_digest(args.digest_log, f"{elastic.round} {step - 1}", w)
-        w.opt.zero_grad(set_to_none=True)
-        total = torch.zeros((), device=device)
-        for micro in range(w.gb.accum_steps):
-            if sampler.exhausted:
-                sampler.set_epoch(sampler.epoch + 1)
-            batch = data[torch.tensor(sampler.next_batch(w.gb.micro_batch))].to(device)
-            w.model.set_requires_gradient_sync(micro == w.gb.accum_steps - 1)
-            logits = w.model(batch[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1),
-                                   reduction="sum") * w.size / (args.batch * SEQ)
-            loss.backward()
-            total += loss.detach()
-        w.opt.step()
-        w.schedule.step()
-        session.report(step, loss=total.item(), samples=w.gb.micro_batch * w.gb.accum_steps)
-        if w.rank == 0:
-            print(f"step={step} world_size={w.size} loss={total.item():.4f} t={time.time():.4f}", flush=True)
-
-    while elastic.step < last_step(args):
-        step = elastic.run_step(train_step)
-        if session.should_stop(step):  # a drain on the restart path: save at the agreed step, then leave
-            elastic.save(session.last_request_id)
-            session.drained(step, session.last_request_id)
-            break
-        if session.should_checkpoint(step) or (args.ckpt_every and step % args.ckpt_every == 0):
-            elastic.save()
-        if args.step_time > 0:
-            time.sleep(args.step_time)
-    if args.digest_log:
-        log_digest(args.digest_log, f"final {elastic.step}", w, keep=args.digest_log + ".final.pt")
-    session.close()
-    elastic.close()
+    train(args, elastic, session, w, sampler, data, device)
     return 0
 
 
