@@ -37,14 +37,20 @@ VOCAB, SEQ, DATASET = 256, 16, 4096
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--ckpt-dir", default="checkpoints")
-    parser.add_argument("--ckpt-every", type=int, default=0, help="a DCP checkpoint every K steps (0: off)")
     parser.add_argument("--mesh", choices=("hsdp", "fsdp"), default="hsdp",
                         help="hsdp: (nodes, workers per node), a node's workers shard and nodes are replicas; "
                              "fsdp: every rank holds its own shard, no replica")
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
+    add_loop_args(parser, ckpt_every=0)
+    return parser.parse_args()
+
+
+def add_loop_args(parser: argparse.ArgumentParser, ckpt_every: int) -> None:
+    """The options `train` reads (this script's and examples/train_titan.py's)."""
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--ckpt-dir", default="checkpoints")
+    parser.add_argument("--ckpt-every", type=int, default=ckpt_every, help="a DCP checkpoint every K steps (0: off)")
     parser.add_argument("--batch", type=int, default=24, help="global batch of sequences over all ranks")
     parser.add_argument("--micro", type=int, default=12, help="largest micro-batch per rank")
     parser.add_argument("--step-time", type=float, default=0.0, help="extra sleep per step (seconds)")
@@ -54,7 +60,6 @@ def parse_args() -> argparse.Namespace:
                         "--steps (a test ends the job at a step it picks)")
     parser.add_argument("--digest-log", default="", help="tests: rank 0 appends `round step digest` of the whole "
                         "state as each step begins (the state after the step before)")
-    return parser.parse_args()
 
 
 class Block(torch.nn.Module):

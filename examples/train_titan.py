@@ -25,7 +25,7 @@ from torch.optim.lr_scheduler import LambdaLR
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import trainer_shim
-from examples.train_fsdp import SEQ, VOCAB, World, tokens, train
+from examples.train_fsdp import SEQ, VOCAB, World, add_loop_args, tokens, train
 from trainer_shim.data import ElasticSampler, GlobalBatch
 
 WARMUP = 20  # steps of the learning rate's linear warm-up
@@ -33,20 +33,10 @@ WARMUP = 20  # steps of the learning rate's linear warm-up
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--ckpt-dir", default="checkpoints")
-    parser.add_argument("--ckpt-every", type=int, default=50, help="a DCP checkpoint every K steps (0: off)")
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=24, help="global batch of sequences over all ranks")
-    parser.add_argument("--micro", type=int, default=12, help="largest micro-batch per rank")
-    parser.add_argument("--step-time", type=float, default=0.0, help="extra sleep per step (seconds)")
-    parser.add_argument("--no-in-place", action="store_true", help="restart on every membership change instead")
-    parser.add_argument("--steps-file", default="", help="tests: once this file exists, the number in it replaces "
-                        "--steps")
-    parser.add_argument("--digest-log", default="", help="tests: rank 0 appends `round step digest` of the whole "
-                        "state as each step begins")
+    add_loop_args(parser, ckpt_every=50)
     return parser.parse_args()
 
 
