@@ -49,11 +49,9 @@ def test_a_resize_at_a_checkpoint_boundary_saves_in_the_old_world_then_resizes(t
                 "--digest-log", str(tmp_path / "digests.log"), "--step-time", "0.1", "--mesh", "fsdp",
                 "--ckpt-every", "1")
         a_pids = first_world(job, "a", FSDP, args, 2)
-        for world, act in ((4, lambda: job.start("b", FSDP, *args)), (2, lambda: cli(job, "drain", "b"))):
-            mark = job.seq()
-            act()
-            rnd = resized(job, world, mark)
-            assert kept(job, "a", rnd)[1] == a_pids
-        finish(job, tmp_path, "a")
+        mark = job.seq()
+        job.start("b", FSDP, *args)  # the join CI saw hang: a scale agreed on a save's step
+        assert kept(job, "a", resized(job, 4, mark))[1] == a_pids
+        finish(job, tmp_path, "a", extra=3)
     seen = digests(tmp_path / "digests.log")
     assert all(len(set(by_round.values())) == 1 for by_round in seen.values())
