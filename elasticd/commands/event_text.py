@@ -125,9 +125,9 @@ def resize(b: Body) -> str:
     heal = b.sub("heal")
     moved = f"; heal moved {format_bytes(heal.number('received_bytes'))} in {heal.seconds('seconds')}" \
         if heal.fields else ""
-    went = f"; stall {b.parts('parts')} s" if b.has("parts") else ""
+    went = f"stall {b.parts('parts')} s; " if b.has("parts") else ""  # first: the console shows a line's start
     return (f"generation {b.count('generation')} formed in place, world {b.count('world_size')} "
-            f"({b.word('cause')}: {b.text('detail')}): {b.timeline()} s{moved}{went}")
+            f"({b.word('cause')}: {b.text('detail')}): {went}{b.timeline()} s{moved}")
 
 
 # -- a node's own ---------------------------------------------------------------------------------------------

@@ -224,5 +224,5 @@ def test_long_paths_keep_the_file_name_and_the_distinguishing_tail() -> None:
 
 def test_a_resize_says_where_its_stall_went_in_parts_that_add_up() -> None:
     line = describe(event(EventKind.resize, **SAMPLES[EventKind.resize]))
-    assert line.endswith("; stall leave 0.30 + group 0.80 + rebuild 0.30 + plan 0.02 + transfer 0.40 + "
-                         "first_step 0.30 + other 0.08 = 2.20 s"), line
+    assert ": stall leave 0.30 + group 0.80 + rebuild 0.30 + plan 0.02 + transfer 0.40 + first_step 0.30 + " \
+           "other 0.08 = 2.20 s; detect 0.00 → " in line, line

@@ -33,7 +33,11 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
     job = Job(Path(tmp_path_factory.mktemp("tui")), nnodes="1:2", nproc=1)
     job.start("a", TICKER)
     job.start("b", TICKER)
-    job.wait_event("round_started", lambda e: e["world_size"] == 2)
+    started = job.wait_event("round_started", lambda e: e["world_size"] == 2)
+    for node in "ab":  # each node's worker of that round is up: a rank's output screen follows the round it first
+        # reads, and one opened before a's new worker started followed its last round's file, which never grew
+        job.wait_event("workers_started", lambda e, n=node: e["node"] == n and e["round"] == started["round"],
+                       since=started["seq"])
     yield job
     job.close()
 
