@@ -165,8 +165,8 @@ class Resizer:
         order = ("detect", "agreed", "left", "group_ready", "synced", "first_step")
         heal = merge_heals([h.encode() for h in cur.heals.values()]) if cur.heals else None
         rebuild = max(s.get("rebuild_s", 0.0) for s in cur.synced.values())
-        left = [s["last_step_at"] for s in cur.synced.values() if "last_step_at" in s]
-        marks["stalled"] = min(left, default=marks["agreed"])  # training stopped there (a crash: before detection)
+        last_steps = [s["last_step_at"] for s in cur.synced.values() if "last_step_at" in s]
+        marks["stalled"] = min(last_steps, default=marks["agreed"])  # training stopped (a crash: before detection)
         self.emit(EventKind.resize, generation=rnd.round_id, round=rnd.round_id, world_size=rnd.world_size,
                   cause=rnd.cause, detail=rnd.detail,
                   timeline={p: round(marks[p] - start, 3) for p in order if p in marks},

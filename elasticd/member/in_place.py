@@ -143,11 +143,12 @@ class InPlace:
         if pids and pids <= self.joined.keys():
             mine = [self.joined[p] for p in pids]
             heals = [j.heal.encode() for j in mine if j.heal is not None]
-            left = [j.last_step_at for j in mine if j.last_step_at is not None]
+            last_steps = [j.last_step_at for j in mine if j.last_step_at is not None]
             self.node.to_coord(MeshOp.round_progress, {
                 "round": group.round_id, "in_place": all(j.in_place for j in mine),
                 "group_ready": max(j.group_ready or 0.0 for j in mine), "synced": max(j.synced or 0.0 for j in mine),
-                "rebuild_s": max(j.rebuild_s or 0.0 for j in mine), **({"last_step_at": min(left)} if left else {}),
+                "rebuild_s": max(j.rebuild_s or 0.0 for j in mine),
+                **({"last_step_at": min(last_steps)} if last_steps else {}),
                 **({"heal": merge_heals(heals)} if heals else {})})
 
     def on_failed(self, failed: JoinFailed) -> None:
