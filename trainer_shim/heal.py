@@ -102,15 +102,13 @@ def block_of(t: torch.Tensor, offsets: Offsets | None = None) -> tuple[torch.Ten
     if not isinstance(t, DTensor):
         local = t.detach()
         return local, block(tuple(t.shape), t.dtype, 0, 0, t.shape[0] if t.dim() else 1)
-    with torch.no_grad():  # to_local without autograd's Function: its plain local tensor
-        local = t.to_local().detach()
+    local = t.to_local().detach()  # under `heal`'s no_grad: the plain local tensor, not autograd's Function
     shape = tuple(t.shape)
+    cache = offsets if offsets is not None else {}
     key = (shape, t.device_mesh, t.placements)
-    offset = offsets.get(key) if offsets is not None else None
-    if offset is None:
-        offset = tuple(compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)[1])
-        if offsets is not None:
-            offsets[key] = offset
+    if key not in cache:
+        cache[key] = tuple(compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)[1])
+    offset = cache[key]
     split = [d for d in range(len(shape)) if local.shape[d] != shape[d]]
     if len(split) > 1:
         raise HealError(f"a DTensor sharded along {len(split)} dims ({t.placements}) cannot be healed by rows")
@@ -294,6 +292,7 @@ class Offer:
         return self.holds.get(path) != full
 
 
+@torch.no_grad()  # it only copies rows: no autograd (a DTensor's `to_local` is then a plain attribute read)
 def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants: Mapping[str, torch.Tensor] | None,
          comm_device: torch.device, vouched: bool = True) -> tuple[Healed, dict[str, torch.Tensor]]:
     """Collective. `held`: this rank's tensors by path at `held_step` (plain tensors are whole: data parallel;
