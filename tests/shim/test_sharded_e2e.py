@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 from support.harness import Job, cli
-from support.resizes import FSDP, digests, finish, first_world, kept, pids_of, resized
+from support.resizes import FSDP, changed, digests, finish, first_world, pids_of
 
 
 def reference(tmp: Path, steps: int, *args: str) -> dict:
@@ -41,11 +41,7 @@ def test_hsdp_job_resizes_in_place_and_a_lost_node_heals_from_its_replica(tmp_pa
         a_pids = first_world(job, "a", FSDP, args, 2)
 
         def change(world: int, act) -> dict:
-            mark = job.seq()
-            act()
-            rnd = resized(job, world, mark)
-            assert kept(job, "a", rnd)[1] == a_pids  # a's workers are the same processes
-            done = job.wait_event("resize", lambda e: e["round"] == rnd["round"], since=mark)
+            done = changed(job, world, act, "a", a_pids)  # a's workers are the same processes
             heals.append((world, done["heal"]))
             return done
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from support.harness import Job, cli, wait_for
-from support.resizes import FSDP, digests, finish, first_world, kept, pids_of, resized
+from support.resizes import FSDP, changed, digests, finish, first_world, pids_of, resized
 
 from trainer_shim.sharded import list_sharded
 
@@ -19,11 +19,8 @@ def test_fsdp_job_reshards_in_memory_and_falls_back_to_its_checkpoint_when_a_sha
         b = job.start("b", FSDP, *args)
         job.wait_event("first_step", since=job.wait_event("round_started", lambda e: e["world_size"] == 4)["seq"])
         a_pids = pids_of(job, "a")
-        mark = job.seq()
-        cli(job, "drain", "b")  # b's shards move to a's ranks before b's leave: no checkpoint is read
-        rnd = resized(job, 2, mark)
-        assert kept(job, "a", rnd)[1] == a_pids
-        assert job.wait_event("resize", lambda e: e["round"] == rnd["round"], since=mark)["heal"]["fallback"] is None
+        # b's shards move to a's ranks before b's leave: no checkpoint is read
+        assert changed(job, 2, lambda: cli(job, "drain", "b"), "a", a_pids)["heal"]["fallback"] is None
         mark = job.seq()
         cli(job, "scale", "2")
         rnd = resized(job, 4, mark)
@@ -49,9 +46,7 @@ def test_a_resize_at_a_checkpoint_boundary_saves_in_the_old_world_then_resizes(t
                 "--digest-log", str(tmp_path / "digests.log"), "--step-time", "0.1", "--mesh", "fsdp",
                 "--ckpt-every", "1")
         a_pids = first_world(job, "a", FSDP, args, 2)
-        mark = job.seq()
-        job.start("b", FSDP, *args)  # the join CI saw hang: a scale agreed on a save's step
-        assert kept(job, "a", resized(job, 4, mark))[1] == a_pids
+        changed(job, 4, lambda: job.start("b", FSDP, *args), "a", a_pids)  # the join CI saw hang: agreed on a save
         finish(job, tmp_path, "a", extra=3)
     seen = digests(tmp_path / "digests.log")
     assert all(len(set(by_round.values())) == 1 for by_round in seen.values())

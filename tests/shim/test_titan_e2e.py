@@ -7,7 +7,7 @@ import signal
 from pathlib import Path
 
 from support.harness import ROOT, Job, cli
-from support.resizes import digests, finish, first_world, kept, resized
+from support.resizes import changed, digests, finish, first_world
 
 TITAN = ROOT / "examples" / "train_titan.py"
 
@@ -21,11 +21,7 @@ def test_a_torchtitan_shaped_job_keeps_its_processes_and_every_step_through_each
         stalls = []
 
         def change(world: int, act) -> None:
-            mark = job.seq()
-            act()
-            rnd = resized(job, world, mark)  # its stall's parts add up to it (support/resizes.py)
-            assert kept(job, "a", rnd)[1] == a_pids  # a's workers are the same processes
-            done = job.wait_event("resize", lambda e: e["round"] == rnd["round"], since=mark)
+            done = changed(job, world, act, "a", a_pids)  # a's workers kept; the stall's parts add up to it
             assert done["heal"]["fallback"] is None, done  # every shard had a live replica: nothing read
             stalls.append((done["detail"], done["parts"]))
 

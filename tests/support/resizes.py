@@ -3,6 +3,7 @@ round that resized, and each node's kept worker PIDs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from support.harness import ROOT, Job, cli, wait_for
@@ -42,6 +43,16 @@ def kept(job: Job, node: str, rnd: dict) -> tuple[set[int], set[int]]:
     ev = job.wait_event("workers_started", lambda e: e["node"] == node and e["round"] == rnd["round"],
                         since=rnd["seq"])
     return set(ev["pids"]), set(ev["kept"])
+
+
+def changed(job: Job, world: int, act: Callable[[], object], node: str, pids: set[int]) -> dict:
+    """Do `act`, then the in-place round of that world it brings, in which `node` kept `pids` (the same processes):
+    that round's `resize` event."""
+    mark = job.seq()
+    act()
+    rnd = resized(job, world, mark)
+    assert kept(job, node, rnd)[1] == pids
+    return job.wait_event("resize", lambda e: e["round"] == rnd["round"], since=mark)
 
 
 FSDP = ROOT / "examples" / "train_fsdp.py"
