@@ -18,12 +18,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils.hooks import RemovableHandle
 
 from trainer_shim.abort import watch
 from trainer_shim.checkpoint import SaveResult
@@ -41,8 +42,10 @@ from trainer_shim.generation import (
 )
 from trainer_shim.heal import NOTHING, Healed, HealError, heal
 from trainer_shim.noop import NullSession
+from trainer_shim.peer_errors import lost_in_save, lost_peer, one_line, sharded
 from trainer_shim.session import Session
 from trainer_shim.state_paths import fill, flatten
+from trainer_shim.step_commit import StepCommit
 from trainer_shim.step_fence import StepFence
 from trainer_shim.step_timing import CollectiveWait
 
@@ -53,30 +56,6 @@ RESTART_WAIT_S = 120.0  # after a failed resize, how long the daemon has to repl
 
 class _Stepper(Protocol):
     def __call__(self, step: int) -> None: ...
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
-
-
-def lost_peer(exc: RuntimeError) -> bool:
-    """A collective failed because a peer died or went silent: NCCL raises `DistBackendError` (a `DistError`),
-    gloo a plain RuntimeError that names its own source file. Any other RuntimeError is the script's."""
-    return isinstance(exc, dist.DistError) or "gloo" in str(exc)
-
-
-def lost_in_save(exc: BaseException) -> bool:
-    """A DCP save failed because a peer is gone: the collective's own error, or one DCP gathered from a rank."""
-    return any(isinstance(e, RuntimeError) and lost_peer(e) for e in _sharded().save_errors(exc))
-
-
-def _sharded() -> ModuleType:
-    """trainer_shim.sharded, imported where a sharded script first needs it: its DCP import (~45 ms) stays out
-    of every other worker's start."""
-    import trainer_shim.sharded
-
-    return trainer_shim.sharded
 
 
 def _seed(seed: int, step: int, rank: int) -> int:
@@ -111,6 +90,9 @@ class Elastic:
         self._store: dist.Store | None = None
         self._fence: StepFence | None = None  # this generation's: where each daemon request acts, agreed
         self._agreed: int | None = None  # the boundary the fence last settled
+        self._vote: StepCommit | None = None  # this generation's, a sharded job's: every rank updates, or none
+        self._stepping: int | None = None  # the step run_step has in flight
+        self._update_hook: RemovableHandle | None = None
         self._opened: set[str] = set()  # the current group's sockets (severed on leaving)
         self._wait = CollectiveWait()  # watch(): this rank's wait for its peers, per step
         self.local_device = torch.device("cpu")
@@ -134,6 +116,8 @@ class Elastic:
         self.in_place = self.want_in_place and isinstance(self.session, Session) and gen is not None
         if (self.in_place or env.get(PRESTART_ENV)) and isinstance(self.session, Session):
             self.session.abort_signal = watch(self._abort)
+            if self.sharded:  # every optimizer's update, however the script or its framework calls it
+                self._update_hook = register_optimizer_step_pre_hook(self._before_update)
         started = time.time()
         if env.get(PRESTART_ENV) and isinstance(self.session, Session):
             gen = self._await_first(self.session)  # started early, for a round that adds this node
@@ -217,7 +201,7 @@ class Elastic:
         target: dict[str, torch.Tensor] = {}
         structure = flatten(self._snapshot(), target)
         if self._held is None:  # a new process: its fresh model is step 0's only if there is no checkpoint
-            fresh = not (self.checkpoint_dir and _sharded().list_sharded(self.checkpoint_dir))
+            fresh = not (self.checkpoint_dir and sharded().list_sharded(self.checkpoint_dir))
             self._held = (self.step if fresh else NOTHING, target if fresh else {}, structure)
         step, held, skeleton = self._held
         self._held = None
@@ -234,7 +218,7 @@ class Elastic:
 
     def _load_checkpoint(self, reason: str) -> dict[str, Any]:
         state = self._checkpoint_state()
-        if not self.checkpoint_dir or _sharded().load_sharded(state, self.checkpoint_dir) is None:
+        if not self.checkpoint_dir or sharded().load_sharded(state, self.checkpoint_dir) is None:
             raise HealError(f"{reason}, and no checkpoint in {self.checkpoint_dir or '(no checkpoint_dir)'}")
         state["sampler"] = state["sampler"] or None
         return state
@@ -251,7 +235,7 @@ class Elastic:
         tensors: dict[str, torch.Tensor] = {}
         skeleton = flatten(self._snapshot(), tensors)
         if graceful:
-            tensors = _sharded().full_shards(tensors)
+            tensors = sharded().full_shards(tensors)
         self._held = (self.step, tensors, skeleton)
 
     def _checkpoint_state(self) -> dict[str, Any]:
@@ -264,14 +248,14 @@ class Elastic:
         if not self.checkpoint_dir:
             raise ValueError("Elastic.save needs checkpoint_dir")
         session = self.session if isinstance(self.session, Session) else None
-        sharded = _sharded()
+        dcp = sharded()
         try:
-            return sharded.save_sharded(self._checkpoint_state(), self.checkpoint_dir, self.step, self.keep, session,
-                                        request_id)
-        except (RuntimeError, sharded.CheckpointException) as exc:
+            return dcp.save_sharded(self._checkpoint_state(), self.checkpoint_dir, self.step, self.keep, session,
+                                    request_id)
+        except (RuntimeError, dcp.CheckpointException) as exc:
             if not (self.in_place and lost_in_save(exc)):
                 raise
-            error = _reason(exc)
+            error = one_line(exc)
         self._resize(error)
         return None
 
@@ -299,26 +283,35 @@ class Elastic:
         """
         while self._resize_pending or self._resize_due():
             self._resize(None)
-        error = None
+        error, self._stepping = None, self.step + 1
+        if self._vote is not None:
+            self._vote.aborted.clear()
         try:
             fn(self.step + 1)
         except RuntimeError as exc:
             if not (self.in_place and lost_peer(exc)):
                 raise  # a bug in the script ends its process: the restart path, charged, with its traceback
-            error = _reason(exc)  # the traceback's frames (and what they hold) go with the except block
+            error = one_line(exc)  # the traceback's frames (and what they hold) go with the except block
+        finally:
+            self._stepping = None
         if error is not None:
-            if self.sampler is not None and self._committed is not None:
+            if self._vote is not None and self._vote.applied == self.step + 1:
+                self._completed()  # every rank applied it before the loss (a collective of the script's after it)
+            elif self.sampler is not None and self._committed is not None:
                 self.sampler.load_state_dict(self._committed)  # the step in flight is trained again
             self._resize(error)
             return self.step
-        self.step += 1
-        self._step_end = time.time()
-        self._commit()
+        self._completed()
         # Settled now, before the script's should_checkpoint; acted on at the next run_step (or close), so that
         # what the script does at this boundary (a save, an eval: collectives) runs in the world every rank
         # shares. A resize here would take the survivors into a world whose newcomers skip this boundary.
         self._resize_pending = self._resize_due()
         return self.step
+
+    def _completed(self) -> None:
+        self.step += 1
+        self._step_end = time.time()
+        self._commit()
 
     def _resize_due(self) -> bool:
         """At a step boundary: settle, the same on every rank, where each request acts; then whether a resize
@@ -335,6 +328,8 @@ class Elastic:
         """A generation joined: its own fence, and every request still held settled again in it."""
         if self._store is not None and isinstance(self.session, Session):
             self._fence, self._agreed = StepFence(self._store, gen.prefix), None
+            if self.sharded:
+                self._vote = StepCommit(self._store, gen.prefix, gen.rank, gen.world_size, self.timeout_s)
             self.session.unfence()
 
     def _resize(self, error: str | None) -> None:
@@ -363,7 +358,7 @@ class Elastic:
             ready = time.time()
             self._rebind(gen)
         except Exception as exc:  # a callback, the broadcast, the group's init: the daemon restarts us instead
-            session.resize_failed(gen.round, _reason(exc))
+            session.resize_failed(gen.round, one_line(exc))
             leave(self.backend, True, self._opened)
             self._await_restart(gen.round)
         self._leaving = False
@@ -374,15 +369,20 @@ class Elastic:
 
     def _await_restart(self, round_id: int) -> None:
         """The coordinator answers a failed resize with a restart round, whose first act stops this process."""
-        deadline = time.monotonic() + RESTART_WAIT_S
-        while time.monotonic() < deadline:
-            time.sleep(0.1)
+        time.sleep(RESTART_WAIT_S)  # a signal's handler (the daemon's stop) still runs during it
         raise SystemExit(f"elastic: resize to round {round_id} failed and no restart came")
 
     def _abort(self) -> None:
         """The daemon says a peer is gone (trainer_shim.abort, on its thread): fail a collective blocked on it."""
+        if self._vote is not None:
+            self._vote.aborted.set()
         if not self._leaving:
             abort(self.backend, self._opened)
+
+    def _before_update(self, *_: Any) -> None:
+        """An optimizer is about to apply the step in flight: first every rank votes (trainer_shim.step_commit)."""
+        if self._stepping is not None and self._vote is not None:
+            self._vote.before_update(self._stepping)
 
     def watch(self, ddp: DistributedDataParallel) -> None:
         """Time this rank's wait in `ddp`'s gradient allreduce, reported with each step: the coordinator names a
@@ -392,6 +392,8 @@ class Elastic:
             self.session.add_metrics(self._wait.take)
 
     def close(self) -> None:
+        if self._update_hook is not None:
+            self._update_hook.remove()
         if self._resize_pending:  # the last step's boundary: the newcomers wait for this rank's state
             self._resize(None)
         if dist.is_initialized():
