@@ -34,7 +34,7 @@ def rank_main(tree: str, rank: int, port: int, repeat: int) -> None:
     from torch.distributed.fsdp import fully_shard
 
     from examples import train_titan
-    from trainer_shim.heal import NOTHING, heal
+    from trainer_shim.heal import NOTHING, heal  # both trees' (heal_plan.NOTHING's older home)
     from trainer_shim.state_paths import flatten
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4)

@@ -40,7 +40,8 @@ from trainer_shim.generation import (
     open_store,
     sockets_now,
 )
-from trainer_shim.heal import NOTHING, Healed, HealError, heal
+from trainer_shim.heal import Healed, HealError, heal
+from trainer_shim.heal_plan import NOTHING
 from trainer_shim.noop import NullSession
 from trainer_shim.peer_errors import lost_in_save, lost_peer, one_line, sharded
 from trainer_shim.session import Session
@@ -284,8 +285,6 @@ class Elastic:
         while self._resize_pending or self._resize_due():
             self._resize(None)
         error, self._stepping = None, self.step + 1
-        if self._vote is not None:
-            self._vote.aborted.clear()
         try:
             fn(self.step + 1)
         except RuntimeError as exc:
@@ -374,9 +373,9 @@ class Elastic:
 
     def _abort(self) -> None:
         """The daemon says a peer is gone (trainer_shim.abort, on its thread): fail a collective blocked on it."""
-        if self._vote is not None:
-            self._vote.aborted.set()
-        if not self._leaving:
+        if not self._leaving:  # a generation's abort ends it: its vote's flag is never cleared
+            if self._vote is not None:
+                self._vote.aborted.set()
             abort(self.backend, self._opened)
 
     def _before_update(self, *_: Any) -> None:

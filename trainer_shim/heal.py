@@ -4,17 +4,15 @@ docs/architecture.md, "Healing". Works on any torch.distributed world (no daemon
 each tensor it holds (a DTensor's shard, or all of a plain tensor) at which step and which blocks it wants;
 every rank computes the same plan from that, and the pieces move point to point straight into the wanting
 rank's own tensors. Ranks already holding what they want receive nothing; a block held by several ranks is
-split over them.
+split over them (the plan: trainer_shim.heal_plan).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
-from itertools import pairwise
 from typing import Any
 
 import torch
@@ -22,58 +20,14 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from trainer_shim.heal_plan import NOTHING, Block, Offer, Piece, Settled, block, settle
+
 SMALL_BYTES = 1 << 20  # pieces under this between the same two ranks travel as one message (a model's many norms)
-SPLIT_BYTES = 4 << 20  # a missing block at least this large is split over the ranks holding it
-MAX_SOURCES = 2  # over at most this many: more senders into one receiver only contend for its copy-out
 TOUCH_THREADS = 8  # at most this many threads zero a newcomer's new memory
-NOTHING = -1  # the step of a rank that holds nothing (a newcomer whose job has a checkpoint to fall back to)
 
 
 class HealError(RuntimeError):
     """The freshest state cannot be put together: no rank holds some rows and there is nothing to fall back to."""
-
-
-@dataclass(frozen=True)
-class Block:
-    """Rows [lo, hi) along `dim` of a tensor of global `shape`: all of a plain tensor, one shard of a DTensor.
-    Made through `block()`, so equal blocks are one object: a model's many tensors of one shape pickle as one."""
-
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    dim: int
-    lo: int
-    hi: int
-
-    @cached_property
-    def row_bytes(self) -> int:
-        per = 1
-        for i, n in enumerate(self.shape):
-            if i != self.dim:
-                per *= n
-        return per * self.dtype.itemsize
-
-    def full(self) -> Block:
-        return block(self.shape, self.dtype, self.dim, 0, self.shape[self.dim] if self.shape else 1)
-
-
-@lru_cache(maxsize=1 << 16)
-def block(shape: tuple[int, ...], dtype: torch.dtype, dim: int, lo: int, hi: int) -> Block:
-    """The one Block of these fields. A heal's offers list a block per tensor and every rank unpickles every offer:
-    shared, the thousands of same-shaped tensors of a model cost one block each way, not one each (issue 35)."""
-    return Block(shape, dtype, dim, lo, hi)
-
-
-@dataclass
-class Piece:
-    """Rows [lo, hi) of the tensor at `path` go from `src` to `dst` (a local copy when they are the same rank)."""
-
-    path: str
-    src: int
-    dst: int
-    lo: int
-    hi: int
-    nbytes: int
-    dtype: torch.dtype = torch.float32
 
 
 @dataclass
@@ -125,48 +79,6 @@ def replicated(t: torch.Tensor) -> bool:
     mesh = t.device_mesh
     return any(isinstance(p, Replicate) and mesh.size(i) > 1 for i, p in enumerate(t.placements)) \
         or all(not p.is_shard() for p in t.placements)
-
-
-# -- the plan: pure, the same on every rank -------------------------------------------------------------
-def _cuts(want: Block, holders: list[tuple[int, Block]]) -> Iterator[tuple[int, int, list[int]]]:
-    """Consecutive row ranges of `want`, each with the ranks holding all of it."""
-    if want.lo < want.hi and all(h.lo <= want.lo and want.hi <= h.hi for _, h in holders):  # every holder has all
-        # (an empty shard, lo == hi, has no range at all: the general path below yields none)
-        yield want.lo, want.hi, [r for r, _ in holders]
-        return
-    points = sorted({want.lo, want.hi, *(b for _, h in holders for b in (h.lo, h.hi) if want.lo < b < want.hi)})
-    for lo, hi in pairwise(points):
-        yield lo, hi, [r for r, h in holders if h.lo <= lo and hi <= h.hi]
-
-
-def plan(wants: Mapping[int, Mapping[str, Block]], holds: Mapping[int, Mapping[str, Block]], sole: bool = False) \
-        -> tuple[list[Piece], list[str]]:
-    """Who sends which rows to whom, and the paths with rows nobody holds. A rank's own rows are a local copy;
-    the rest go to the holder with the fewest bytes to send so far, a large range split over all of them.
-    `sole`: only the lowest rank holding some rows counts (holders never trained together may differ)."""
-    load: dict[int, int] = {r: 0 for r in holds}
-    pieces: list[Piece] = []
-    missing: list[str] = []
-    ordered = sorted(holds.items())
-    for dst in sorted(wants):
-        for path, want in wants[dst].items():
-            holders = [(r, h[path]) for r, h in ordered if path in h]
-            for lo, hi, ranks in _cuts(want, holders):
-                ranks = ranks[:1] if sole else ranks
-                if not ranks:
-                    missing.append(path)
-                    continue
-                if dst in ranks:
-                    pieces.append(Piece(path, dst, dst, lo, hi, 0, want.dtype))
-                    continue
-                nbytes = (hi - lo) * want.row_bytes
-                parts = min(len(ranks), MAX_SOURCES, hi - lo) if nbytes >= SPLIT_BYTES else 1
-                ranks = sorted(ranks, key=lambda r: (load[r], r))[:parts]
-                for i, src in enumerate(ranks):
-                    a, b = lo + (hi - lo) * i // parts, lo + (hi - lo) * (i + 1) // parts
-                    pieces.append(Piece(path, src, dst, a, b, (b - a) * want.row_bytes, want.dtype))
-                    load[src] += (b - a) * want.row_bytes
-    return pieces, sorted(set(missing))
 
 
 # -- moving the rows ------------------------------------------------------------------------------------
@@ -276,22 +188,6 @@ def _start(p2p: list[dist.P2POp], comm_device: torch.device) -> list[Any]:
 
 
 # -- the whole heal -------------------------------------------------------------------------------------
-@dataclass
-class Offer:
-    """What one rank brings to a heal (gathered from every rank)."""
-
-    step: int  # the step of what it holds; NOTHING for none
-    vouched: bool  # it held this state in a world with the others (a new process's own state may differ)
-    holds: dict[str, Block]  # the blocks it holds (at `step`)
-    wants: dict[str, Block] | None  # None: whatever of the source's tensors it lacks, whole (data parallel)
-
-    def fresh(self, path: str, full: Block) -> bool:
-        """Whether this rank has no tensor of its own for that path yet: its rows go into new memory."""
-        if self.wants is not None:
-            return path not in self.wants
-        return self.holds.get(path) != full
-
-
 @torch.no_grad()  # it only copies rows: no autograd (a DTensor's `to_local` is then a plain attribute read)
 def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants: Mapping[str, torch.Tensor] | None,
          comm_device: torch.device, vouched: bool = True) -> tuple[Healed, dict[str, torch.Tensor]]:
@@ -310,9 +206,7 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
     offers: list[Offer | None] = [None] * dist.get_world_size()
     dist.all_gather_object(offers, mine)
     settled = settle(offers)
-    top: list[Any] = [skeleton, {p: t.device.type for p, (t, _) in have.items()}] \
-        if rank == settled.source else [None, None]
-    dist.broadcast_object_list(top, src=settled.source, device=comm_device)
+    top = _structure(settled, offers, [skeleton, {p: t.device.type for p, (t, _) in have.items()}], comm_device)
     result = Healed(settled.step, settled.source, top[0], missing=settled.missing)
     planned = time.perf_counter()
     result.plan_s = result.seconds = planned - start
@@ -330,44 +224,15 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
     return result, filled
 
 
-@dataclass
-class Settled:
-    """The step a heal restores, the lowest rank holding it (whose structure every rank takes), and the plan."""
-
-    step: int
-    source: int
-    full: dict[str, Block]  # each tensor's whole block, by path
-    asks: dict[int, dict[str, Block]]
-    pieces: list[Piece]
-    missing: list[str]
-
-
-def settle(offers: list[Offer | None]) -> Settled:
-    """The freshest step whose whole state the live ranks hold, and its plan. After a crash in a sharded job one
-    rank may have finished a step its peers had not (its shard at S+1, the rest only at S): step S, which
-    every shard has, is restored rather than the checkpoint. With no complete step: the freshest, with what is
-    missing ("*": no rank holds anything)."""
-    steps = sorted({o.step for o in offers if o is not None and o.step != NOTHING}, reverse=True)
-    first: Settled | None = None
-    for step in steps:
-        at = {r: o for r, o in enumerate(offers) if o is not None and o.step == step}
-        sole = not any(o.vouched for o in at.values())
-        holders = {r: o.holds for r, o in at.items() if o.vouched or sole}
-        source = min(at)
-        full = {p: b.full() for p, b in at[source].holds.items()}
-        asks = {r: _asks(o, full, r in holders and not sole) for r, o in enumerate(offers) if o is not None}
-        pieces, missing = plan(asks, holders, sole)
-        found = Settled(step, source, full, asks, pieces, missing)
-        if not missing:
-            return found
-        first = first or found
-    return first or Settled(NOTHING, 0, {}, {}, [], ["*"])
-
-
-def _asks(offer: Offer, full: dict[str, Block], holder: bool) -> dict[str, Block]:
-    if offer.wants is not None:
-        return {p: offer.wants.get(p, b) for p, b in full.items()}
-    return {} if holder else full
+def _structure(settled: Settled, offers: list[Offer | None], own: list[Any], comm_device: torch.device) -> list[Any]:
+    """The source's structure and its tensors' devices, broadcast where some rank needs them: a newcomer, a rank
+    behind, any rank not vouched for at the freshest step. A vouched rank at that step trained in the source's
+    world and holds the same structure: where every rank is one (a drain, a leave), nobody waits for a broadcast."""
+    if settled.missing or all(o is None or (o.vouched and o.step == settled.step) for o in offers):
+        return own
+    top = own if dist.get_rank() == settled.source else [None, None]
+    dist.broadcast_object_list(top, src=settled.source, device=comm_device)
+    return top
 
 
 def _targets(asks: Mapping[str, Block], wants: Mapping[str, torch.Tensor], held: Mapping[str, torch.Tensor],
@@ -375,15 +240,15 @@ def _targets(asks: Mapping[str, Block], wants: Mapping[str, torch.Tensor], held:
     """Where this rank's rows go: its new shard, its own tensor of the same shape (received in place), or a
     new tensor on the device the source's was on (CUDA tensors on this rank's device)."""
     out: dict[str, torch.Tensor] = {}
-    for path, block in asks.items():
+    for path, want in asks.items():
         if path in wants:
             out[path] = wants[path]
             continue
         own = held.get(path)
-        if own is not None and not isinstance(own, DTensor) and tuple(own.shape) == block.shape \
-                and own.dtype == block.dtype:
+        if own is not None and not isinstance(own, DTensor) and tuple(own.shape) == want.shape \
+                and own.dtype == want.dtype:
             out[path] = own
             continue
         device = comm_device if devices[path] == "cuda" else torch.device("cpu")
-        out[path] = torch.empty(block.shape, dtype=block.dtype, device=device)  # touched by `move`
+        out[path] = torch.empty(want.shape, dtype=want.dtype, device=device)  # touched by `move`
     return out

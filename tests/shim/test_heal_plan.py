@@ -1,11 +1,11 @@
-"""The heal's plan (trainer_shim.heal.plan): who sends which rows to whom. Pure: no process group."""
+"""The heal's plan (trainer_shim.heal_plan): who sends which rows to whom. Pure: no process group."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from trainer_shim.heal import NOTHING, SPLIT_BYTES, Block, Offer, plan, settle
+from trainer_shim.heal_plan import NOTHING, SPLIT_BYTES, Block, Offer, plan, settle
 from trainer_shim.state_paths import fill, flatten
 
 pytestmark = pytest.mark.quick

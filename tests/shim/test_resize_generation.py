@@ -16,10 +16,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer_shim.elastic import Elastic, lost_peer
+from trainer_shim.elastic import Elastic
 from trainer_shim.generation import Generation, NotArrived, arrive, join, leave, open_store, state_digest
 from trainer_shim.heal import heal
 from trainer_shim.noop import NullSession
+from trainer_shim.peer_errors import lost_peer
 from trainer_shim.state_paths import fill, flatten
 
 
