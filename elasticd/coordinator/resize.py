@@ -13,8 +13,8 @@ from typing import Any
 
 from elasticd.coordinator.membership import NodeRecord, Round
 from elasticd.coordinator.step_agreement import StepQuery
-from elasticd.wire.heal_report import MergedHeal, merge_heals
-from elasticd.wire.member_state import Heal, ProgressReport
+from elasticd.wire.heal_report import Heal
+from elasticd.wire.member_state import ProgressReport
 from elasticd.wire.names import EventKind
 
 RESIZE_TIMEOUT_S = 30.0  # an in-place round whose ranks have not all synced by then falls back to a restart
@@ -163,7 +163,7 @@ class Resizer:
             marks[phase] = max(s.get(phase, 0.0) for s in cur.synced.values())
         start = marks["detect"]
         order = ("detect", "agreed", "left", "group_ready", "synced", "first_step")
-        heal = merge_heals([h.encode() for h in cur.heals.values()]) if cur.heals else None
+        heal = Heal.merged(list(cur.heals.values())) if cur.heals else None
         rebuild = max(s.get("rebuild_s", 0.0) for s in cur.synced.values())
         last_steps = [s["last_step_at"] for s in cur.synced.values() if "last_step_at" in s]
         marks["stalled"] = min(last_steps, default=marks["agreed"])  # training stopped (a crash: before detection)
@@ -171,7 +171,7 @@ class Resizer:
                   cause=rnd.cause, detail=rnd.detail,
                   timeline={p: round(marks[p] - start, 3) for p in order if p in marks},
                   stall_s=round(marks["first_step"] - marks["stalled"], 3), parts=stall_parts(marks, rebuild, heal),
-                  **({"heal": heal} if heal else {}))
+                  **({"heal": heal.encode()} if heal else {}))
 
     def failed(self, round_id: int, reason: str) -> bool:
         """A member says its part of this in-place round failed: True when the coordinator must restart."""
@@ -201,14 +201,14 @@ class Resizer:
         return True
 
 
-def stall_parts(marks: dict[str, float], rebuild_s: float, heal: MergedHeal | None) -> dict[str, float]:
+def stall_parts(marks: dict[str, float], rebuild_s: float, heal: Heal | None) -> dict[str, float]:
     """Where a resize's stall went, in seconds that add up to it (the end of the first rank's last step in the old
     world, or the agreement when no rank was in one, to the first step): the boundary's agreement and every old
     rank out with the round started (`leave`), forming the new group, the script's rebuild, the heal's plan and
     transfer (each the slowest rank's), the first step, and `other` for the rest (waiting for the slowest rank,
     restoring the state)."""
     parts = {"leave": marks["left"] - marks["stalled"], "group": marks["group_ready"] - marks["left"],
-             "rebuild": rebuild_s, "plan": heal["plan_s"] if heal else 0.0,
-             "transfer": heal["transfer_s"] if heal else 0.0, "first_step": marks["first_step"] - marks["synced"]}
+             "rebuild": rebuild_s, "plan": heal.plan_s if heal else 0.0,
+             "transfer": heal.transfer_s if heal else 0.0, "first_step": marks["first_step"] - marks["synced"]}
     parts["other"] = marks["first_step"] - marks["stalled"] - sum(parts.values())
     return {name: round(seconds, 3) for name, seconds in parts.items()}

@@ -19,7 +19,8 @@ from elasticd.job.config import LEAVE_SLACK_S, JobConfig
 from elasticd.member.processes.spawner import Spawner
 from elasticd.member.processes.workers import Worker, WorkerGroup, signal_worker
 from elasticd.wire.assignment import RoundAssignment
-from elasticd.wire.heal_report import merge_heals
+from elasticd.wire.heal_report import Heal
+from elasticd.wire.member_state import ProgressReport
 from elasticd.wire.names import EventKind, MeshOp, NodeState, WorkerOp
 from elasticd.wire.protocol import new_id
 from elasticd.wire.record import Record
@@ -142,14 +143,13 @@ class InPlace:
         pids = {w.proc.pid for w in group.workers}
         if pids and pids <= self.joined.keys():
             mine = [self.joined[p] for p in pids]
-            heals = [j.heal.encode() for j in mine if j.heal is not None]
+            heals = [j.heal for j in mine if j.heal is not None]
             last_steps = [j.last_step_at for j in mine if j.last_step_at is not None]
-            self.node.to_coord(MeshOp.round_progress, {
-                "round": group.round_id, "in_place": all(j.in_place for j in mine),
-                "group_ready": max(j.group_ready or 0.0 for j in mine), "synced": max(j.synced or 0.0 for j in mine),
-                "rebuild_s": max(j.rebuild_s or 0.0 for j in mine),
-                **({"last_step_at": min(last_steps)} if last_steps else {}),
-                **({"heal": merge_heals(heals)} if heals else {})})
+            self.node.to_coord(MeshOp.round_progress, ProgressReport(
+                group.round_id, in_place=all(j.in_place for j in mine),
+                group_ready=max(j.group_ready or 0.0 for j in mine), synced=max(j.synced or 0.0 for j in mine),
+                rebuild_s=max(j.rebuild_s or 0.0 for j in mine), last_step_at=min(last_steps, default=None),
+                heal=Heal.merged(heals) if heals else None).encode())
 
     def on_failed(self, failed: JoinFailed) -> None:
         self.capable.discard(failed.pid)  # it waits to be replaced: no later round keeps it

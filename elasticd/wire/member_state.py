@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from elasticd.wire.diagnosis import ErrorInfo, Failure
+from elasticd.wire.heal_report import Heal
 from elasticd.wire.names import EventKind, MeshOp
 from elasticd.wire.record import Record
 
@@ -160,18 +161,6 @@ class WorkerFailed(Record):
         """The failure as events and `status` carry it, of the node that sent it."""
         return Failure(node, self.rank, self.round, self.exit_code, self.signal, self.pid, self.detected or self.at,
                        self.error, self.hang, self.reason or "", self.log, self.error_file).clipped()
-
-
-@dataclass(frozen=True)
-class Heal(Record):
-    """What an in-place round's heal moved on a node: its ranks' `joined.heal` merged (wire/heal_report.py)."""
-
-    received_bytes: int = 0
-    sent_bytes: int = 0
-    seconds: float = 0.0
-    plan_s: float = 0.0
-    transfer_s: float = 0.0
-    fallback: str | None = None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from elasticd.coordinator.membership import MemoryStore, NodeRecord, RankEntry, 
 from elasticd.coordinator.resize import Resizer
 from elasticd.job.config import LEAVE_SLACK_S, STOP_SLACK_S, JobConfig
 from elasticd.job.events import EventLog
-from elasticd.wire.member_state import Heal, ProgressReport
+from elasticd.wire.heal_report import Heal
+from elasticd.wire.member_state import ProgressReport
 from elasticd.wire.names import Cause, EventKind
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
@@ -95,6 +96,9 @@ def test_a_resize_says_where_its_stall_went_in_parts_that_add_up_to_it() -> None
     assert fields["parts"] == {"leave": 0.15, "group": 0.2, "rebuild": 0.2, "plan": 0.1, "transfer": 0.4,
                                "first_step": 0.3, "other": 0.1}
     assert sum(fields["parts"].values()) == pytest.approx(fields["stall_s"])
+    # What the heal moved, every node's together: bytes summed, the longest times, the first fallback (none here).
+    assert fields["heal"] == {"received_bytes": 1 << 20, "sent_bytes": 0, "senders": 0, "seconds": 0.5,
+                              "plan_s": 0.1, "transfer_s": 0.4, "fallback": None}
 
 
 def test_an_in_place_rounds_stop_barrier_outwaits_the_nodes_wait_for_their_kept_workers() -> None:

@@ -23,7 +23,7 @@ from elasticd.job.slurm import SlurmStep
 from elasticd.member.agent import NodeAgent, event_body
 from elasticd.wire.assignment import Fenced, Welcome
 from elasticd.wire.diagnosis import ErrorInfo, Failure
-from elasticd.wire.heal_report import merge_heals
+from elasticd.wire.heal_report import Heal
 from elasticd.wire.member_reports import TO_COORDINATOR
 from elasticd.wire.member_state import STATE_REPORTS, EventReport, Heartbeat, ProgressReport, Register, WorkerFailed
 from elasticd.wire.names import EventKind, MeshOp
@@ -67,15 +67,15 @@ def sent() -> dict[str, dict[str, Any]]:
                                       "Traceback ...", "output"))
     stopped = ProgressReport(3, stopped=NOW, events=[event_body(EventKind.workers_stopped, round=2,
                                                                 exit_codes={"0": -15, "1": -15}, last_step=119)])
-    joined = {"round": 3, "in_place": True, "group_ready": NOW, "synced": NOW + 0.2,
-              "heal": merge_heals([{"received_bytes": 10, "sent_bytes": 0, "seconds": 0.5, "fallback": None}])}
+    joined = ProgressReport(3, in_place=True, group_ready=NOW, synced=NOW + 0.2,
+                            heal=Heal.merged([Heal(received_bytes=10, seconds=0.5), Heal(senders=1)]))
     bodies = {
         MeshOp.register: node.register_body(),
         MeshOp.hb: beat,
         MeshOp.event: event_body(EventKind.worker_exited, round=3, rank=3, pid=4242, exit_code=-9).encode(),
         MeshOp.worker_failed: {**failure.body(), "detected": NOW},
         MeshOp.round_progress: stopped.encode(),
-        "round_progress.in_place": joined,
+        "round_progress.in_place": joined.encode(),
     }
     return json.loads(json.dumps(bodies))  # as the mesh delivers them
 
