@@ -193,7 +193,7 @@ class Elastic:
         tensors: dict[str, torch.Tensor] = {}
         skeleton = flatten(self._snapshot(), tensors)
         healed, filled = heal(self.step, tensors, skeleton, None, self.comm_device, self._vouched)
-        self._note(healed, None)
+        self.last_heal = healed.report(None)
         return healed, fill(healed.skeleton, filled) if filled else None
 
     def _heal_sharded(self) -> tuple[Healed, dict[str, Any]]:
@@ -208,13 +208,13 @@ class Elastic:
         self._held = None
         healed, filled = heal(step, held, skeleton, target, self.comm_device, self._vouched)
         if not healed.missing:
-            self._note(healed, None)
+            self.last_heal = healed.report(None)
             return healed, fill(healed.skeleton, {**target, **filled})
         reason = "no live rank holds any state" if healed.missing == ["*"] else \
             f"rows of {len(healed.missing)} tensors are held by no live rank (a lost shard with no replica)"
         state = self._load_checkpoint(reason)
-        self._note(healed, f"{reason}: loaded checkpoint step {state['step']}, resharded to world "
-                           f"{self.world_size}")
+        self.last_heal = healed.report(f"{reason}: loaded checkpoint step {state['step']}, resharded to world "
+                                       f"{self.world_size}")
         return healed, state
 
     def _load_checkpoint(self, reason: str) -> dict[str, Any]:
@@ -223,12 +223,6 @@ class Elastic:
             raise HealError(f"{reason}, and no checkpoint in {self.checkpoint_dir or '(no checkpoint_dir)'}")
         state["sampler"] = state["sampler"] or None
         return state
-
-    def _note(self, healed: Healed, fallback: str | None) -> None:
-        self.last_heal = {"received_bytes": healed.received_bytes, "sent_bytes": healed.sent_bytes,
-                          "senders": healed.senders, "seconds": round(healed.seconds, 4),
-                          "plan_s": round(healed.plan_s, 4), "transfer_s": round(healed.transfer_s, 4),
-                          "fallback": fallback}
 
     def _hold(self, graceful: bool) -> None:
         """Before a sharded rank leaves: keep its shards (no copy). On a graceful change, a shard no other rank
@@ -276,36 +270,43 @@ class Elastic:
 
     # -- the loop --------------------------------------------------------------------------------------
     def run_step(self, fn: _Stepper) -> int:
-        """Run `fn(step + 1)`; on success that step is committed. Returns the step this rank now holds.
+        """Run `fn(step + 1)` until that step completes; it is committed, and returned.
 
-        A collective error in `fn` (a peer died) loses only that step: the sampler goes back to the last
-        committed position, the rank leaves its group and rejoins the next generation with the survivors.
-        Any other exception is raised: the script's own bug is not healed in place.
+        A collective error in `fn` (a peer died) loses only that step's work: the sampler goes back, the rank
+        leaves its group, rejoins the next generation and runs the step again there, as a newcomer's first step,
+        so that what the script does where this returns (a save: collectives) runs in one world. Any other
+        exception is raised: the script's own bug is not healed in place.
         """
-        while self._resize_pending or self._resize_due():
-            self._resize(None)
-        error, self._stepping = None, self.step + 1
-        try:
-            fn(self.step + 1)
-        except RuntimeError as exc:
-            if not (self.in_place and lost_peer(exc)):
-                raise  # a bug in the script ends its process: the restart path, charged, with its traceback
-            error = one_line(exc)  # the traceback's frames (and what they hold) go with the except block
-        finally:
-            self._stepping = None
-        if error is not None:
+        while True:
+            while self._resize_pending or self._resize_due():
+                self._resize(None)
+            error = self._attempt(fn)
+            if error is None:
+                break
             if self._vote is not None and self._vote.applied == self.step + 1:
                 self._completed()  # every rank applied it before the loss (a collective of the script's after it)
             elif self.sampler is not None and self._committed is not None:
                 self.sampler.load_state_dict(self._committed)  # the step in flight is trained again
             self._resize(error)
-            return self.step
         self._completed()
         # Settled now, before the script's should_checkpoint; acted on at the next run_step (or close), so that
         # what the script does at this boundary (a save, an eval: collectives) runs in the world every rank
         # shares. A resize here would take the survivors into a world whose newcomers skip this boundary.
         self._resize_pending = self._resize_due()
         return self.step
+
+    def _attempt(self, fn: _Stepper) -> str | None:
+        """One try at the next step: None when it completed, else why a peer is gone."""
+        self._stepping = self.step + 1
+        try:
+            fn(self.step + 1)
+        except RuntimeError as exc:
+            if not (self.in_place and lost_peer(exc)):
+                raise  # a bug in the script ends its process: the restart path, charged, with its traceback
+            return one_line(exc)  # the traceback's frames (and what they hold) go with the except block
+        finally:
+            self._stepping = None
+        return None
 
     def _completed(self) -> None:
         self.step += 1

@@ -45,6 +45,12 @@ class Healed:
     transfer_s: float = 0.0  # the rows' moving (and the new memory's touching)
     missing: list[str] = field(default_factory=list)  # paths with rows no live rank holds at the freshest step
 
+    def report(self, fallback: str | None) -> dict[str, Any]:
+        """What the `joined` report carries (its `heal`); `fallback`: why the state came from a checkpoint."""
+        return {"received_bytes": self.received_bytes, "sent_bytes": self.sent_bytes, "senders": self.senders,
+                "seconds": round(self.seconds, 4), "plan_s": round(self.plan_s, 4),
+                "transfer_s": round(self.transfer_s, 4), "fallback": fallback}
+
 
 Offsets = dict[tuple[Any, ...], tuple[int, ...]]  # a heal's DTensor offsets by (shape, mesh, placements)
 

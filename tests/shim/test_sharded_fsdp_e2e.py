@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 from support.harness import Job, cli, wait_for
@@ -40,13 +42,18 @@ def test_fsdp_job_reshards_in_memory_and_falls_back_to_its_checkpoint_when_a_sha
 def test_a_resize_at_a_checkpoint_boundary_saves_in_the_old_world_then_resizes(tmp_path: Path) -> None:
     """The script saves after every step, so every resize meets a save at its boundary: the survivors save with
     the ranks of the world that trained that step, then resize, rather than save in a world whose newcomers
-    skip that boundary's save (a hang until the collectives' timeout, then a restart)."""
+    skip that boundary's save (a hang until the collectives' timeout, then a restart). A crash meets one too:
+    the survivors train the lost step again in the new world before `run_step` returns, as the newcomer does."""
     with Job(tmp_path, nnodes="1:2", nproc=2) as job:
         args = ("--steps", "100000", "--steps-file", str(tmp_path / "stop"), "--ckpt-dir", str(tmp_path / "ckpt"),
-                "--digest-log", str(tmp_path / "digests.log"), "--step-time", "0.1", "--mesh", "fsdp",
+                "--digest-log", str(tmp_path / "digests.log"), "--step-time", "0.3", "--mesh", "fsdp",
                 "--ckpt-every", "1")
         a_pids = first_world(job, "a", FSDP, args, 2)
         changed(job, 4, lambda: job.start("b", FSDP, *args), "a", a_pids)  # the join CI saw hang: agreed on a save
+        victim = max(a_pids)  # its shard has no replica: the heal reads the newest save
+        job.wait_event("checkpoint_saved", since=job.seq())  # the crash comes after a save: in the pause or a step
+        crashed = changed(job, 4, lambda: os.kill(victim, signal.SIGKILL), "a", a_pids - {victim})
+        assert "loaded checkpoint step" in crashed["heal"]["fallback"], crashed
         finish(job, tmp_path, "a", extra=3)
     seen = digests(tmp_path / "digests.log")
     assert all(len(set(by_round.values())) == 1 for by_round in seen.values())

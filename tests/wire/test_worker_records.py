@@ -11,7 +11,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,7 +22,7 @@ from elasticd.wire.protocol import Envelope, decode, encode
 from elasticd.wire.record import Record
 from elasticd.wire.worker_reports import BETWEEN_ROUNDS, FROM_WORKER, Hello, Joined
 from elasticd.wire.worker_requests import TO_WORKER, AtStep, Generation, Resize, WorkerWelcome
-from trainer_shim import Elastic, Request, Session
+from trainer_shim import Request, Session
 from trainer_shim.generation import Generation as ShimGeneration
 from trainer_shim.heal import Healed
 
@@ -93,15 +92,14 @@ def test_a_real_shims_frames_decode_into_their_records(router: tuple[str, zmq.So
     addr, sock = router
     healed = Healed(step=120, source=0, skeleton=None, received_bytes=4096, senders=2, seconds=0.41, plan_s=0.01,
                     transfer_s=0.4)
-    heal = SimpleNamespace()  # Elastic's note of a heal: what its `joined` carries
-    Elastic._note(heal, healed, "rows of 1 tensors are held by no live rank")  # type: ignore[arg-type]
+    heal = healed.report("rows of 1 tensors are held by no live rank")  # what a `joined` carries
     with Session(addr, rank=3, local_rank=1, node="n1", round_id=5) as s:
         s.abort_signal = int(signal.SIGUSR2)
         s.rejoin(3, 0, in_place=True, waiting=True, welcome=True)  # a pre-started worker's first hello
         s.left(120, "r1")
         s.left(120, None, "NCCL communicator was aborted")
         s.joined(6, 120, True, {"started": 1.5, "last_step_at": 2.0, "group_ready": 2.5, "synced": 3.5,
-                                "rebuild_s": 0.27}, heal.last_heal)
+                                "rebuild_s": 0.27}, heal)
         s.joined(7, 121, True, {"group_ready": 4.5, "synced": 5.5})  # a heal that moved nothing is not reported
         s.resize_failed(8, "RuntimeError: the generation's store did not answer")
         frames = [recv(sock)[1] for _ in range(7)]
