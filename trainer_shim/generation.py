@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.tensor._random as dtensor_random
 from torch.distributed.tensor import DTensor
 
 from trainer_shim.state_paths import Slot, flatten
@@ -128,6 +129,7 @@ def leave(backend: str, failed: bool, opened: set[str]) -> None:
     """
     if not dist.is_initialized():
         return
+    forget_rng_tracker()
     if backend == "nccl":
         if failed:
             dist.distributed_c10d._abort_process_group()
@@ -135,6 +137,13 @@ def leave(backend: str, failed: bool, opened: set[str]) -> None:
         torch.cuda.synchronize()
     dist.destroy_process_group()
     sever(opened)
+
+
+def forget_rng_tracker() -> None:
+    """Drop DTensor's RNG tracker (CUDA only): it holds this group's mesh, and the first random DTensor op of a
+    process without one broadcasts rank 0's RNG state over the world. A survivor that kept its tracker would skip
+    that broadcast where a newcomer makes it (`init_weights` in `on_world`): a hang on the next collective."""
+    dtensor_random._rng_tracker = None
 
 
 def abort(backend: str, opened: set[str]) -> None:

@@ -13,6 +13,7 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.tensor._random as dtensor_random
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -197,3 +198,13 @@ def test_a_sharded_rank_that_rebuilds_after_the_heals_timeout_still_heals(store_
         mp.start_processes(slow_builder, args=(store_addr, out), nprocs=2, start_method="spawn")
         seen = dict(out)
     assert seen == {0: 0, 1: 0}
+
+
+def test_leaving_a_group_drops_dtensors_rng_tracker_with_its_mesh() -> None:
+    """On CUDA the first random DTensor op of a process without a tracker broadcasts rank 0's RNG state over the
+    world (`init_weights` in `on_world`): a survivor that kept the tracker of its old mesh would skip the broadcast
+    that its newcomers make, and the next collective would hang. Every rank of a new world starts without one."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    dtensor_random._rng_tracker = object()  # type: ignore[assignment]  # what a CUDA job's first world left
+    leave("gloo", False, set())
+    assert dtensor_random._rng_tracker is None and not dist.is_initialized()
