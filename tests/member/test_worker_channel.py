@@ -177,9 +177,10 @@ async def test_left_joined_and_resize_failed_reach_the_in_place_round_as_records
     await live.send(WorkerOp.resize_failed, {"rank": 2, "pid": PID, "round": 6, "reason": "the store timed out"})
     await live.until(lambda: len(node.sent) == 2)
     assert node.sent == [(MeshOp.round_progress, {"round": 5, "in_place": True, "group_ready": 10.5, "synced": 11.0,
-                                                  "rebuild_s": 0.27, "last_step_at": 10.0,
-                                                  "heal": {"received_bytes": 4096, "sent_bytes": 0, "seconds": 0.41,
-                                                           "plan_s": 0.01, "transfer_s": 0.4, "fallback": None}}),
+                                                  "rebuild_s": 0.27, "last_step_at": 10.0, "events": [],
+                                                  "heal": {"received_bytes": 4096, "sent_bytes": 0, "senders": 2,
+                                                           "seconds": 0.41, "plan_s": 0.01, "transfer_s": 0.4,
+                                                           "fallback": None}}),
                          (MeshOp.resize_failed, {"round": 6, "reason": "rank 2 on node a: the store timed out"})]
     assert PID not in node.in_place.capable and live.channel.dropped_frames == 0
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
-from datetime import timedelta
 
 import pytest
 import torch
@@ -23,15 +21,6 @@ from trainer_shim.heal import heal
 from trainer_shim.noop import NullSession
 from trainer_shim.peer_errors import lost_peer
 from trainer_shim.state_paths import fill, flatten
-
-
-@pytest.fixture
-def store_addr() -> Iterator[str]:
-    """The job's long-lived store, as the coordinator's daemon hosts it; the members get its address."""
-    server = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=30))
-    yield f"127.0.0.1:{server.port}"
-    del server
 
 
 def fresh(device: torch.device, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

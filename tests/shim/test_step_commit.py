@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
-from datetime import timedelta
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -21,14 +18,6 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from trainer_shim.generation import Generation, join, open_store
 from trainer_shim.peer_errors import lost_peer
 from trainer_shim.step_commit import StepCommit
-
-
-@pytest.fixture
-def store_addr() -> Iterator[str]:
-    server = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=30))
-    yield f"127.0.0.1:{server.port}"
-    del server
 
 
 def hsdp_step(proc: int, store_addr: str, prefix: str, b_votes: bool, out: dict) -> None:
