@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.tensor._random as dtensor_random
 import torch.multiprocessing as mp
+from support.spawned import spawned
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer_shim.elastic import Elastic
@@ -88,11 +89,7 @@ def member(proc: int, backend: str, store_addr: str, worlds: list[int], out: dic
 def test_every_generation_starts_bitwise_identical_from_the_freshest_rank(backend: str, store_addr: str) -> None:
     gpus = torch.cuda.device_count() if backend == "nccl" else 3
     worlds = [2, 3, 2, 3] if gpus >= 3 else [gpus] * 4  # NCCL: one rank per GPU
-    with mp.Manager() as manager:
-        out = manager.dict()
-        mp.start_processes(member, args=(backend, store_addr, worlds, out), nprocs=max(worlds),
-                           start_method="spawn")
-        seen = dict(out)
+    seen = spawned(member, max(worlds), backend, store_addr, worlds)
     for proc, gens in seen.items():
         for gen, _, distinct, _ in gens:
             assert distinct == 1, f"generation {gen}: rank {proc} disagrees"
@@ -151,11 +148,7 @@ def late_member(proc: int, store_addr: str, out: dict) -> None:
 
 
 def test_a_rank_that_arrives_after_the_groups_timeout_still_joins(store_addr: str) -> None:
-    with mp.Manager() as manager:
-        out = manager.dict()
-        mp.start_processes(late_member, args=(store_addr, out), nprocs=2, start_method="spawn")
-        seen = dict(out)
-    assert seen == {0: 3, 1: 3}
+    assert spawned(late_member, 2, store_addr) == {0: 3, 1: 3}
 
 
 def test_a_generation_whose_ranks_do_not_all_arrive_says_how_many_came(store_addr: str) -> None:
@@ -182,11 +175,7 @@ def slow_builder(proc: int, store_addr: str, out: dict) -> None:
 
 
 def test_a_sharded_rank_that_rebuilds_after_the_heals_timeout_still_heals(store_addr: str) -> None:
-    with mp.Manager() as manager:
-        out = manager.dict()
-        mp.start_processes(slow_builder, args=(store_addr, out), nprocs=2, start_method="spawn")
-        seen = dict(out)
-    assert seen == {0: 0, 1: 0}
+    assert spawned(slow_builder, 2, store_addr) == {0: 0, 1: 0}
 
 
 def test_leaving_a_group_drops_dtensors_rng_tracker_with_its_mesh() -> None:

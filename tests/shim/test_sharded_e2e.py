@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import torch
-from support.harness import Job, cli
-from support.resizes import FSDP, changed, digests, finish, first_world, pids_of
+from support.harness import Job
+from support.resizes import FSDP, changed, digests, finish, first_world, graceful_changes, pids_of
 
 
 def reference(tmp: Path, steps: int, *args: str) -> dict:
@@ -45,14 +45,7 @@ def test_hsdp_job_resizes_in_place_and_a_lost_node_heals_from_its_replica(tmp_pa
             heals.append((world, done["heal"]))
             return done
 
-        b = job.start("b", FSDP, *args, wait=False)
-        change(4, lambda: b.wait_line(r"elasticd \S+: node "))
-        change(2, lambda: cli(job, "drain", "b"))
-        change(4, lambda: cli(job, "scale", "2"))
-        change(2, lambda: b.signal(signal.SIGTERM))
-        assert b.wait_exit(30) == 0
-        b = job.start("b", FSDP, *args, wait=False)
-        change(4, lambda: b.wait_line(r"elasticd \S+: node "))
+        b = graceful_changes(job, FSDP, args, change)
         # b freezes (no socket closes): a's ranks, blocked in a collective with b's, are aborted on their daemon's
         # word once b is declared lost, instead of waiting for the group's 10 s timeout.
         frozen = [b.proc.pid, *pids_of(job, "b")]

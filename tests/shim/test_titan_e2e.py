@@ -3,11 +3,10 @@ warm-up schedule, 117 DTensors) through every kind of change under real daemons.
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
-from support.harness import ROOT, Job, cli
-from support.resizes import changed, digests, finish, first_world
+from support.harness import ROOT, Job
+from support.resizes import changed, digests, finish, first_world, graceful_changes
 
 TITAN = ROOT / "examples" / "train_titan.py"
 
@@ -25,14 +24,7 @@ def test_a_torchtitan_shaped_job_keeps_its_processes_and_every_step_through_each
             assert done["heal"]["fallback"] is None, done  # every shard had a live replica: nothing read
             stalls.append((done["detail"], done["parts"]))
 
-        b = job.start("b", TITAN, *args, wait=False)
-        change(4, lambda: b.wait_line(r"elasticd \S+: node "))
-        change(2, lambda: cli(job, "drain", "b"))
-        change(4, lambda: cli(job, "scale", "2"))
-        change(2, lambda: b.signal(signal.SIGTERM))
-        assert b.wait_exit(30) == 0
-        b = job.start("b", TITAN, *args, wait=False)
-        change(4, lambda: b.wait_line(r"elasticd \S+: node "))
+        b = graceful_changes(job, TITAN, args, change)
         change(2, b.kill_with_workers)
         b = job.start("b", TITAN, *args, wait=False)
         change(4, lambda: b.wait_line(r"elasticd \S+: node "))

@@ -3,10 +3,11 @@ round that resized, and each node's kept worker PIDs."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from support.harness import ROOT, Job, cli, wait_for
+from support.harness import ROOT, DaemonProc, Job, cli, wait_for
 
 BATCH = 16  # over every rank: 4 per rank at world 4
 ARGS = ("--steps", "100000", "--ckpt-every", "0", "--step-time", "0.05", "--batch", str(BATCH), "--micro", "8")
@@ -53,6 +54,21 @@ def changed(job: Job, world: int, act: Callable[[], object], node: str, pids: se
     rnd = resized(job, world, mark)
     assert kept(job, node, rnd)[1] == pids
     return job.wait_event("resize", lambda e: e["round"] == rnd["round"], since=mark)
+
+
+def graceful_changes(job: Job, script: Path, args: tuple[str, ...],
+                     change: Callable[[int, Callable[[], object]], object]) -> DaemonProc:
+    """Node b joins, is drained, comes back on `scale 2`, leaves on SIGTERM and joins again, each change through
+    `change(world, act)` (the test's own checks of that round); b's daemon after it joined again."""
+    b = job.start("b", script, *args, wait=False)
+    change(4, lambda: b.wait_line(r"elasticd \S+: node "))
+    change(2, lambda: cli(job, "drain", "b"))
+    change(4, lambda: cli(job, "scale", "2"))
+    change(2, lambda: b.signal(signal.SIGTERM))
+    assert b.wait_exit(30) == 0
+    b = job.start("b", script, *args, wait=False)
+    change(4, lambda: b.wait_line(r"elasticd \S+: node "))
+    return b
 
 
 FSDP = ROOT / "examples" / "train_fsdp.py"
