@@ -22,14 +22,21 @@ parser.add_argument("--step-log", type=Path, help="append 'ROUND STEP TIME' for 
 parser.add_argument("--save-s", type=float, default=0.001, help="how long a requested save takes")
 parser.add_argument("--resume", type=Path, help="rank 0 writes each requested save's step here; all resume after it")
 args = parser.parse_args()
-# A SIGTERM ends it between steps (a step it logged, it reported), or (--keep-on-sigterm) only takes note.
-signal.signal(signal.SIGTERM, (lambda *_: None) if args.keep_on_sigterm else (lambda *_: sys.exit(143)))
+
+
+def stop(*_: object) -> None:
+    """A SIGTERM ends it between steps (a step it logged, it reported). Exiting already, a second one (the daemon
+    stopping the round) just ends it: not a SystemExit inside the interpreter's shutdown, a traceback."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    sys.exit(143)
+
+
+# --keep-on-sigterm: a framework's handler, which only takes note.
+signal.signal(signal.SIGTERM, (lambda *_: None) if args.keep_on_sigterm else stop)
 while args.wait_for and not args.wait_for.exists():
     time.sleep(0.02)
 session = trainer_shim.init()
 atexit.register(session.close)  # on a SIGTERM's exit too: its last reports go out
-# Exiting already: a SIGTERM now (the daemon stopping the round) just ends it, not a SystemExit in an atexit hook.
-atexit.register(signal.signal, signal.SIGTERM, signal.SIG_DFL)  # LIFO: runs before the hooks registered earlier
 first = int(args.resume.read_text()) + 1 if args.resume and args.resume.exists() else 1
 
 
@@ -59,3 +66,8 @@ for step in range(first, 10**9):
         save(step)
         session.drained(step)
         break
+
+# Exiting: a SIGTERM from here on (the daemon stopping the round) just ends it. The interpreter's shutdown (its
+# threads' join, then the atexit hooks) is no place for a SystemExit.
+if not args.keep_on_sigterm:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
