@@ -31,7 +31,9 @@ def test_goodput_accounts_a_jobs_crash_joins_drain_and_saves_as_seen_from_outsid
     logs = {node: tmp_path / f"steps-{node}" for node in "abc"}  # one rank per node
     with Job(tmp_path, nnodes="1:3", nproc=1) as job:
         job.env["ELASTICD_REPORT_INTERVAL"] = "0"  # every step reaches the daemon: the redone steps are exact
-        args = ("--interval", "0.05", "--save-s", str(SAVE_S), "--resume", str(tmp_path / "saved"))
+        # In lockstep, as ranks in one collective are: the job stops when rank 0 stops to save.
+        args = ("--interval", "0.05", "--save-s", str(SAVE_S), "--resume", str(tmp_path / "saved"),
+                "--lockstep", str(tmp_path))
         job.start("a", SHIM_TICKER, *args, "--step-log", str(logs["a"]))
         begun = time.time()  # the coordinator is up: the job's time starts about now
         job.start("b", SHIM_TICKER, *args, "--step-log", str(logs["b"]))
@@ -75,8 +77,7 @@ def test_goodput_accounts_a_jobs_crash_joins_drain_and_saves_as_seen_from_outsid
     assert rounds[-4:] == [pair["round"], crashed["round"], grown["round"], drained["round"]]
     joins = [n for n in rounds[1:] if n not in (crashed["round"], drained["round"])]
     # A stall as the job sees it: from the first rank that stopped (to save at the agreed step) to the first rank's
-    # first step in the new world. These ranks step on their own clocks, unlike a job's ranks in one collective:
-    # under load they drift apart by tenths of a second, which rank 0's log alone would count as training.
+    # first step in the new world. In lockstep, the ranks are within a step of each other.
     began = {n: min(t for log in ranks for r, _, t in log if r == n) for n in rounds}
     stopped = {n: min(max(t for r, _, t in log if r == n) for log in ranks if any(r == n for r, _, _ in log))
                for n in rounds}
@@ -98,7 +99,7 @@ def test_goodput_accounts_a_jobs_crash_joins_drain_and_saves_as_seen_from_outsid
     # Training: the time the job stepped in each round, less the forced save (the redone steps are within it). A
     # round trains from its first rank's first step to its first rank's last, as the stalls above end and begin
     # (rank 0's own first and last steps drift from those by tenths of a second under load, in every round).
-    # The crash stopped the job's training at the kill (rank 0, with no peer to wait for, went on stepping).
+    # The crash stopped the job's training at the kill (rank 0 waited for its dead peer until its round stopped).
     ends = {**stopped, pair["round"]: killed, rounds[-1]: asked}
     stepped = sum(ends[n] - began[n] for n in rounds) - SAVE_S
     assert life["training"] + life["redone"] == pytest.approx(stepped, rel=0.1)

@@ -21,6 +21,9 @@ parser.add_argument("--keep-on-sigterm", action="store_true",
 parser.add_argument("--step-log", type=Path, help="append 'ROUND STEP TIME' for each step trained")
 parser.add_argument("--save-s", type=float, default=0.001, help="how long a requested save takes")
 parser.add_argument("--resume", type=Path, help="rank 0 writes each requested save's step here; all resume after it")
+parser.add_argument("--lockstep", type=Path,
+                    help="a folder: no rank starts step k+1 before every rank of its round finished step k, as ranks "
+                         "in one collective do (unpaced ranks drift apart by seconds under load)")
 args = parser.parse_args()
 
 
@@ -50,13 +53,39 @@ def save(step: int) -> None:
     session.report_checkpoint(step, f"ckpt/step-{step}", 1024, args.save_s, session.last_request_id)
 
 
+
+
+def finished(step: int) -> None:
+    """--lockstep: this rank finished `step` in its round."""
+    if args.lockstep:
+        mine = args.lockstep / os.environ["RANK"]
+        mine.with_suffix(".tmp").write_text(f"{os.environ.get('ELASTICD_ROUND')} {step}")
+        mine.with_suffix(".tmp").replace(mine)
+
+
+def peers_finished(step: int) -> None:
+    """--lockstep: wait (as a collective does, for as long as it takes) until every rank of the round finished
+    `step`; a peer that died leaves this rank waiting until its daemon stops the round."""
+    def done(rank: int) -> bool:
+        try:
+            rnd, reached = (args.lockstep / str(rank)).read_text().split()
+        except (OSError, ValueError):
+            return False
+        return rnd == os.environ.get("ELASTICD_ROUND") and int(reached) >= step
+    while args.lockstep and not all(done(r) for r in range(int(os.environ["WORLD_SIZE"]))):
+        time.sleep(0.005)
+
+
 for step in range(first, 10**9):
     time.sleep(args.interval)
+    if step > first:
+        peers_finished(step - 1)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     session.report(step, loss=1.0 / step, samples=args.batch)
     if args.step_log:
         with args.step_log.open("a") as log:
             log.write(f"{os.environ.get('ELASTICD_ROUND')} {step} {time.time()}\n")
+    finished(step)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     if step == 1:
         session.report_checkpoint(step, f"ckpt/step-{step}", 1024, 0.001, None)
