@@ -9,6 +9,7 @@ split over them (the plan: trainer_shim.heal_plan).
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -20,7 +21,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from trainer_shim.heal_plan import NOTHING, Block, Offer, Piece, Settled, block, settle
+from trainer_shim.heal_plan import NOTHING, Block, Offer, Piece, Settled, Summary, block, settle
 
 SMALL_BYTES = 1 << 20  # pieces under this between the same two ranks travel as one message (a model's many norms)
 TOUCH_THREADS = 8  # at most this many threads zero a newcomer's new memory
@@ -113,7 +114,7 @@ def move(pieces: list[Piece], me: int, held: Mapping[str, tuple[torch.Tensor, Bl
             src, dst = _rows(*held[piece.path], piece.lo, piece.hi), _rows(*into[piece.path], piece.lo, piece.hi)
             if src.data_ptr() != dst.data_ptr():
                 dst.copy_(src)
-        elif piece.src != piece.dst and piece.nbytes < SMALL_BYTES:  # every rank groups alike: the tags agree
+        elif _bundled(piece):  # every rank groups alike: the tags agree
             bundles.setdefault((piece.src, piece.dst, piece.dtype), []).append(piece)
         elif piece.src == me:
             posts.send([_rows(*held[piece.path], piece.lo, piece.hi)], piece.dst, tag, piece.nbytes)
@@ -155,9 +156,9 @@ class _Posts:
         self.sent += nbytes
 
     def receive(self, parts: list[torch.Tensor], peer: int, tag: int, nbytes: int, later: bool) -> None:
-        one = parts[0]
-        if len(parts) == 1 and one.is_contiguous() and one.device == self.comm_device and one.dtype != torch.bool:
-            buf = one  # straight into the destination
+        one, flat = parts[0], _back_to_back(parts, self.comm_device)
+        if flat is not None:
+            buf = flat  # straight into the destination
         else:
             wire = torch.uint8 if one.dtype == torch.bool else one.dtype
             buf = torch.empty(sum(t.numel() for t in parts), dtype=wire, device=self.comm_device)
@@ -165,6 +166,20 @@ class _Posts:
         (self.later if later else self.now).append(dist.P2POp(dist.irecv, buf, peer, tag=tag))
         self.received += nbytes
         self.senders.add(peer)
+
+
+def _back_to_back(parts: list[torch.Tensor], comm_device: torch.device) -> torch.Tensor | None:
+    """One flat view over the parts where they lie back to back in one buffer (one tensor; a newcomer's new
+    tensors, allocated so by `_allocate`), to receive straight into; None where they do not."""
+    first = parts[0]
+    if first.dtype == torch.bool or first.device != comm_device:
+        return None
+    storage, at = first.untyped_storage().data_ptr(), first.data_ptr()
+    for part in parts:
+        if not part.is_contiguous() or part.data_ptr() != at or part.untyped_storage().data_ptr() != storage:
+            return None
+        at += part.numel() * part.element_size()
+    return first.as_strided((sum(t.numel() for t in parts),), (1,), first.storage_offset())
 
 
 def _scatter(buf: torch.Tensor, parts: list[torch.Tensor]) -> None:
@@ -209,9 +224,13 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
     have = {p: block_of(t, offsets) for p, t in held.items()}
     mine = Offer(held_step if held else NOTHING, vouched, {p: b for p, (_, b) in have.items()},
                  None if wants is None else {p: block_of(t, offsets)[1] for p, t in wants.items()})
-    offers: list[Offer | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(offers, mine)
-    settled = settle(offers)
+    offers: list[Offer | None] | None = None  # never sent where every rank can heal from its own rows
+    if Summary.self_sufficient(_summaries(mine.summary(), comm_device)):
+        settled = Settled.alone(mine, rank)
+    else:
+        offers = [None] * dist.get_world_size()
+        dist.all_gather_object(offers, mine)
+        settled = settle(offers)
     top = _structure(settled, offers, [skeleton, {p: t.device.type for p, (t, _) in have.items()}], comm_device)
     result = Healed(settled.step, settled.source, top[0], missing=settled.missing)
     planned = time.perf_counter()
@@ -219,9 +238,10 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
     if settled.missing:
         return result, {}
     pieces, full, asks = settled.pieces, settled.full, settled.asks
-    # Rows into new memory last: the receiver touches that memory while the rest arrives (docs: "Healing").
-    pieces.sort(key=lambda p: offers[p.dst].fresh(p.path, full[p.path]))  # type: ignore[union-attr]
-    filled = _targets(asks[rank], wants or {}, held, top[1], comm_device) if asks[rank] else {}
+    if offers is not None:  # rows into new memory last: its receiver touches it while the rest arrives
+        pieces.sort(key=lambda p: offers[p.dst].fresh(p.path, full[p.path]))  # type: ignore[union-attr]
+    incoming = [p for p in pieces if p.dst == rank and _bundled(p)]
+    filled = _targets(asks[rank], wants or {}, held, top[1], comm_device, incoming) if asks[rank] else {}
     into = {p: block_of(t, offsets) for p, t in filled.items()}
     new = {p for p in filled if mine.fresh(p, full[p])}
     result.received_bytes, result.sent_bytes, result.senders = move(pieces, rank, have, into, new, comm_device)
@@ -230,11 +250,19 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
     return result, filled
 
 
-def _structure(settled: Settled, offers: list[Offer | None], own: list[Any], comm_device: torch.device) -> list[Any]:
+def _summaries(mine: Summary, comm_device: torch.device) -> list[Summary]:
+    """Every rank's summary: one all-gather of four numbers each."""
+    rows = [torch.empty(4, dtype=torch.int64, device=comm_device) for _ in range(dist.get_world_size())]
+    dist.all_gather(rows, torch.tensor(mine.row(), dtype=torch.int64, device=comm_device))
+    return [Summary(int(s), bool(v), bool(c), int(d)) for s, v, c, d in (r.tolist() for r in rows)]
+
+
+def _structure(settled: Settled, offers: list[Offer | None] | None, own: list[Any], comm_device: torch.device) \
+        -> list[Any]:
     """The source's structure and its tensors' devices, broadcast where some rank needs them: a newcomer, a rank
     behind, any rank not vouched for at the freshest step. A vouched rank at that step trained in the source's
     world and holds the same structure: where every rank is one (a drain, a leave), nobody waits for a broadcast."""
-    if settled.missing or all(o is None or (o.vouched and o.step == settled.step) for o in offers):
+    if settled.missing or offers is None or all(o is None or (o.vouched and o.step == settled.step) for o in offers):
         return own
     top = own if dist.get_rank() == settled.source else [None, None]
     dist.broadcast_object_list(top, src=settled.source, device=comm_device)
@@ -242,10 +270,11 @@ def _structure(settled: Settled, offers: list[Offer | None], own: list[Any], com
 
 
 def _targets(asks: Mapping[str, Block], wants: Mapping[str, torch.Tensor], held: Mapping[str, torch.Tensor],
-             devices: Mapping[str, str], comm_device: torch.device) -> dict[str, torch.Tensor]:
+             devices: Mapping[str, str], comm_device: torch.device, incoming: list[Piece]) -> dict[str, torch.Tensor]:
     """Where this rank's rows go: its new shard, its own tensor of the same shape (received in place), or a
     new tensor on the device the source's was on (CUDA tensors on this rank's device)."""
     out: dict[str, torch.Tensor] = {}
+    fresh: dict[str, tuple[Block, torch.device]] = {}
     for path, want in asks.items():
         if path in wants:
             out[path] = wants[path]
@@ -255,6 +284,31 @@ def _targets(asks: Mapping[str, Block], wants: Mapping[str, torch.Tensor], held:
                 and own.dtype == want.dtype:
             out[path] = own
             continue
-        device = comm_device if devices[path] == "cuda" else torch.device("cpu")
-        out[path] = torch.empty(want.shape, dtype=want.dtype, device=device)  # touched by `move`
+        fresh[path] = (want, comm_device if devices[path] == "cuda" else torch.device("cpu"))
+    return {**out, **_allocate(fresh, incoming)}
+
+
+def _allocate(fresh: Mapping[str, tuple[Block, torch.device]], incoming: list[Piece]) -> dict[str, torch.Tensor]:
+    """New tensors (touched by `move`). Those a bundle fills whole are views of one buffer per bundle, in its
+    order: the bundle is received straight into them, with no staging buffer and no copy out (a newcomer's
+    hundreds of small tensors cost what one tensor of their bytes does)."""
+    runs: dict[tuple[int, torch.dtype, torch.device], list[str]] = {}
+    for piece in incoming:
+        want, device = fresh.get(piece.path, (None, None))
+        if want is not None and device is not None and piece.dtype != torch.bool \
+                and (piece.lo, piece.hi) == (0, want.shape[want.dim] if want.shape else 1):
+            runs.setdefault((piece.src, piece.dtype, device), []).append(piece.path)
+    out: dict[str, torch.Tensor] = {}
+    for (_, dtype, device), paths in runs.items():
+        sizes = [math.prod(fresh[p][0].shape) for p in paths]
+        flat = torch.empty(sum(sizes), dtype=dtype, device=device)
+        out.update({p: part.view(fresh[p][0].shape) for p, part in zip(paths, flat.split(sizes), strict=True)})
+    for path, (want, device) in fresh.items():
+        if path not in out:
+            out[path] = torch.empty(want.shape, dtype=want.dtype, device=device)
     return out
+
+
+def _bundled(piece: Piece) -> bool:
+    """Pieces under SMALL_BYTES between two ranks travel as one message per dtype (every rank groups alike)."""
+    return piece.src != piece.dst and piece.nbytes < SMALL_BYTES

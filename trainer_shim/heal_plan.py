@@ -5,6 +5,7 @@ docs/architecture.md, "Healing". No process group here: trainer_shim.heal gather
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -69,6 +70,16 @@ class Offer:
     holds: dict[str, Block]  # the blocks it holds (at `step`)
     wants: dict[str, Block] | None  # None: whatever of the source's tensors it lacks, whole (data parallel)
 
+    def summary(self) -> Summary:
+        """Its step, whether it is vouched for and holds every row it asks for, and its layout's digest."""
+        full = {p: b.full() for p, b in self.holds.items()}
+        asks = _asks(self, full, holder=True)
+        covers = all(p in self.holds and _within(want, self.holds[p]) for p, want in asks.items()) \
+            and (self.wants is not None or all(b == full[p] for p, b in self.holds.items()))
+        text = ";".join(f"{p}|{b.shape}|{b.dtype}|{b.dim}" for p, b in sorted(full.items()))
+        layout = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
+        return Summary(self.step, self.vouched, covers, layout)
+
     def fresh(self, path: str, full: Block) -> bool:
         """Whether this rank has no tensor of its own for that path yet: its rows go into new memory."""
         if self.wants is not None:
@@ -128,6 +139,14 @@ class Settled:
     pieces: list[Piece]
     missing: list[str]
 
+    @classmethod
+    def alone(cls, offer: Offer, rank: int) -> Settled:
+        """The plan where every rank is self-sufficient: its own rows, copied where its new tensors want them."""
+        full = {p: b.full() for p, b in offer.holds.items()}
+        asks = _asks(offer, full, holder=True)
+        pieces, missing = plan({rank: asks}, {rank: offer.holds})
+        return cls(offer.step, 0, full, {rank: asks}, pieces, missing)
+
 
 def settle(offers: list[Offer | None]) -> Settled:
     """The freshest step whose whole state the live ranks hold, and its plan. After a crash in a sharded job one
@@ -157,3 +176,26 @@ def _asks(offer: Offer, full: dict[str, Block], holder: bool) -> dict[str, Block
     return {} if holder else full
 
 
+@dataclass(frozen=True)
+class Summary:
+    """One rank's offer in four numbers, exchanged before the offers themselves: where every rank is vouched for
+    at one step, holds the same tensors and already has every row it wants, the offers are never sent."""
+
+    step: int
+    vouched: bool
+    covers: bool  # it holds every row it asks for (at `step`)
+    layout: int  # a digest of its tensors' paths and whole blocks
+
+    def row(self) -> list[int]:
+        return [self.step, int(self.vouched), int(self.covers), self.layout]
+
+    @staticmethod
+    def self_sufficient(rows: list[Summary]) -> bool:
+        """Whether every rank can heal from its own rows: all vouched for at one step, one layout, covered."""
+        first = rows[0]
+        return first.step != NOTHING and all(
+            r.vouched and r.covers and (r.step, r.layout) == (first.step, first.layout) for r in rows)
+
+
+def _within(want: Block, held: Block) -> bool:
+    return want.lo == want.hi or (want.dim == held.dim and held.lo <= want.lo and want.hi <= held.hi)

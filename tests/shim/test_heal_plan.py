@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer_shim.heal_plan import NOTHING, SPLIT_BYTES, Block, Offer, plan, settle
+from trainer_shim.heal_plan import NOTHING, SPLIT_BYTES, Block, Offer, Settled, Summary, plan, settle
 from trainer_shim.state_paths import fill, flatten
 
 pytestmark = pytest.mark.quick
@@ -112,3 +112,23 @@ def test_equal_blocks_are_one_object_so_an_offer_of_many_tensors_pickles_small()
     assert all(b is blocks[0] for b in blocks) and blocks[0].row_bytes == 32
     offer = Offer(3, True, dict(zip(tensors, blocks, strict=True)), None)
     assert len(pickle.dumps(offer)) < 25 * len(tensors)  # its paths and one block, not a block per tensor
+
+
+def test_the_offers_are_skipped_only_where_every_rank_heals_from_its_own_rows() -> None:
+    """Summary.self_sufficient: a drain's survivors heal alone; a newcomer, a rank behind, a reshard, or ranks
+    whose tensors differ need every offer."""
+    ddp = {"w": whole(4), "b": whole(1)}
+    kept = [Offer(10, True, ddp, None) for _ in range(3)]
+    assert Summary.self_sufficient([o.summary() for o in kept])
+    assert not Summary.self_sufficient([o.summary() for o in [*kept, Offer(NOTHING, True, {}, None)]])
+    assert not Summary.self_sufficient([o.summary() for o in [*kept[:2], Offer(9, True, ddp, None)]])
+    assert not Summary.self_sufficient([o.summary() for o in [*kept[:2], Offer(10, False, ddp, None)]])
+    assert not Summary.self_sufficient([o.summary() for o in [*kept[:2], Offer(10, True, {"w": whole(4)}, None)]])
+    # HSDP where only the replicas changed: each rank wants the rows it holds, copied into its new shard.
+    same = [Offer(10, True, {"w": shard(10, lo, hi)}, {"w": shard(10, lo, hi)}) for lo, hi in ((0, 5), (5, 10))]
+    assert Summary.self_sufficient([o.summary() for o in same])
+    settled = Settled.alone(same[1], 1)
+    assert [(p.src, p.dst, p.lo, p.hi) for p in settled.pieces] == [(1, 1, 5, 10)] and not settled.missing
+    resharded = [Offer(10, True, {"w": shard(10, lo, hi)}, {"w": shard(10, a, b)})
+                 for (lo, hi), (a, b) in (((0, 5), (0, 4)), ((5, 10), (4, 10)))]
+    assert not Summary.self_sufficient([o.summary() for o in resharded])
