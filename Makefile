@@ -25,10 +25,8 @@ lint: $(STAMP)
 # one worker (loadfile): a module's netns lab or etcd cluster is set up once.
 # The longest files start first, by the seconds each took last time (pytest's cache; tests/support/durations.json
 # where the cache has none): `make durations` after a full run copies the cache's into that file, to commit.
-# --no-loadscope-reorder keeps that order: xdist otherwise hands out the files with the most tests first, and the
-# longest files (one test each) started last and ran alone at the end (a minute and a half of the run).
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -q -n 6 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n 6 --dist loadfile
 
 # The quick lane: the tests that start no daemon, no subprocess and no system package (under a minute).
 quick: $(STAMP)
