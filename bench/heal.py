@@ -11,11 +11,12 @@ each), the newcomers hold a fresh model and no optimizer state (DDP) or a fresh 
              checkpoint file in the page cache: process start, torch import, torch.load (what a restart costs
              at least, before any group forms)
   loopback   gloo send/recv of one tensor of the state's size between two processes: the physical limit here
-Per row: newcomer_s (its heal), survivor_s (the slowest survivor's: it holds the freshest step), world_s (until
+Per row: newcomer_s (its heal), survivor_s (the slowest survivor's: it holds the freshest step), idle_survivor_s
+(the slowest survivor that sent nothing, where one did: its cost is the heal's exchange alone), world_s (until
 the last rank is done: the survivors' stall), moved_bytes (all ranks' received bytes), GB/s (state per replica /
 newcomer_s) and its share of loopback. --tensors sets how many tensors hold the same bytes (issue 35's axis).
 Usage: heal.py [--sizes-mb 100,500,1000,2000] [--layouts ddp,hsdp] [--tensors 12,99,999,4998] [--base-tree DIR]
-               [--out bench/results/heal.json]
+               [--heal-tree DIR] [--no-restart] [--out bench/results/heal.json]
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int,
         from trainer_shim.generation import sync
     dist.barrier()
     start = time.perf_counter()
-    received, error = 0, ""
+    received, sent, error = 0, 0, ""
     try:
         if method == "heal":
             tensors: dict[str, torch.Tensor] = {}
@@ -97,7 +98,7 @@ def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int,
                 tensors = {}
             healed, _ = shim_heal.heal(10 if survivor else 0, tensors, skeleton,
                                        None if wants is None else shim_heal_targets(wants), cpu)
-            received = healed.received_bytes
+            received, sent = healed.received_bytes, healed.sent_bytes
         else:  # the tree before: one broadcast of the whole state from the freshest rank
             synced = sync(10 if survivor else 0, lambda: held, cpu, cpu)
             received = 0 if synced.state is None else nbytes
@@ -105,7 +106,7 @@ def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int,
         error = str(exc).splitlines()[0][:200]
     mine = time.perf_counter() - start
     times: list[Any] = [None] * new
-    dist.all_gather_object(times, (mine, survivor, received, error))  # after the clock: not part of the heal
+    dist.all_gather_object(times, (mine, survivor, received, error, sent))  # after the clock: not part of the heal
     if rank == 0:
         out["result"] = times
     dist.destroy_process_group()
@@ -126,13 +127,16 @@ def run_join(method: str, layout: str, old: int, new: int, nbytes: int, params: 
         mp.start_processes(member, args=(method, layout, old, new, nbytes, str(server.port), out, params),
                            nprocs=new, start_method="spawn")
         times = out["result"]
-    newcomer = max(t for t, survivor, _, _ in times if not survivor)
-    survivor_s = max(t for t, survivor, _, _ in times if survivor)
-    errors = sorted({e for *_, e in times if e})
+    newcomer = max(t for t, survivor, *_ in times if not survivor)
+    survivor_s = max(t for t, survivor, *_ in times if survivor)
+    idle = [t for t, survivor, received, _, sent in times if survivor and not received and not sent] \
+        if method == "heal" else []  # a survivor that moved nothing: its cost is the exchange alone
+    errors = sorted({e for _, _, _, e, _ in times if e})
     return {"method": method, "layout": layout, "old": old, "new": new, "state_mb": nbytes >> 20,
             "tensors": 3 * params, "survivor_s": round(survivor_s, 4),
+            "idle_survivor_s": round(max(idle), 4) if idle else None,
             "newcomer_s": round(newcomer, 3), "world_s": round(max(t for t, *_ in times), 3),
-            "moved_bytes": sum(r for _, _, r, _ in times), "errors": errors}
+            "moved_bytes": sum(r for _, _, r, *_ in times), "errors": errors}
 
 
 def loopback_peer(rank: int, nbytes: int, addr: str, out: dict) -> None:
@@ -179,6 +183,9 @@ def main() -> int:
     parser.add_argument("--tensors", default="12", help="tensors in the state, model and AdamW's moments "
                         "together (a multiple of 3), e.g. 12,99,999,4998: the heal's cost against the tensor count "
                         "at fixed bytes")
+    parser.add_argument("--heal-tree", default=str(ROOT), help="the checkout whose heal is measured (side by side: "
+                        "run once per tree, alternating)")
+    parser.add_argument("--no-restart", action="store_true", help="skip the restart lower bound (seconds a row)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "heal.json"))
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
@@ -192,7 +199,7 @@ def main() -> int:
                 fits = new * 3 * nbytes < 0.7 * psutil.virtual_memory().total
                 methods = ["heal"] + (["broadcast"] if args.base_tree and layout == "ddp" and fits else [])
                 for method in methods:
-                    env_tree = args.base_tree if method == "broadcast" else str(ROOT)
+                    env_tree = args.base_tree if method == "broadcast" else args.heal_tree
                     os.environ["PYTHONPATH"] = env_tree  # spawned members import the tree under test
                     sys.path.insert(0, env_tree)
                     row = run_join(method, layout, old, new, nbytes, count)
@@ -200,7 +207,8 @@ def main() -> int:
                     row["gbps"] = round(nbytes / row["newcomer_s"] / 1e9, 3)
                     row["loopback_gbps"] = round(nbytes / loopback[nbytes] / 1e9, 3)
                     row["of_loopback"] = round(row["gbps"] / row["loopback_gbps"], 3)
-                    row["restart_s"] = round(run_restart(nbytes, layout, new, folder), 3)
+                    if not args.no_restart:
+                        row["restart_s"] = round(run_restart(nbytes, layout, new, folder), 3)
                     row["load"] = round(os.getloadavg()[0], 2)
                     rows.append(row)
                     print(json.dumps(row), flush=True)

@@ -23,7 +23,8 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from trainer_shim.heal_plan import NOTHING, Block, Offer, Piece, Settled, Summary, block, settle
 
-SMALL_BYTES = 1 << 20  # pieces under this between the same two ranks travel as one message (a model's many norms)
+SMALL_BYTES = 1 << 20  # pieces under this between two ranks travel together (a model's many norms)
+BUNDLE_BYTES = 4 << 20  # in messages of about this size
 TOUCH_THREADS = 8  # at most this many threads zero a newcomer's new memory
 
 
@@ -106,7 +107,9 @@ def move(pieces: list[Piece], me: int, held: Mapping[str, tuple[torch.Tensor, Bl
     """Run this rank's part of the plan: (received, sent, senders). Every send and the receives into existing
     tensors are posted at once; the tensors in `new` (memory never touched) are zeroed meanwhile, which costs
     their page faults while the wire is busy instead of inside the receive, and their receives follow. Small
-    pieces between two ranks go as one message per dtype (`SMALL_BYTES`), tagged after the others."""
+    pieces between two ranks go together per dtype (`SMALL_BYTES`), in messages of about `BUNDLE_BYTES` tagged
+    after the others: a sender copies the next message together while this one is on the wire, a receiver copies
+    one out while the next arrives."""
     posts = _Posts(comm_device)
     bundles: dict[tuple[int, int, torch.dtype], list[Piece]] = {}
     for tag, piece in enumerate(pieces):
@@ -121,30 +124,48 @@ def move(pieces: list[Piece], me: int, held: Mapping[str, tuple[torch.Tensor, Bl
         elif piece.dst == me:
             posts.receive([_rows(*into[piece.path], piece.lo, piece.hi)], piece.src, tag, piece.nbytes,
                           later=piece.path in new and comm_device.type != "cuda")
-    for tag, ((src_rank, dst_rank, _), group) in enumerate(bundles.items(), start=len(pieces)):
-        nbytes = sum(p.nbytes for p in group)
+    messages = [(src, dst, chunk) for (src, dst, _), group in bundles.items() for chunk in _chunks(group)]
+    for tag, (src_rank, dst_rank, chunk) in enumerate(messages, start=len(pieces)):
+        nbytes = sum(p.nbytes for p in chunk)
         if me == src_rank:
-            posts.send([_rows(*held[p.path], p.lo, p.hi) for p in group], dst_rank, tag, nbytes)
+            posts.send([_rows(*held[p.path], p.lo, p.hi) for p in chunk], dst_rank, tag, nbytes)
         elif me == dst_rank:
-            posts.receive([_rows(*into[p.path], p.lo, p.hi) for p in group], src_rank, tag, nbytes, later=False)
-    works = _start(posts.now, comm_device)
+            posts.receive([_rows(*into[p.path], p.lo, p.hi) for p in chunk], src_rank, tag, nbytes, later=False)
+    works = dict(zip([id(op.tensor) for op in posts.now], _start(posts.now, comm_device), strict=True))
     if posts.later:
         _touch([into[path][0] for path in new])
-        works += _start(posts.later, comm_device)
-    for work in works:
-        work.wait()
-    for buf, parts in posts.staged:
+        works.update(zip([id(op.tensor) for op in posts.later], _start(posts.later, comm_device), strict=True))
+    for buf, parts in posts.staged:  # in order of arrival: each copied out while the next arrives
+        works.pop(id(buf)).wait()
         _scatter(buf, parts)
+    for work in [*works.values(), *posts.sending]:
+        work.wait()
     return posts.received, posts.sent, len(posts.senders)
 
 
+def _chunks(group: list[Piece]) -> list[list[Piece]]:
+    """A bundle's pieces in messages of about BUNDLE_BYTES each, in order."""
+    out: list[list[Piece]] = [[]]
+    size = 0
+    for piece in group:
+        if out[-1] and size + piece.nbytes > BUNDLE_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(piece)
+        size += piece.nbytes
+    return out
+
+
 class _Posts:
-    """One rank's sends and receives of a heal, before they are started; counts what they move."""
+    """One rank's sends and receives of a heal, before they are started; counts what they move. Over gloo a
+    send starts as soon as it is posted, so its wire time overlaps the copying together of the next one."""
 
     def __init__(self, comm_device: torch.device) -> None:
         self.comm_device = comm_device
+        self.eager = comm_device.type != "cuda"  # NCCL needs its point-to-point calls grouped: started together
         self.now: list[dist.P2POp] = []
         self.later: list[dist.P2POp] = []  # receives into new memory, after it is touched
+        self.sending: list[Any] = []  # sends already started (eager)
         self.staged: list[tuple[torch.Tensor, list[torch.Tensor]]] = []  # (buffer, where its parts go), after
         self.received = self.sent = 0
         self.senders: set[int] = set()
@@ -152,7 +173,10 @@ class _Posts:
     def send(self, parts: list[torch.Tensor], peer: int, tag: int, nbytes: int) -> None:
         wire = [_wire(t, self.comm_device) for t in parts]
         flat = wire[0] if len(wire) == 1 else torch.cat([t.reshape(-1) for t in wire])
-        self.now.append(dist.P2POp(dist.isend, flat, peer, tag=tag))
+        if self.eager:
+            self.sending.append(dist.isend(flat, peer, tag=tag))
+        else:
+            self.now.append(dist.P2POp(dist.isend, flat, peer, tag=tag))
         self.sent += nbytes
 
     def receive(self, parts: list[torch.Tensor], peer: int, tag: int, nbytes: int, later: bool) -> None:

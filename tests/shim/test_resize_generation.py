@@ -25,9 +25,12 @@ from trainer_shim.state_paths import fill, flatten
 
 
 def fresh(device: torch.device, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """A model and an Adam with no state yet (it is created lazily at the first step), different per seed."""
+    """A model and an Adam with no state yet (it is created lazily at the first step), different per seed. Its
+    48 small layers (64 KB each) reach a newcomer as several bundled messages, into new memory for Adam's moments."""
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 1)).to(device)
+    deep = [torch.nn.Linear(128, 128) for _ in range(48)]
+    model = torch.nn.Sequential(torch.nn.Linear(8, 128), *deep, torch.nn.BatchNorm1d(128), torch.nn.Linear(128, 1))
+    model = model.to(device)
     return model, torch.optim.Adam(model.parameters(), lr=0.01)
 
 
