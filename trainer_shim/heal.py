@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -248,13 +249,8 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
     have = {p: block_of(t, offsets) for p, t in held.items()}
     mine = Offer(held_step if held else NOTHING, vouched, {p: b for p, (_, b) in have.items()},
                  None if wants is None else {p: block_of(t, offsets)[1] for p, t in wants.items()})
-    offers: list[Offer | None] | None = None  # never sent where every rank can heal from its own rows
-    if Summary.self_sufficient(_summaries(mine.summary(), comm_device)):
-        settled = Settled.alone(mine, rank)
-    else:
-        offers = [None] * dist.get_world_size()
-        dist.all_gather_object(offers, mine)
-        settled = settle(offers)
+    offers = _offers(mine, comm_device)  # None where every rank can heal from its own rows
+    settled = Settled.alone(mine, rank) if offers is None else settle(offers)
     top = _structure(settled, offers, [skeleton, {p: t.device.type for p, (t, _) in have.items()}], comm_device)
     result = Healed(settled.step, settled.source, top[0], missing=settled.missing)
     planned = time.perf_counter()
@@ -274,11 +270,22 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
     return result, filled
 
 
-def _summaries(mine: Summary, comm_device: torch.device) -> list[Summary]:
-    """Every rank's summary: one all-gather of four numbers each."""
-    rows = [torch.empty(4, dtype=torch.int64, device=comm_device) for _ in range(dist.get_world_size())]
-    dist.all_gather(rows, torch.tensor(mine.row(), dtype=torch.int64, device=comm_device))
-    return [Summary(int(s), bool(v), bool(c), int(d)) for s, v, c, d in (r.tolist() for r in rows)]
+def _offers(mine: Offer, comm_device: torch.device) -> list[Offer | None] | None:
+    """Every rank's offer, or None where every rank can heal from its own rows. The first all-gather carries each
+    rank's summary and its offer's pickled size; only where some rank needs the others' offers does a second carry
+    them (all_gather_object's two collectives, with the summary riding on the first)."""
+    payload = pickle.dumps(mine)
+    rows = [torch.empty(5, dtype=torch.int64, device=comm_device) for _ in range(dist.get_world_size())]
+    dist.all_gather(rows, torch.tensor([*mine.summary().row(), len(payload)], dtype=torch.int64, device=comm_device))
+    seen = [r.tolist() for r in rows]
+    if Summary.self_sufficient([Summary(int(s), bool(v), bool(c), int(d)) for s, v, c, d, _ in seen]):
+        return None
+    sizes = [int(r[4]) for r in seen]
+    buf = torch.zeros(max(sizes), dtype=torch.uint8)
+    buf[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    bufs = [torch.empty(max(sizes), dtype=torch.uint8, device=comm_device) for _ in sizes]
+    dist.all_gather(bufs, buf.to(comm_device))
+    return [pickle.loads(b[:n].cpu().numpy().tobytes()) for b, n in zip(bufs, sizes, strict=True)]
 
 
 def _structure(settled: Settled, offers: list[Offer | None] | None, own: list[Any], comm_device: torch.device) \
