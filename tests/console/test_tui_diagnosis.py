@@ -184,3 +184,20 @@ def test_help_lists_the_output_and_stacks_keys() -> None:
     lines = [line.split() for line in console.export_text().splitlines()]
     assert ["f", "Output:", "follow", "a", "rank's", "log", "as", "it", "is", "written"] in lines
     assert ["s", "Stacks:", "the", "Python", "stacks", "of", "the", "node's", "ranks,", "taken", "live"] in lines
+
+
+@pytest.mark.asyncio
+async def test_the_output_view_follows_the_rank_into_the_next_round() -> None:
+    async with fake_app().run_test(size=SIZE) as pilot:
+        app = await follow_rank_1(pilot)
+        first = output_lines(app)
+        link = daemon(app)
+        link.printed[1].append("[rank 1] step 250 loss 0.3500")  # its last line before the crash
+        link.restart()
+        link.printed[1] += ["[rank 1] resumed at step 201", "[rank 1] step 210 loss 0.4000"]
+        await until(pilot, lambda: output_lines(app)[-1:] == ["[rank 1] step 210 loss 0.4000"], what="round 3")
+        assert output_lines(app) == [*first, "[rank 1] step 250 loss 0.3500", "── round 3 ──",
+                                     "[rank 1] resumed at step 201", "[rank 1] step 210 loss 0.4000"]
+        assert "· round 3 ·" in shown(app, "#output-title")
+        link.printed[1].append("[rank 1] step 220 loss 0.3900")  # and it goes on in the new round's log
+        await until(pilot, lambda: output_lines(app)[-1:] == ["[rank 1] step 220 loss 0.3900"], what="new lines")

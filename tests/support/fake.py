@@ -123,6 +123,8 @@ class FakeLink:
         self.control, self.gpu = control, gpu
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.printed = {rank: printed(rank) for rank in range(4)}  # each rank's log, as lines; tests add more
+        self.round = 2
+        self.earlier: dict[int, dict[int, list[str]]] = {}  # the logs of the rounds before, by round
         self.skip = 0  # bytes the next follow of a log skips, as a node does for a reader far behind
         self.silent: set[str] = set()  # nodes that no longer answer node queries
         self.roles = {node: role for node, (_, _, role) in NODES.items()}  # tests drain a node here
@@ -141,7 +143,7 @@ class FakeLink:
         in_round = [n for n in ("a", "b") if self.roles[n] == "active"]
         rank_map = [{"node_id": n, "group_rank": i, "host": NODES[n][0], "ranks": NODES[n][1]}
                     for i, n in enumerate(in_round)]
-        return {"ok": True, "job_id": "demo", "state": "running", "reason": "", "round": 2, "world_size": 4,
+        return {"ok": True, "job_id": "demo", "state": "running", "reason": "", "round": self.round, "world_size": 4,
                 "min_nodes": 1, "max_nodes": 3, "target": 2, "coordinator": "a",
                 "restarts": {"failure": 1, "membership": 0, "operator": 0, "hang": 0}, "max_restarts": 3,
                 "last_recovery": timeline(3.4), "rank_map": rank_map, "nodes": nodes, "seq": 17,
@@ -177,19 +179,27 @@ class FakeLink:
         ranks = [rank for rank in NODES[node][1] if args.get("rank") in (None, rank)]
         if not ranks:
             what = "workers" if args.get("rank") is None else f"rank {args['rank']}"
-            raise ClientError("not_found", f"node {node} has no {what} in round 2")
+            raise ClientError("not_found", f"node {node} has no {what} in round {self.round}")
         return node, ranks
+
+    def restart(self) -> None:
+        """A new round: every rank's log so far is the round before's, and each starts a new one."""
+        self.earlier[self.round] = self.printed
+        self.round += 1
+        self.printed = {rank: [] for rank in range(4)}
 
     def op_logs(self, args: dict[str, Any]) -> dict[str, Any]:
         node, ranks = self.queried(args)
-        return {"ok": True, "node": node, "round": 2, "ranks": [self.log(node, rank, args) for rank in ranks]}
+        rnd = args.get("round") or self.round
+        return {"ok": True, "node": node, "round": rnd, "ranks": [self.log(node, rank, rnd, args) for rank in ranks]}
 
-    def log(self, node: str, rank: int, args: dict[str, Any]) -> dict[str, Any]:
-        """The last `tail` lines, or those past byte `since` (after `skip` bytes, once)."""
-        data = "".join(f"{line}\n" for line in self.printed[rank]).encode()
+    def log(self, node: str, rank: int, rnd: int, args: dict[str, Any]) -> dict[str, Any]:
+        """The last `tail` lines of round `rnd`'s log, or those past byte `since` (after `skip` bytes, once)."""
+        written = self.printed[rank] if rnd == self.round else self.earlier[rnd][rank]
+        data = "".join(f"{line}\n" for line in written).encode()
         skipped, tail = 0, int(args.get("tail") or 0)
         if args.get("since") is None:
-            lines = self.printed[rank][-tail:] if tail else []
+            lines = written[-tail:] if tail else []
         else:
             skipped, self.skip = self.skip, 0
             lines = data[int(args["since"]) + skipped:].decode().splitlines()

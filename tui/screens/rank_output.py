@@ -25,7 +25,7 @@ KEPT_LINES = 5000  # older lines scroll away
 
 
 class RankOutputScreen(Screen[None]):
-    """Esc goes back; the rank's round is followed until the node stops answering."""
+    """Esc goes back; the rank is followed from round to round until its node stops answering."""
 
     BINDINGS = [Binding("escape", "app.pop_screen", "Back", id="output.back"), *screen_bindings("stacks")]
     DEFAULT_CSS = """
@@ -47,6 +47,7 @@ class RankOutputScreen(Screen[None]):
         super().__init__()
         self.session, self.node_id, self.rank = session, node_id, rank
         self.said = ""  # the last note shown: a deleted log's note is said once, not at every read
+        self.round_shown: int | None = None
 
     def compose(self) -> ComposeResult:
         yield Static(f"rank {self.rank} on node {self.node_id}", id="output-title")
@@ -58,27 +59,46 @@ class RankOutputScreen(Screen[None]):
 
     @work(exclusive=True, group="output", exit_on_error=False)
     async def follow(self) -> None:
-        """The last lines, then every quarter second those past the offset read, in the round first shown."""
-        ask: dict[str, Any] = {"node": self.node_id, "rank": self.rank}
+        """The last lines, then every quarter second those past the offset read. Once the job is in a newer round,
+        the rest of this round's log, then the rank's log in the node's newest round (a restart writes a new one)."""
+        rank = {"node": self.node_id, "rank": self.rank}
         try:
-            reply = await self.session.ask_node("logs", tail=FIRST_LINES, **ask)
-            round_id = whole(reply.get("round"))
-            if round_id is not None:  # a new round writes another file: the offsets are this one's
-                ask["round"] = round_id
+            reply = await self.session.ask_node("logs", tail=FIRST_LINES, **rank)
             while True:
-                for output in rank_outputs(reply)[:1]:
-                    self.post_message(self.Read(output, round_id))
-                    ask["since"] = output.offset
-                await asyncio.sleep(FOLLOW_EVERY_S)
-                reply = await self.session.ask_node("logs", **ask)
+                round_id = whole(reply.get("round"))
+                ask: dict[str, Any] = {**rank, "round": round_id} if round_id is not None else dict(rank)
+                self.show(reply, round_id, ask)
+                newer = False
+                while not newer:
+                    await asyncio.sleep(FOLLOW_EVERY_S)
+                    newer = await self.newer_round(round_id)
+                    self.show(await self.session.ask_node("logs", **ask), round_id, ask)  # when newer: its last
+                reply = await self.session.ask_node("logs", tail=FIRST_LINES, **rank)
         except IO_ERRORS as err:
             self.post_message(self.Stopped(reason(err)))
+
+    def show(self, reply: dict[str, Any], round_id: int | None, ask: dict[str, Any]) -> None:
+        """The reply's lines to the screen; the next read goes on from where they end."""
+        for output in rank_outputs(reply)[:1]:
+            self.post_message(self.Read(output, round_id))
+            ask["since"] = output.offset
+
+    async def newer_round(self, round_id: int | None) -> bool:
+        """Whether the node has started this rank's log of a round after `round_id`: asked only once the console
+        sees the job in a newer round (a restart or a new world), not at every poll."""
+        if round_id is None or self.session.model.job.round <= round_id:
+            return False
+        newest = whole((await self.session.ask_node("logs", tail=0, node=self.node_id, rank=self.rank)).get("round"))
+        return newest is not None and newest > round_id
 
     def on_rank_output_screen_read(self, message: RankOutputScreen.Read) -> None:
         output = message.output
         self.query_one("#output-title", Static).update(
             f"{output.title} on node {self.node_id} · round {message.round} · {output.path}")
         log = self.query_one(RichLog)
+        if self.round_shown is not None and message.round != self.round_shown:
+            log.write(Text(f"── round {message.round} ──", style="bold cyan"))
+        self.round_shown = message.round
         for line in output.text_lines(self.said):
             log.write(line)
         self.said = output.note

@@ -37,16 +37,19 @@ def lines_of(entry: dict[str, Any], said: str = "") -> list[str]:
 
 
 def follow(call: Caller, request: LogsRequest, first: dict[str, Any]) -> Iterator[str]:
-    """Print the tail, then poll for lines past its offset, one rank at a time, until the node stops answering."""
+    """Print the tail, then poll for lines past its offset, one rank at a time, until the node stops answering.
+    When a poll brings nothing, the node is asked for its newest round: a restart's new log is followed from its
+    first line (a rank no longer on the node ends the follow with the node's refusal)."""
     yield render(first)
     entries = first.get("ranks", [])
     if len(entries) != 1:
         yield "(--follow follows one rank: give RANK)"
         return
     rank, offset, said = entries[0]["rank"], entries[0].get("offset", 0), entries[0].get("note", "")
+    round_id = first.get("round")
     while True:
         time.sleep(FOLLOW_POLL_S)
-        ask = LogsRequest(node=request.node, rank=rank, round=first.get("round"), since=offset)
+        ask = LogsRequest(node=request.node, rank=rank, round=round_id, since=offset)
         entries = call("logs", **ask.encode()).get("ranks") or []
         if not entries:
             yield f"(node {request.node} no longer holds rank {rank}'s log: the follow ends)"
@@ -55,6 +58,11 @@ def follow(call: Caller, request: LogsRequest, first: dict[str, Any]) -> Iterato
         offset = entry.get("offset", offset)
         yield from lines_of(entry, said)
         said = entry.get("note", "")
+        newest = None if entry.get("lines") else \
+            call("logs", **LogsRequest(node=request.node, rank=rank, tail=0).encode()).get("round")
+        if isinstance(newest, int) and isinstance(round_id, int) and newest > round_id:
+            yield f"── round {newest} ──"
+            round_id, offset, said = newest, 0, ""
 
 
 COMMANDS = [Command(
