@@ -31,10 +31,25 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The longest files first, by their recorded seconds (support/durations.py): `make test` hands whole files to
-    its workers in this order (--dist loadfile), so a long file does not start last and run alone at the end."""
+    """The files in the order `make test` hands them to its workers (--dist loadfile, --no-loadscope-reorder): by
+    their recorded seconds (support/durations.py), the longest first, each followed by the shortest left. A long
+    file never starts last to run alone at the end, and the first files at work are not all the heaviest at once
+    (they slowed each other past a test's timeout)."""
     seconds = known(getattr(config, "cache", None))
-    items.sort(key=lambda item: -seconds.get(item.path.name, 0))  # stable: a file's own order is kept
+    files = sorted({item.path.name for item in items}, key=lambda name: (-seconds.get(name, 0), name))
+    order = {name: i for i, name in enumerate(interleaved(files))}
+    items.sort(key=lambda item: order[item.path.name])  # stable: a file's own order is kept
+
+
+def interleaved(longest_first: list[str]) -> list[str]:
+    """The first, the last, the second, the one before the last...: the heavy files each beside a light one."""
+    out, lo, hi = [], 0, len(longest_first) - 1
+    while lo <= hi:
+        out.append(longest_first[lo])
+        if lo != hi:
+            out.append(longest_first[hi])
+        lo, hi = lo + 1, hi - 1
+    return out
 
 
 @pytest.fixture(autouse=True)
