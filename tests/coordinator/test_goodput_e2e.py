@@ -8,22 +8,16 @@ import time
 from pathlib import Path
 
 import pytest
-from support.harness import SHIM_TICKER, Job, wait_for
+from support.harness import SHIM_TICKER, Job, ticker_steps, wait_for
 
 SAVE_S = 0.6  # each requested save (the forced checkpoint, the join's agreed step)
-
-
-def trained(log: Path) -> list[tuple[int, int, float]]:
-    """Rank 0's steps: (round, step, when)."""
-    rows = [line.split() for line in log.read_text().splitlines()]
-    return [(int(r), int(s), float(t)) for r, s, t in rows]
 
 
 def stepping(logs: dict[str, Path], rnd: dict, nodes: str) -> None:
     """Wait until each of these nodes' ranks stepped in that round. Its `first_step` is the first rank's: under
     load another one's process may start stepping seconds later (these ranks share no collective)."""
     def stepped(node: str) -> bool:
-        return logs[node].exists() and any(r == rnd["round"] for r, _, _ in trained(logs[node]))
+        return any(r == rnd["round"] for r, _, _ in ticker_steps(logs[node]))
     wait_for(lambda: all(stepped(n) for n in nodes), timeout=60)
 
 
@@ -71,7 +65,7 @@ def test_goodput_accounts_a_jobs_crash_joins_drain_and_saves_as_seen_from_outsid
             report = client.call("goodput")
         asked = time.time()
 
-    steps, ranks = trained(logs["a"]), [trained(log) for log in logs.values() if log.exists()]
+    steps, ranks = ticker_steps(logs["a"]), [ticker_steps(log) for log in logs.values() if log.exists()]
     life = report["life"]
     rounds = sorted({r for r, _, _ in steps})  # a may have trained alone before b joined
     assert rounds[-4:] == [pair["round"], crashed["round"], grown["round"], drained["round"]]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.etcd_cluster import EtcdCluster
-from support.harness import SHIM_TICKER, Job, wait_for
+from support.harness import SHIM_TICKER, Job, ticker_steps, wait_for
 from support.system_deps import require_binary
 
 # Every order; the first ones signal the first node (the embedded coordinator) last, after its members' leaves.
@@ -33,12 +33,6 @@ def signal_every_daemon(job: Job, order: tuple[str, ...]) -> None:
         time.sleep(SPACING_S)
 
 
-def stepped(log: Path) -> list[tuple[int, int]]:
-    """A node's (round, step) in the order it trained them (shim_ticker's --step-log)."""
-    rows = [line.split() for line in log.read_text().splitlines()] if log.exists() else []
-    return [(int(r), int(s)) for r, s, _ in rows]
-
-
 def run_until_signalled(job: Job, tmp: Path, cycle: int, order: tuple[str, ...]) -> list[int]:
     """One run of the job: three nodes train, then all are signalled at once; node a's steps in that run (a trains
     from the run's first round to its last)."""
@@ -49,17 +43,17 @@ def run_until_signalled(job: Job, tmp: Path, cycle: int, order: tuple[str, ...])
                   "--step-log", str(logs[node]))
 
     def three_train() -> bool:  # every node stepped thrice in the newest round: the world of three
-        newest = max((r for log in logs.values() for r, _ in stepped(log)), default=-1)
-        return all(sum(r == newest for r, _ in stepped(log)) > 3 for log in logs.values())
+        newest = max((r for log in logs.values() for r, _, _ in ticker_steps(log)), default=-1)
+        return all(sum(r == newest for r, _, _ in ticker_steps(log)) > 3 for log in logs.values())
     wait_for(three_train, timeout=120)
     signal_every_daemon(job, order)
     codes = {node: job.daemon(node).wait_exit(60) for node in "abc"}
     outputs = "\n".join(job.daemon(node).output() for node in "abc")
     assert codes == {"a": 0, "b": 0, "c": 0}, f"order {order}: {codes}\n{outputs[-4000:]}"
     assert "Traceback" not in outputs
-    last = {node: stepped(log)[-1][1] for node, log in logs.items()}
+    last = {node: ticker_steps(log)[-1][1] for node, log in logs.items()}
     assert set(last.values()) == {int(saved.read_text())}, f"order {order}: not one agreed step, saved {last}"
-    steps = [step for _, step in stepped(logs["a"])]
+    steps = [step for _, step, _ in ticker_steps(logs["a"])]
     rounds = "\n".join(line for line in outputs.splitlines() if re.search(r"round_started|resize|worker_failed|"
                                                                          r"restart|warm|generation|joined|left", line))
     assert steps == list(range(steps[0], steps[0] + len(steps))), f"a restart within run {cycle}:\n{rounds}"

@@ -232,6 +232,12 @@ def cli(job: Job, *args: str) -> dict:
     return json.loads(out.stdout)
 
 
+def ticker_steps(log: Path) -> list[tuple[int, int, float]]:
+    """shim_ticker's --step-log: (round, step, when) in the order the worker trained them; none before it began."""
+    rows = [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+    return [(int(r), int(s), float(t)) for r, s, t in rows]
+
+
 def sample_lines(folder: Path) -> dict[int, list[tuple[int, str]]]:
     """For each rank, (step, "epoch:ids ...") in the order the rounds trained them."""
     by_rank: dict[int, list[tuple[int, str]]] = {}

@@ -53,14 +53,13 @@ def save(step: int) -> None:
     session.report_checkpoint(step, f"ckpt/step-{step}", 1024, args.save_s, session.last_request_id)
 
 
-
-
 def finished(step: int) -> None:
     """--lockstep: this rank finished `step` in its round."""
     if args.lockstep:
         mine = args.lockstep / os.environ["RANK"]
-        mine.with_suffix(".tmp").write_text(f"{os.environ.get('ELASTICD_ROUND')} {step}")
-        mine.with_suffix(".tmp").replace(mine)
+        written = mine.with_suffix(".tmp")
+        written.write_text(f"{os.environ.get('ELASTICD_ROUND')} {step}")
+        written.replace(mine)  # whole: a peer never reads half of it
 
 
 def peers_finished(step: int) -> None:
