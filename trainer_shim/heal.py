@@ -341,5 +341,6 @@ def _allocate(fresh: Mapping[str, tuple[Block, torch.device]], incoming: list[Pi
 
 
 def _bundled(piece: Piece) -> bool:
-    """Pieces under SMALL_BYTES between two ranks travel as one message per dtype (every rank groups alike)."""
+    """Pieces under SMALL_BYTES between two ranks travel together per dtype, in messages of about BUNDLE_BYTES
+    (every rank groups alike)."""
     return piece.src != piece.dst and piece.nbytes < SMALL_BYTES

@@ -70,10 +70,14 @@ class Offer:
     holds: dict[str, Block]  # the blocks it holds (at `step`)
     wants: dict[str, Block] | None  # None: whatever of the source's tensors it lacks, whole (data parallel)
 
+    def own_asks(self) -> tuple[dict[str, Block], dict[str, Block]]:
+        """Each tensor's whole block by path, and what it asks for, where it is its own source (a holder)."""
+        full = {p: b.full() for p, b in self.holds.items()}
+        return full, _asks(self, full, holder=True)
+
     def summary(self) -> Summary:
         """Its step, whether it is vouched for and holds every row it asks for, and its layout's digest."""
-        full = {p: b.full() for p, b in self.holds.items()}
-        asks = _asks(self, full, holder=True)
+        full, asks = self.own_asks()
         covers = all(p in self.holds and _within(want, self.holds[p]) for p, want in asks.items()) \
             and (self.wants is not None or all(b == full[p] for p, b in self.holds.items()))
         text = ";".join(f"{p}|{b.shape}|{b.dtype}|{b.dim}" for p, b in sorted(full.items()))
@@ -142,8 +146,7 @@ class Settled:
     @classmethod
     def alone(cls, offer: Offer, rank: int) -> Settled:
         """The plan where every rank is self-sufficient: its own rows, copied where its new tensors want them."""
-        full = {p: b.full() for p, b in offer.holds.items()}
-        asks = _asks(offer, full, holder=True)
+        full, asks = offer.own_asks()
         pieces, missing = plan({rank: asks}, {rank: offer.holds})
         return cls(offer.step, 0, full, {rank: asks}, pieces, missing)
 
