@@ -48,12 +48,14 @@ FAULTS = {"worker_sigkill": 3, "worker_sigstop": 2, "daemon_kill_restart": 2, "d
 
 @dataclass(frozen=True)
 class SoakConfig:
-    minutes: float  # how long the fault schedule runs
+    minutes: float  # how long the fault schedule runs (with `faults`: the most it may run)
     seed: int
     steps: int  # the job's target step
     ckpt_every: int = 1
     step_time: float = 0.2
     finish_timeout: float = 600.0  # seconds to wait for the job's end after the schedule
+    faults: int = 0  # if set, the schedule ends once this many faults were injected: a loaded machine recovers
+    # from each more slowly, and a schedule of minutes would then test fewer faults
 
 
 class Events:
@@ -214,7 +216,7 @@ class Soak:
         self.events = Events(self.job)
         end_schedule = time.monotonic() + self.cfg.minutes * 60
         kinds, weights = zip(*FAULTS.items(), strict=True)
-        while time.monotonic() < end_schedule:
+        while time.monotonic() < end_schedule and not (self.cfg.faults and self.faults.total() >= self.cfg.faults):
             if not self.running():
                 break  # finished early (or failed): the invariants will say which
             time.sleep(self.rng.uniform(3, 6))  # the schedule's gap: let the job make progress
