@@ -26,7 +26,7 @@ from elasticd.member.store.round_store import StoreError, StoreHost
 from elasticd.member.store.store_tunnel import JOB_STORE, LOOPBACK, RoundRelay
 
 QUIET_S = 5.0  # how long a stranger's store client is given to hear from the store
-READY_S = 20.0  # a store host's start: it imports torch first
+READY_S = 20.0  # a store host's start: it says ready once it listens (torch loads at the first client)
 JOIN_S = 30.0  # the second host's start to its first step at world 4; a job without its store waited 60 s
 
 
