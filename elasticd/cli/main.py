@@ -99,15 +99,19 @@ def run_verb(ns: argparse.Namespace) -> int:
         try:
             result = client.call(op, **request.encode())
             if not getattr(ns, "follow", False):  # `events --follow` goes on to stream what happens next
-                print(json.dumps(result, indent=1) if ns.json else command.render(result))
+                print(json.dumps(result, indent=1) if ns.json else command.render(command.answer(result)))
                 return 0
             if command.follow is not None:
-                for text in command.follow(client.call, request, result):
+                for text in command.follow(client.call, request, command.answer(result)):
                     print(text, flush=True)
                 return 0
             return follow_events(client, request, result, ns.json)
         except ClientError as err:
             print(f"elasticd {op}: {err.reason} [{err.code}]", file=sys.stderr)
+            return 1
+        except ProtocolError as err:  # a reply this CLI cannot read (a daemon of another version)
+            print(f"elasticd {op}: the daemon's reply: {err.reason} [bad_message] (--json prints it as it came)",
+                  file=sys.stderr)
             return 1
         except (KeyboardInterrupt, BrokenPipeError):  # Ctrl+C on --follow, or `| head` closing the pipe
             return 0

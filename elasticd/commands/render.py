@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 ELLIPSIS = "…"
@@ -70,12 +71,12 @@ def short_path(path: str, width: int = PATH_WIDTH) -> str:
 GPU_COLUMNS = ("gpu", "util%", "gpu mem", "dev mem", "temp", "power")
 
 
-def has_gpu(workers: list[dict[str, Any]]) -> bool:
+def has_gpu(workers: Sequence[Mapping[str, object]]) -> bool:
     """Whether the records carry GPU fields at all (their daemon has NVML), so the GPU columns are shown."""
     return any("gpu" in w for w in workers)
 
 
-def gpu_cells(gpu: dict[str, Any] | None) -> list[str]:
+def gpu_cells(gpu: Mapping[str, Any] | None) -> list[str]:
     """A worker's GPU record under GPU_COLUMNS: the worker's memory; the device's use, memory, heat and power."""
     if not gpu:
         return ["-"] * len(GPU_COLUMNS)

@@ -9,10 +9,12 @@ from typing import Any, Generic, TypeVar
 from elasticd.commands.port import JobPort, NodePort
 from elasticd.commands.render import plain
 from elasticd.wire.protocol import ErrorCode, ProtocolError
+from elasticd.wire.record import Record
 from elasticd.wire.verb_replies import Plan, Steered
 from elasticd.wire.verb_requests import NodeQueryRequest, SteeringRequest, VerbRequest
 
-Body = dict[str, Any]  # a reply as JSON, as the daemon sends it and the CLI prints it
+Body = dict[str, Any]  # a reply as JSON, as the daemon sends it and `--json` prints it
+Reply = Record | Body  # what a verb answers: its reply's record (wire/read_replies.py), or a body not typed yet
 Q = TypeVar("Q", bound=VerbRequest)
 Caller = Callable[..., Body]  # the CLI's client.call(op, **args)
 
@@ -49,7 +51,9 @@ class Command(Generic[Q]):
     """A control verb, declared once: the daemon runs it, the CLI parses and prints it, the console binds it.
 
     `request` is its request's record (elasticd/wire/verb_requests.py): the daemon decodes a body into it once,
-    where the frame arrives, and every function below gets the record. A verb that looks has `read`. A verb that
+    where the frame arrives, and every function below gets the record. A verb that looks has `read`; with `reply`
+    (its reply's record) `read` and `on_node` return that record, and the CLI decodes the body into it once, where it
+    arrives, before `render` and `follow` get it. A verb that
     steers (its request a SteeringRequest) has `plan` (its checks and interlocks, then what it would do; a dry run
     stops there) and `apply` (the change; its reply gets the plan added). A verb that looks at one node's own
     workers has `on_node`: any daemon takes it, and the node named in its `node` argument answers
@@ -60,14 +64,15 @@ class Command(Generic[Q]):
     summary: str  # `elasticd --help`
     request: type[Q]
     order: int = 1000  # place in `elasticd --help` and in the unknown-op reason; a new verb goes last
-    read: Callable[[JobPort, Q], Body] | None = None
+    read: Callable[[JobPort, Q], Reply] | None = None
     plan: Callable[[JobPort, Q], Plan] | None = None
     apply: Callable[[JobPort, Q, Plan], Steered] | None = None
-    on_node: Callable[[NodePort, Q], Awaitable[Body]] | None = None
+    on_node: Callable[[NodePort, Q], Awaitable[Reply]] | None = None
+    reply: type[Record] | None = None
     args: tuple[Arg, ...] = ()
-    render: Callable[[Body], str] = plain
+    render: Callable[[Any], str] = plain  # gets the `reply` record, or the body
     console: tuple[ConsoleAction, ...] = ()
-    follow: Callable[[Caller, Q, Body], Iterator[str]] | None = None  # (call, request, first reply) -> lines
+    follow: Callable[[Caller, Q, Any], Iterator[str]] | None = None  # (call, request, first reply) -> lines
 
     def __post_init__(self) -> None:
         shape = (self.read is not None, self.plan is not None, self.apply is not None, self.on_node is not None)
@@ -77,6 +82,8 @@ class Command(Generic[Q]):
             raise TypeError(f"verb {self.name}: a verb with plan and apply takes a SteeringRequest, no other does")
         if (self.on_node is not None) != issubclass(self.request, NodeQueryRequest):  # the daemon routes by it
             raise TypeError(f"verb {self.name}: an on_node verb takes a NodeQueryRequest (its node), no other does")
+        if self.reply is not None and self.steer:
+            raise TypeError(f"verb {self.name}: a steering verb answers `Steered`, not a reply of its own")
         # A request ignores fields it does not declare: an argument sent under another name would be lost silently.
         unknown = {a.field or a.name for a in self.args if not a.cli_only} - {f.name for f in fields(self.request)}
         if unknown:
@@ -91,10 +98,14 @@ class Command(Generic[Q]):
         """The request of a body, or ProtocolError(bad_argument) naming the field that is missing or mistyped."""
         return self.request.decode(body, self.name, size)
 
+    def answer(self, body: Body) -> Any:
+        """A reply body as `render` and `follow` take it: its record, decoded once (ProtocolError: bad_message)."""
+        return self.reply.decode(body, f"{self.name} reply") if self.reply is not None else body
+
     def run(self, c: JobPort, request: Q) -> Body:
         """A job-wide verb at the coordinator (an `on_node` verb is run by daemon/node_queries.py)."""
         if self.read is not None:
-            return self.read(c, request)
+            return encoded(self.read(c, request))
         if self.on_node is not None:  # a routing mistake, never the coordinator's to answer
             raise ProtocolError(ErrorCode.BAD_MESSAGE, f"{self.name} is answered by the node it names, "
                                 "not by the coordinator")
@@ -103,6 +114,10 @@ class Command(Generic[Q]):
         if not changes(request):
             return Steered(dry_run=True, plan=plan).encode()
         return replace(self.apply(c, request, plan), plan=plan).encode()
+
+
+def encoded(reply: Reply) -> Body:
+    return reply.encode() if isinstance(reply, Record) else reply
 
 
 def changes(request: VerbRequest) -> bool:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from elasticd.wire.member_state import RankReport, WorkerInfo
 from elasticd.wire.names import RESTART_CAUSES, Cause, JobState, NodeStatus, Role
+from elasticd.wire.read_replies import RoundInfo
 from elasticd.wire.record import Record
 
 TALLIED = frozenset({"role", "status"})  # the fields that move a record between `node_counts` groups
@@ -102,13 +103,13 @@ class Round:
     def node_ids(self) -> list[str]:
         return list(self._by_node)
 
-    def public(self) -> dict[str, Any]:
+    def public(self) -> RoundInfo:
         """As `status` and `ranks` show it; built by hand: asdict's deep copy of every member was most of a
         `status` summary at 2,048 nodes (the records are encoded at once, never kept)."""
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["members"] = [vars(e).copy() for e in self.members]
         data["timeline"] = dict(self.timeline)
-        return data
+        return cast(RoundInfo, data)  # its fields are RoundInfo's, by name
 
 
 def sticky_order(previous: list[str], candidates: list[NodeRecord]) -> list[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, cast
 
 from elasticd.coordinator.core import CoordinatorCore
 from elasticd.coordinator.goodput import GoodputLedger
@@ -15,7 +15,7 @@ from elasticd.coordinator.stragglers import Stragglers
 from elasticd.coordinator.tally import NodeTally
 from elasticd.job.events import EventLog
 from elasticd.wire.names import Cause
-from elasticd.wire.protocol import JsonObject
+from elasticd.wire.protocol import Json, JsonObject
 
 
 class StatusSource(CoordinatorCore, Protocol):
@@ -47,10 +47,10 @@ def job_status(c: StatusSource, now: float, offset: int = 0, limit: int | None =
         "job_id": c.cfg.job_id, "state": c.state, "reason": c.reason,
         "round": rnd.round_id if rnd else 0, "world_size": rnd.world_size if rnd else 0,
         "min_nodes": c.cfg.min_nodes, "max_nodes": c.cfg.max_nodes, "target": c.target,
-        "coordinator": c.cfg.node_id, "restarts": dict(c.restarts),
+        "coordinator": c.cfg.node_id, "restarts": cast(Json, dict(c.restarts)),
         "max_restarts": c.cfg.max_restarts, "scheduler": c.cfg.scheduler,
         "last_recovery": timeline(rnd) if rnd else {},
-        "rank_map": rnd.public()["members"] if rnd else [],
+        "rank_map": cast(list[Json], rnd.public()["members"]) if rnd else [],  # RankEntryInfo: JSON types
         "nodes": [{**n.public(now), **c.health.node_fields(n.node_id)} for n in page],
         "nodes_total": len(ordered), "nodes_offset": offset,
         "node_counts": c.tally.groups(), "relays": len(c.relays.groups),

@@ -13,6 +13,7 @@ from typing import Any
 
 from elasticd.commands.port import NodePort
 from elasticd.commands.registry import REGISTRY
+from elasticd.commands.verb import encoded
 from elasticd.coordinator import inbox
 from elasticd.wire.assignment import NodeQuery
 from elasticd.wire.member_reports import NodeAnswer
@@ -69,8 +70,8 @@ class NodeQueries:
         if command is None or command.on_node is None:
             return ProtocolError(ErrorCode.UNKNOWN_OP, f"{op!r} is no node query").as_body()
         try:
-            return await command.on_node(self.port, request if isinstance(request, NodeQueryRequest)
-                                         else command.decode(request))
+            return encoded(await command.on_node(self.port, request if isinstance(request, NodeQueryRequest)
+                                                 else command.decode(request)))
         except ProtocolError as err:
             return err.as_body()
         except Exception as exc:  # a reader's bug must not take the daemon down

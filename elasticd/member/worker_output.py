@@ -6,14 +6,15 @@ import asyncio
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from elasticd.job.config import JobConfig
 from elasticd.member.processes import stack_dumps, zygote
 from elasticd.member.processes.output import RECENT_LINES, readable
 from elasticd.member.processes.workers import Worker, WorkerGroup
 from elasticd.wire.diagnosis import StackDump, main_thread_where
-from elasticd.wire.protocol import ErrorCode, JsonObject, ProtocolError
+from elasticd.wire.protocol import ErrorCode, ProtocolError
+from elasticd.wire.read_replies import LogEntry, LogsReply, StacksReply, StackView
 
 MAX_TAIL_LINES = 1000
 TAIL_WINDOW_BYTES = 256 * 1024  # how far back a tail reads: a 10 MB line gives its end, not the whole line
@@ -35,11 +36,11 @@ class WorkerOutput:
         return self.cfg.node_id
 
     # ---- logs --------------------------------------------------------------------------------
-    def output(self, rank: int | None, round_id: int | None, tail: int, since: int | None) -> JsonObject:
+    def output(self, rank: int | None, round_id: int | None, tail: int, since: int | None) -> LogsReply:
         round_id, workers = self.find(rank, round_id)
         tail = max(0, min(tail, MAX_TAIL_LINES))
-        ranks = [self.read(worker, path, tail, since) for worker, path in workers]
-        return {"ok": True, "node": self.node_id, "round": round_id, "ranks": ranks}
+        return LogsReply(node=self.node_id, round=round_id,
+                         ranks=[self.read(worker, path, tail, since) for worker, path in workers])
 
     def find(self, rank: int | None, round_id: int | None) -> tuple[int, list[tuple[Worker | None, Path]]]:
         """The round asked for (the newest by default) and its workers (one rank, or all), each with its log."""
@@ -65,12 +66,14 @@ class WorkerOutput:
     def round_folder(self, round_id: int) -> Path:
         return Path(self.cfg.log_dir) / self.cfg.job_id / self.cfg.node_id / f"round-{round_id:04d}"
 
-    def read(self, worker: Worker | None, path: Path, tail: int, since: int | None) -> JsonObject:
-        entry: JsonObject = {"path": str(path), "source": "file", "note": "", "skipped": 0}
+    def read(self, worker: Worker | None, path: Path, tail: int, since: int | None) -> LogEntry:
+        entry: LogEntry = {"path": str(path), "source": "file", "note": "", "skipped": 0}
         if worker is not None:
-            entry.update(rank=worker.rank, pid=worker.proc.pid, state=worker.status, exit_code=worker.exit_code)
+            entry.update({"rank": worker.rank, "pid": worker.proc.pid, "state": worker.status,
+                          "exit_code": worker.exit_code})
         else:
-            entry.update(rank=int(path.stem.removeprefix("rank-")), pid=None, state="unknown", exit_code=None)
+            entry.update({"rank": int(path.stem.removeprefix("rank-")), "pid": None, "state": "unknown",
+                          "exit_code": None})
         try:
             with open(path, "rb") as handle:
                 size = handle.seek(0, os.SEEK_END)
@@ -78,18 +81,18 @@ class WorkerOutput:
                     start = max(0, size - TAIL_WINDOW_BYTES)
                     handle.seek(start)
                     lines = split(handle.read(), whole_first=start == 0)[-tail:] if tail else []
-                    entry.update(lines=lines, offset=size)
+                    entry.update({"lines": lines, "offset": size})
                 else:
                     entry.update(self.follow(handle, size, since))
         except OSError as err:  # deleted or unreadable: what the daemon still holds in memory
             held = held_lines(worker, tail, since)
-            entry.update(lines=held, offset=worker.output.bytes if worker else 0, source="memory",
-                         note=f"log file unreadable ({err.strerror or err}): lines from the daemon's memory "
-                         f"(its last {RECENT_LINES})")  # the same words each poll: a follower says them once
+            entry.update({"lines": held, "offset": worker.output.bytes if worker else 0, "source": "memory",
+                          "note": f"log file unreadable ({err.strerror or err}): lines from the daemon's memory "
+                          f"(its last {RECENT_LINES})"})  # the same words each poll: a follower says them once
         return entry
 
     @staticmethod
-    def follow(handle: BinaryIO, size: int, since: int) -> JsonObject:
+    def follow(handle: BinaryIO, size: int, since: int) -> LogEntry:
         """The complete lines written after byte `since`, at most FOLLOW_BYTES; far behind, it skips ahead."""
         since = min(max(0, since), size)  # a file that shrank (truncated by hand) goes on from its end
         skipped = 0
@@ -105,12 +108,12 @@ class WorkerOutput:
         return {"lines": split(data[:cut], whole_first=True), "offset": since + cut, "skipped": skipped}
 
     # ---- stacks ------------------------------------------------------------------------------
-    async def stacks(self, rank: int | None) -> JsonObject:
+    async def stacks(self, rank: int | None) -> StacksReply:
         """Every thread's Python stack of the newest round's workers (or one rank); a live rank goes on running."""
         round_id, found = self.find(rank, None)
         dumps = await asyncio.gather(*(self.dump(worker) for worker, _path in found if worker is not None))
-        return {"ok": True, "node": self.node_id, "round": round_id,
-                "ranks": [d.body(STACK_REPLY_CHARS) for d in dumps]}
+        return StacksReply(node=self.node_id, round=round_id,
+                           ranks=[cast(StackView, d.body(STACK_REPLY_CHARS)) for d in dumps])
 
     async def dump(self, worker: Worker) -> StackDump:
         path = worker.stacks_file

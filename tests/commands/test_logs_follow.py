@@ -29,14 +29,16 @@ class Node:
         since = args.get("since")
         tail = args.get("tail") or 0
         lines = data[since:].splitlines() if since is not None else self.written[rnd][-tail:] if tail else []
-        return {"round": rnd, "ranks": [{"rank": 1, "lines": lines, "offset": len(data), "note": ""}]}
+        return {"ok": True, "node": "a", "round": rnd,
+                "ranks": [{"rank": 1, "lines": lines, "offset": len(data), "note": ""}]}
 
 
 def test_a_follow_goes_on_into_the_ranks_log_of_the_next_round(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(logs, "FOLLOW_POLL_S", 0)
     node = Node()
     request = LogsRequest(node="a", rank=1, tail=1)
-    followed = logs.follow(node.call, request, node.call("logs", **request.encode()))
+    first = logs.COMMANDS[0].answer(node.call("logs", **request.encode()))  # as the CLI decodes it
+    followed = logs.follow(node.call, request, first)
     assert next(followed) == "step 240"
     node.written[2].append("step 250")  # its last line, then a crash: round 3 writes a new log
     node.written[3], node.round = ["resumed at 201", "step 210"], 3

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from support.harness import TICKER, Job
 
+from elasticd.commands.registry import REGISTRY
 from elasticd.commands.verbs.workers import render
 from elasticd.member.gpu import GpuSampler
 
@@ -30,10 +31,12 @@ def workers(job: Job, *args: str) -> str:
 
 
 def test_render_shows_gpu_columns_only_when_reported() -> None:
-    plain = render({"nodes": {"a": [WORKER]}}).splitlines()
+    answer = REGISTRY["workers"].answer  # the reply's record, decoded as the CLI decodes it
+    plain = render(answer({"ok": True, "nodes": {"a": [WORKER]}})).splitlines()
     assert plain[0].split() == ["NODE", "RANK", "LOCAL", "PID", "STATE", "EXIT", "CPU%", "RSS", "UPTIME"]
     assert plain[1].split() == ["a", "0", "0", "4242", "running", "-", "38", "300.0M", "13s"]
-    on_gpu = render({"nodes": {"a": [{**WORKER, "gpu": GPU}, {**WORKER, "rank": 1, "gpu": None}]}}).splitlines()
+    on_gpu = render(answer({"ok": True, "nodes": {"a": [{**WORKER, "gpu": GPU}, {**WORKER, "rank": 1, "gpu": None}]}}
+                           )).splitlines()
     assert on_gpu[0].split()[9:] == ["GPU", "UTIL%", "GPU", "MEM", "DEV", "MEM", "TEMP", "POWER"]
     assert on_gpu[1].split()[9:] == ["1", "87", "12.0G", "40.0G/80.0G", "64C", "302W"]
     assert on_gpu[2].split()[9:] == ["-"] * 6  # NVML is there, this worker is on no GPU

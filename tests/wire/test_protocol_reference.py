@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from elasticd.commands.registry import REGISTRY
 from elasticd.wire.assignment import TO_MEMBER
 from elasticd.wire.member_reports import TO_COORDINATOR
 from elasticd.wire.member_state import STATE_REPORTS
@@ -85,3 +87,22 @@ def test_the_step_telemetry_example_shows_every_field_of_its_record() -> None:
     example = section[section.index('"body":'):section.index(", …]}}")] + "]}"
     steps = StepTelemetry.decode(json.loads(example.removeprefix('"body":')), "steps")
     assert steps.round == 3 and [f.name for f in dataclasses.fields(StepRow) if f'"{f.name}"' not in section] == []
+
+
+def reply_fields(hint: Any) -> Iterator[str]:
+    """The names in a reply: a record's fields, a TypedDict's keys, and those of the records and TypedDicts within."""
+    if isinstance(hint, type) and (issubclass(hint, Record) or typing.is_typeddict(hint)):
+        for name, inner in typing.get_type_hints(hint).items():
+            yield name
+            yield from reply_fields(inner)
+    for arg in typing.get_args(hint):
+        yield from reply_fields(arg)
+
+
+@pytest.mark.parametrize("verb", [name for name, command in REGISTRY.items() if command.reply is not None])
+def test_every_field_of_a_typed_reply_is_named_in_its_verbs_section(verb: str) -> None:
+    """§5's section of each verb with a reply record names every field in it, nested rows' too (`ok`: §4)."""
+    start = DOC.index(f"\n### {verb}\n")
+    section = DOC[start:DOC.index("\n### ", start + 1)]
+    reply = REGISTRY[verb].reply
+    assert [name for name in reply_fields(reply) if name != "ok" and not re.search(rf"\b{name}\b", section)] == []

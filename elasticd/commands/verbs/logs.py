@@ -2,22 +2,22 @@
 
 import time
 from collections.abc import Iterator
-from typing import Any
 
 from elasticd.commands.port import NodePort
 from elasticd.commands.verb import Arg, Caller, Command
+from elasticd.wire.read_replies import LogEntry, LogsReply
 from elasticd.wire.verb_requests import LogsRequest
 
 FOLLOW_POLL_S = 0.25
 
 
-async def on_node(port: NodePort, request: LogsRequest) -> dict[str, Any]:
+async def on_node(port: NodePort, request: LogsRequest) -> LogsReply:
     return port.output(request.rank, request.round, request.tail, request.since)
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: LogsReply) -> str:
     """One rank: its lines. Several: each under a header naming the rank, its process and its state."""
-    ranks = result.get("ranks", [])
+    ranks = result.ranks
     out: list[str] = []
     for entry in ranks:
         if len(ranks) > 1:
@@ -28,7 +28,7 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def lines_of(entry: dict[str, Any], said: str = "") -> list[str]:
+def lines_of(entry: LogEntry, said: str = "") -> list[str]:
     """The entry's lines after its note (unless `said` already, as a follower's last poll did) and any skip."""
     notes = [f"(log: {entry['note']})"] if entry.get("note") and entry["note"] != said else []
     skipped = [f"(… {entry['skipped']} bytes skipped: output faster than a follower reads …)"] \
@@ -36,21 +36,21 @@ def lines_of(entry: dict[str, Any], said: str = "") -> list[str]:
     return [*notes, *skipped, *entry.get("lines", [])]
 
 
-def follow(call: Caller, request: LogsRequest, first: dict[str, Any]) -> Iterator[str]:
+def follow(call: Caller, request: LogsRequest, first: LogsReply) -> Iterator[str]:
     """Print the tail, then poll for lines past its offset, one rank at a time, until the node stops answering.
     When a poll brings nothing, the node is asked for its newest round: a restart's new log is followed from its
     first line (a rank no longer on the node ends the follow with the node's refusal)."""
     yield render(first)
-    entries = first.get("ranks", [])
+    entries = first.ranks
     if len(entries) != 1:
         yield "(--follow follows one rank: give RANK)"
         return
     rank, offset, said = entries[0]["rank"], entries[0].get("offset", 0), entries[0].get("note", "")
-    round_id = first.get("round")
+    round_id = first.round
     while True:
         time.sleep(FOLLOW_POLL_S)
         ask = LogsRequest(node=request.node, rank=rank, round=round_id, since=offset)
-        entries = call("logs", **ask.encode()).get("ranks") or []
+        entries = LogsReply.decode(call("logs", **ask.encode()), "logs reply").ranks
         if not entries:
             yield f"(node {request.node} no longer holds rank {rank}'s log: the follow ends)"
             return
@@ -58,16 +58,16 @@ def follow(call: Caller, request: LogsRequest, first: dict[str, Any]) -> Iterato
         offset = entry.get("offset", offset)
         yield from lines_of(entry, said)
         said = entry.get("note", "")
-        newest = None if entry.get("lines") else \
-            call("logs", **LogsRequest(node=request.node, rank=rank, tail=0).encode()).get("round")
-        if isinstance(newest, int) and isinstance(round_id, int) and newest > round_id:
+        newest = round_id if entry.get("lines") else LogsReply.decode(
+            call("logs", **LogsRequest(node=request.node, rank=rank, tail=0).encode()), "logs reply").round
+        if newest > round_id:
             yield f"── round {newest} ──"
             round_id, offset, said = newest, 0, ""
 
 
 COMMANDS = [Command(
     "logs", "a worker's output: logs NODE [RANK] [--tail N] [--round R] [--follow]", LogsRequest, order=35,
-    on_node=on_node, render=render, follow=follow,
+    on_node=on_node, reply=LogsReply, render=render, follow=follow,
     args=(Arg("node", "node id"),
           Arg("rank", "global rank (default: every rank of the node)", type=int, optional=True),
           Arg("tail", "the last N lines (at most 1000)", type=int, flags=("--tail", "-n"), default=20),

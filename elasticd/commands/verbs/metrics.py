@@ -1,15 +1,14 @@
 """`metrics`: step, loss, throughput and checkpoint age per rank, from trainer_shim reports."""
 
-from typing import Any
-
 from elasticd.commands.port import JobPort
 from elasticd.commands.verb import Command
 from elasticd.wire.names import STEP_WAIT_METRIC
+from elasticd.wire.read_replies import MetricsReply, RankRow
 from elasticd.wire.verb_requests import VerbRequest
 
 
-def read(c: JobPort, request: VerbRequest) -> dict[str, Any]:
-    now, ranks = c.clock(), []
+def read(c: JobPort, request: VerbRequest) -> MetricsReply:
+    now, ranks = c.clock(), list[RankRow]()
     for node in c.alive():
         for data in node.metrics.values():
             if not isinstance(data, dict):
@@ -25,12 +24,12 @@ def read(c: JobPort, request: VerbRequest) -> dict[str, Any]:
                 "checkpoint_age_s": round(now - ckpt["at"], 2) if ckpt.get("at") else None,
                 "wait_s": extra.get(STEP_WAIT_METRIC) if isinstance(extra, dict) else None,
             })
-    return {"ok": True, "ranks": sorted(ranks, key=lambda r: (r["rank"] is None, r["rank"]))}
+    return MetricsReply(ranks=sorted(ranks, key=lambda r: (r["rank"] is None, r["rank"])))
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: MetricsReply) -> str:
     lines = [f"{'NODE':<10} {'RANK':>4} {'STEP':>7} {'LOSS':>10} {'SAMPLES/S':>10} {'CKPT AGE':>9}"]
-    for r in result["ranks"]:
+    for r in result.ranks:
         loss = f"{r['loss']:.4f}" if isinstance(r.get("loss"), int | float) else "-"
         age = f"{r['checkpoint_age_s']:.1f}s" if r.get("checkpoint_age_s") is not None else "-"
         lines.append(f"{r['node']:<10} {r['rank']!s:>4} {r['step']!s:>7} {loss:>10} {r.get('throughput') or '-'!s:>10} "
@@ -39,4 +38,4 @@ def render(result: dict[str, Any]) -> str:
 
 
 COMMANDS = [Command("metrics", "step, loss, throughput, checkpoint age per rank", VerbRequest, order=50, read=read,
-                    render=render)]
+                    reply=MetricsReply, render=render)]

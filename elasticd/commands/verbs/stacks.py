@@ -1,19 +1,18 @@
 """`stacks NODE [RANK]`: every thread's Python stack of a node's live ranks, taken without stopping them."""
 
-from typing import Any
-
 from elasticd.commands.port import NodePort
 from elasticd.commands.verb import Arg, Command
+from elasticd.wire.read_replies import StacksReply
 from elasticd.wire.verb_requests import NodeQueryRequest
 
 
-async def on_node(port: NodePort, request: NodeQueryRequest) -> dict[str, Any]:
+async def on_node(port: NodePort, request: NodeQueryRequest) -> StacksReply:
     return await port.stacks(request.rank)
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: StacksReply) -> str:
     out = []
-    for dump in result.get("ranks", []):
+    for dump in result.ranks:
         where = f" at {dump['where']}" if dump.get("where") else ""
         out.append(f"── rank {dump.get('rank')} (pid {dump.get('pid')}){where} ──")
         if dump.get("note"):
@@ -25,7 +24,7 @@ def render(result: dict[str, Any]) -> str:
 
 COMMANDS = [Command(
     "stacks", "Python stacks of a node's ranks, taken live: stacks NODE [RANK]", NodeQueryRequest, order=36,
-    on_node=on_node, render=render,
+    on_node=on_node, reply=StacksReply, render=render,
     args=(Arg("node", "node id"),
           Arg("rank", "global rank (default: every rank of the node)", type=int, optional=True)),
 )]

@@ -1,27 +1,26 @@
 """`workers`: every worker process of every node, as last reported by its daemon."""
 
-from typing import Any
-
 from elasticd.commands.port import JobPort
 from elasticd.commands.render import GPU_COLUMNS, format_bytes, gpu_cells, has_gpu
 from elasticd.commands.verb import Arg, Command
 from elasticd.wire.names import NodeStatus
+from elasticd.wire.read_replies import WorkersReply
 from elasticd.wire.verb_requests import WorkersRequest
 
 COLUMNS = ("NODE", "RANK", "LOCAL", "PID", "STATE", "EXIT", "CPU%", "RSS", "UPTIME")
 
 
-def read(c: JobPort, request: WorkersRequest) -> dict[str, Any]:
+def read(c: JobPort, request: WorkersRequest) -> WorkersReply:
     only = request.node
-    nodes = {n.node_id: n.workers for n in c.nodes.values() if n.status == NodeStatus.alive and only in ("", n.node_id)}
-    return {"ok": True, "nodes": nodes}
+    return WorkersReply(nodes={n.node_id: n.workers for n in c.nodes.values()
+                               if n.status == NodeStatus.alive and only in ("", n.node_id)})
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: WorkersReply) -> str:
     """One line a worker; the GPU columns only when some daemon reports GPU fields (it has NVML)."""
-    gpu = has_gpu([w for workers in result["nodes"].values() for w in workers])
+    gpu = has_gpu([w for workers in result.nodes.values() for w in workers])
     rows = [[*COLUMNS, *(c.upper() for c in GPU_COLUMNS if gpu)]]
-    for node, workers in result["nodes"].items():
+    for node, workers in result.nodes.items():
         for w in workers:
             exit_code = "-" if w.get("exit_code") is None else str(w["exit_code"])
             rows.append([node, str(w.get("rank")), str(w.get("local_rank")), str(w.get("pid")), str(w.get("state")),
@@ -33,4 +32,5 @@ def render(result: dict[str, Any]) -> str:
 
 
 COMMANDS = [Command("workers", "worker processes of every node", WorkersRequest, order=30, read=read, render=render,
+                    reply=WorkersReply,
                     args=(Arg("only_node", "only this node", flags=("--node",), field="node"),))]

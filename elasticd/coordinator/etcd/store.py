@@ -24,7 +24,7 @@ from elasticd.coordinator.etcd.errors import EtcdUnavailable
 from elasticd.coordinator.membership import KEPT, NodeRecord, RankEntry, Round
 from elasticd.job.events import seq_of
 from elasticd.wire.names import Cause, NodeStatus, Role
-from elasticd.wire.protocol import Json, JsonObject
+from elasticd.wire.protocol import JsonObject
 
 log = logging.getLogger("elasticd")
 TXN_OPS = 100  # etcd refuses a txn of more than --max-txn-ops (128 by default)
@@ -253,6 +253,6 @@ class EtcdStore:
             return
 
 
-def encode(data: Json) -> bytes:
+def encode(data: object) -> bytes:
     return json.dumps(data, separators=(",", ":"), sort_keys=True, default=str).encode()
 

@@ -1,0 +1,130 @@
+"""Replies of the verbs that look (docs/protocol.md §5): `ranks`, `workers`, `events`, `metrics`, `logs`, `stacks`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+from elasticd.wire.member_state import WorkerInfo
+from elasticd.wire.record import Record
+
+
+class RankEntryInfo(TypedDict):
+    """One member of a round: its node, group rank and global ranks."""
+
+    node_id: str
+    group_rank: int
+    host: str
+    ranks: list[int]
+
+
+class RoundInfo(TypedDict):
+    """A round as `ranks` and `status` show it; `timeline` in absolute Unix times."""
+
+    round_id: int
+    members: list[RankEntryInfo]
+    world_size: int
+    master_addr: str
+    master_port: int
+    cause: str
+    detail: str
+    started_at: float
+    timeline: dict[str, float]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RanksReply(Record):
+    """`ranks`: the current round (null before the first) and the recent ones, oldest first."""
+
+    ok: bool = True
+    round: RoundInfo | None = None
+    history: list[RoundInfo] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkersReply(Record):
+    """`workers`: each alive node's workers, as its last heartbeat said."""
+
+    ok: bool = True
+    nodes: dict[str, list[WorkerInfo]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EventsReply(Record):
+    """`events`: the events asked for, ascending `seq`, each in the form of §6.1; `seq`, the log's newest."""
+
+    ok: bool = True
+    events: list[dict[str, Any]] = field(default_factory=list)  # flat: its kind's fields beside seq, ts, kind, node
+    seq: int = 0
+
+
+class RankRow(TypedDict):
+    """One rank of `metrics`: its step, loss, throughput, its last save, and its smoothed allreduce wait."""
+
+    node: str
+    rank: int | None
+    round: int | None
+    step: int | None
+    loss: float | None
+    throughput: float | None
+    step_age_s: float
+    dropped: int
+    checkpoint_step: int | None
+    checkpoint_path: str | None
+    checkpoint_bytes: int | None
+    checkpoint_duration_s: float | None
+    checkpoint_age_s: float | None
+    wait_s: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsReply(Record):
+    """`metrics`: a row per rank that reports through trainer_shim, sorted by rank."""
+
+    ok: bool = True
+    ranks: list[RankRow] = field(default_factory=list)
+
+
+class LogEntry(TypedDict, total=False):
+    """One rank's output in `logs`: where it comes from, and its lines; `offset` is where a follower asks next."""
+
+    rank: int
+    pid: int | None
+    state: str
+    exit_code: int | None
+    path: str
+    source: str  # file, or memory (the file was unreadable)
+    note: str
+    skipped: int  # bytes a follower far behind skipped
+    lines: list[str]
+    offset: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogsReply(Record):
+    """`logs`: the node that answered, the round read, and each rank's lines."""
+
+    ok: bool = True
+    node: str
+    round: int
+    ranks: list[LogEntry] = field(default_factory=list)
+
+
+class StackView(TypedDict):
+    """One rank's stacks in `stacks`: `where` its main thread is, the dump, or a note saying why there is none."""
+
+    rank: int
+    pid: int
+    where: str
+    text: str
+    note: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class StacksReply(Record):
+    """`stacks`: the node that answered, its newest round, and each rank's dump."""
+
+    ok: bool = True
+    node: str
+    round: int
+    ranks: list[StackView] = field(default_factory=list)
