@@ -14,7 +14,7 @@ from elasticd.job.config import JobConfig
 from elasticd.job.events import EventLog
 from elasticd.wire.member_state import RankReport, WorkerInfo
 from elasticd.wire.names import After, Cause, EventKind, JobState, NodeStatus, Role, StepRequest, TransitionKind
-from elasticd.wire.read_replies import LogsReply, RoundInfo, StacksReply
+from elasticd.wire.read_replies import GoodputReply, LogsReply, RoundInfo, StacksReply
 
 
 class NodeView(Protocol):
@@ -95,7 +95,7 @@ class ResizeControl(Protocol):
 class GoodputView(Protocol):
     """Where the job's time went (coordinator/goodput.py)."""
 
-    def report(self, now: float, nodes: int = -1) -> dict[str, Any]: ...
+    def report(self, now: float, nodes: int = -1) -> GoodputReply: ...
 
 
 class StragglerView(Protocol):

@@ -236,7 +236,7 @@ class Coordinator:
         why: dict[str, Any] = {"root_cause": cause, "consequences": [f.body() for f in self.probe.consequences]} \
             if cause else {}
         self.emit(EventKind.job_end, state=state, reason=reason, **why)
-        self.emit(EventKind.goodput, **self.goodput.state(), report=self.goodput.report(now))
+        self.emit(EventKind.goodput, **self.goodput.state(), report=self.goodput.report(now).encode())
         self.send_all([n.node_id for n in self.alive()], MeshOp.job_end, {"state": state, "reason": reason, **why})
 
     # ---- time ---------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from elasticd.coordinator.goodput_nodes import IDLE, NodeTime, NodeTotals, secon
 from elasticd.job.events import ts_of
 from elasticd.wire.names import Cause, EventKind
 from elasticd.wire.protocol import Json, JsonObject
+from elasticd.wire.read_replies import Buckets, GoodputReply, GoodputTimeline
 
 TRAINING, CHECKPOINT, REDONE, WAITING = "training", "checkpoint", "redone", "waiting"
 # Recovery, by what began it.
@@ -240,7 +241,7 @@ class GoodputLedger:
         training = sum(s.seconds.get(TRAINING, 0.0) * s.ranks for s in splits)
         return ratio(training, sum(sum(s.seconds.values()) * s.ranks for s in splits))
 
-    def report(self, now: float, nodes: int = -1) -> JsonObject:
+    def report(self, now: float, nodes: int = -1) -> GoodputReply:
         """Seconds by bucket over the job's life and the last WINDOW_S, with goodput for each; the `nodes` nodes
         with the lowest goodput (all for a negative count); the window's timeline."""
         live = self.live(now)
@@ -249,10 +250,10 @@ class GoodputLedger:
         live_nodes = self.nodes.live(live.start, live.end, live.seconds)
         idle = sum(t.get(IDLE, 0.0) for t in [*self.nodes.totals.values(), *live_nodes.values()])
         by_node = self.nodes.report(live_nodes, nodes)
-        return {"life": described(life), "window": {**described(window), "seconds": WINDOW_S},
-                "goodput": self.share(now, live), "redone_steps": self.redone_steps,
-                "wall_s": round(now - self.started, 3), "nodes": by_node, "idle_node_s": round(idle, 3),
-                "timeline": timeline([*self.recent, live], max(self.started, now - WINDOW_S), now)}
+        return GoodputReply(life=described(life), window={**described(window), "seconds": WINDOW_S},
+                            goodput=self.share(now, live), redone_steps=self.redone_steps,
+                            wall_s=round(now - self.started, 3), nodes=by_node, idle_node_s=round(idle, 3),
+                            timeline=timeline([*self.recent, live], max(self.started, now - WINDOW_S), now))
 
     def state(self) -> LedgerState:
         """What a `goodput` event carries: the closed totals, to resume from."""
@@ -300,7 +301,7 @@ def clip(split: Split, since: float) -> Split:
     return Split(max(split.start, since), split.end, split.ranks, {k: v * share for k, v in split.seconds.items()})
 
 
-def timeline(splits: list[Split], start: float, end: float, bins: int = TIMELINE_BINS) -> JsonObject:
+def timeline(splits: list[Split], start: float, end: float, bins: int = TIMELINE_BINS) -> GoodputTimeline:
     """Seconds by bucket in equal slices of [start, end] (at least 1 s each); a stretch is spread evenly over its
     slices: the timeline is as fine as the stretches, which end at each round's first step."""
     width = max((end - start) / bins, 1.0)
@@ -328,13 +329,15 @@ def sum_splits(splits: list[Split]) -> dict[str, float]:
     return out
 
 
-def described(seconds: dict[str, float]) -> JsonObject:
+def described(seconds: dict[str, float]) -> Buckets:
     """Buckets as `goodput` shows them: recovery by reason nested, and the share that was training."""
     recovery = {k.split(".", 1)[1]: round(v, 3) for k, v in seconds.items() if k.startswith("recovery.") and v > 5e-4}
     flat = {k: round(v, 3) for k, v in seconds.items() if not k.startswith("recovery.")}
     total = sum(seconds.values())
-    return {**{b: flat.get(b, 0.0) for b in (TRAINING, CHECKPOINT, REDONE, WAITING)}, "recovery": recovery,
-            "accounted_s": round(total, 3), "training_share": ratio(seconds.get(TRAINING, 0.0), total)}
+    return {"training": flat.get(TRAINING, 0.0), "checkpoint": flat.get(CHECKPOINT, 0.0),
+            "redone": flat.get(REDONE, 0.0), "waiting": flat.get(WAITING, 0.0), "recovery": recovery,
+            "accounted_s": round(total, 3),
+            "training_share": ratio(seconds.get(TRAINING, 0.0), total)}
 
 
 def ratio(part: float, whole: float) -> float | None:

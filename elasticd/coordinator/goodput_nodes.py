@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypedDict
 
-from elasticd.wire.protocol import Json, JsonObject
+from elasticd.wire.protocol import Json
+from elasticd.wire.read_replies import NodeGoodput
 
 IDLE = "idle"  # a node in the job holding no ranks: paid for, training nothing
 TRAINING = "training"
@@ -63,9 +64,9 @@ class NodeTime:
             if node_id in self.left:
                 del self.joined[node_id], self.left[node_id]
 
-    def report(self, live: dict[str, dict[str, float]], limit: int) -> list[JsonObject]:
+    def report(self, live: dict[str, dict[str, float]], limit: int) -> list[NodeGoodput]:
         """The `limit` nodes with the lowest goodput first (all for a negative limit), the open stretch included."""
-        rows: list[tuple[float, str, JsonObject]] = []  # (goodput, or 2 for none: last; node id; the row)
+        rows: list[tuple[float, str, NodeGoodput]] = []  # (goodput, or 2 for none: last; node id; the row)
         for node_id in set(self.totals) | set(live):
             seconds = dict(self.totals.get(node_id, {}))
             for bucket, value in live.get(node_id, {}).items():
@@ -73,7 +74,7 @@ class NodeTime:
             total = sum(seconds.values())
             goodput = round(seconds.get(TRAINING, 0.0) / total, 4) if total else None
             lost = {k: round(v, 3) for k, v in sorted(seconds.items()) if k not in (TRAINING, IDLE) and v > 5e-4}
-            row: JsonObject = {"node": node_id, "goodput": goodput, "seconds": round(total, 3),
+            row: NodeGoodput = {"node": node_id, "goodput": goodput, "seconds": round(total, 3),
                                "idle": round(seconds.get(IDLE, 0.0), 3), "lost": lost}
             rows.append((goodput if goodput is not None else 2.0, node_id, row))
         rows.sort(key=lambda r: r[:2])

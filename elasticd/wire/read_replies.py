@@ -1,4 +1,5 @@
-"""Replies of the verbs that look (docs/protocol.md §5): `ranks`, `workers`, `events`, `metrics`, `logs`, `stacks`."""
+"""Replies of the verbs that look (docs/protocol.md §5): `ranks`, `workers`, `events`, `metrics`, `goodput`, `logs`,
+`stacks`."""
 
 from __future__ import annotations
 
@@ -128,3 +129,53 @@ class StacksReply(Record):
     node: str
     round: int
     ranks: list[StackView] = field(default_factory=list)
+
+
+class Buckets(TypedDict):
+    """Seconds by bucket over a stretch of the job: recovery by reason; their sum; the wall-time training share."""
+
+    training: float
+    checkpoint: float
+    redone: float
+    waiting: float
+    recovery: dict[str, float]
+    accounted_s: float
+    training_share: float | None
+
+
+class WindowBuckets(Buckets, total=False):
+    seconds: float  # the window's length
+
+
+class NodeGoodput(TypedDict):
+    """One node's own time in the job: its goodput, its seconds in the job, idle, and lost by bucket."""
+
+    node: str
+    goodput: float | None
+    seconds: float
+    idle: float
+    lost: dict[str, float]
+
+
+class GoodputTimeline(TypedDict):
+    """The window in equal slices from `start`, each {bucket: seconds}."""
+
+    start: float
+    width_s: float
+    bins: list[dict[str, float]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GoodputReply(Record):
+    """`goodput`: the share of rank time that trained, where the rest went over the job's life and the last hour,
+    the nodes with the lowest goodput, and the window's timeline."""
+
+    ok: bool = True
+    goodput: float | None
+    redone_steps: int
+    wall_s: float
+    life: Buckets
+    window: WindowBuckets
+    nodes: list[NodeGoodput]
+    idle_node_s: float
+    timeline: GoodputTimeline

@@ -47,30 +47,30 @@ def test_a_known_history_is_accounted_by_cause_and_the_redone_steps_exactly() ->
     ledger = GoodputLedger(0.0)
     for event in history():
         ledger.observe(event)
-    life = ledger.report(60.0)["life"]
+    life = ledger.report(60.0).life
     redone = 50 * (20 - 5) / (150 - 1)  # steps 101..150 again, at the first round's pace
     assert life["recovery"] == {"start": 5.0, "crash": 4.0, "join": 2.0}
     assert life["checkpoint"] == 1.5 and life["redone"] == pytest.approx(redone, abs=1e-3)
     assert life["training"] == pytest.approx(14 + 16.5 - redone + 7, abs=1e-3)
     assert life["accounted_s"] == pytest.approx(50.0) and life["waiting"] == 0.0
     report = ledger.report(60.0)
-    assert report["redone_steps"] == 50
+    assert report.redone_steps == 50
     ranked = (14 * 4 + (16.5 - redone) * 4 + 7 * 6) / (5 * 4 + 15 * 4 + 4 * 4 + 16.5 * 4 + 2.5 * 6 + 7 * 6)
-    assert report["goodput"] == pytest.approx(ranked, abs=1e-3)
+    assert report.goodput == pytest.approx(ranked, abs=1e-3)
 
 
 def test_the_open_stretch_counts_live_and_a_wait_below_the_minimum_is_its_own_bucket() -> None:
     ledger = GoodputLedger(0.0)
     for event in history()[:4]:
         ledger.observe(event)
-    assert ledger.report(9.0)["life"]["training"] == 4.0  # trained since 5 s, nothing closed yet
+    assert ledger.report(9.0).life["training"] == 4.0  # trained since 5 s, nothing closed yet
     ledger.observe({"ts": 10.0, "kind": EventKind.node_lost, "node": "b"})
     ledger.observe({"ts": 10.5, "kind": EventKind.waiting, "reason": "waiting for 1 more node(s)"})
-    assert ledger.report(12.0)["life"]["waiting"] == 1.5
+    assert ledger.report(12.0).life["waiting"] == 1.5
     ledger.observe({"ts": 30.0, "kind": EventKind.round_started, "round": 2, "world_size": 4,
                     "cause": Cause.failure, "detail": "node b lost"})
     ledger.observe({"ts": 31.0, "kind": EventKind.first_step, "round": 2, "step": 1})
-    life = ledger.report(31.0)["life"]
+    life = ledger.report(31.0).life
     assert life["waiting"] == 19.5 and life["recovery"] == {"start": 5.0, "node_loss": 1.5}
     assert life["training"] == 5.0
 
@@ -85,7 +85,7 @@ def test_a_coordinator_that_takes_over_resumes_the_totals_from_the_log() -> None
             log.append({"ts": event["ts"], "kind": EventKind.goodput, **first.state()})
     second = GoodputLedger(45.0)  # elected at 45 s: it knows the job only from the log it adopts
     second.replay(log[-4:])  # the log kept its last events only: the last `goodput` is among them
-    assert second.report(48.0)["life"] == first.report(48.0)["life"]
+    assert second.report(48.0).life == first.report(48.0).life
 
 
 def test_the_window_holds_only_its_last_hour() -> None:
@@ -93,7 +93,7 @@ def test_the_window_holds_only_its_last_hour() -> None:
     for event in history()[:4]:
         ledger.observe(event)
     ledger.observe({"ts": 5.0 + WINDOW_S, "kind": EventKind.worker_exited, "exit_code": 1})
-    window = ledger.report(10.0 + WINDOW_S)["window"]
+    window = ledger.report(10.0 + WINDOW_S).window
     assert window["recovery"] == {"crash": 5.0} and window["training"] == pytest.approx(WINDOW_S - 5.0)
 
 
@@ -114,27 +114,27 @@ def test_each_node_is_accounted_from_its_join_and_idle_while_it_holds_no_ranks()
     ledger = GoodputLedger(0.0)
     for event in history():
         ledger.observe(event)
-    nodes = {row["node"]: row for row in ledger.report(60.0, nodes=-1)["nodes"]}
+    nodes = {row["node"]: row for row in ledger.report(60.0, nodes=-1).nodes}
     assert nodes["a"]["seconds"] == pytest.approx(49.5) and nodes["b"]["seconds"] == pytest.approx(49.0)
     # c joined at 39 s: idle until the job stopped training for it (40.5 s), then the join's save and recovery
     assert nodes["c"]["seconds"] == pytest.approx(11.0) and nodes["c"]["idle"] == pytest.approx(1.5)
     assert nodes["c"]["lost"] == {"checkpoint": 0.5, "recovery.join": 2.0}
     assert nodes["c"]["goodput"] == pytest.approx(7 / 11, abs=1e-3) and nodes["a"]["idle"] == 0.0
-    assert [row["node"] for row in ledger.report(60.0, nodes=1)["nodes"]] == ["c"]  # the lowest first
+    assert [row["node"] for row in ledger.report(60.0, nodes=1).nodes] == ["c"]  # the lowest first
     spare = GoodputLedger(0.0)
     for event in history()[:4]:
         spare.observe(event)
     spare.observe({"ts": 6.0, "kind": EventKind.node_joined, "node": "d"})  # beyond --nnodes max: no ranks
     spare.observe({"ts": 9.0, "kind": EventKind.node_left, "node": "d"})
     report = spare.report(10.0, nodes=-1)
-    assert report["idle_node_s"] == 3.0 and {r["node"]: r["goodput"] for r in report["nodes"]}["d"] == 0.0
+    assert report.idle_node_s == 3.0 and {r["node"]: r["goodput"] for r in report.nodes}["d"] == 0.0
 
 
 def test_the_timeline_spreads_each_stretch_over_its_slices_and_loses_no_second() -> None:
     ledger = GoodputLedger(0.0)
     for event in history():
         ledger.observe(event)
-    timeline = ledger.report(60.0)["timeline"]
+    timeline = ledger.report(60.0).timeline
     assert timeline["start"] == 0.0 and timeline["width_s"] == 2.0 and len(timeline["bins"]) == 30
     assert sum(sum(b.values()) for b in timeline["bins"]) == pytest.approx(50.0, abs=0.01)
     assert timeline["bins"][0] == {"recovery.start": 2.0} and timeline["bins"][10] == {"recovery.crash": 2.0}

@@ -9,7 +9,8 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
-from elasticd.commands.verbs.goodput import render
+from elasticd.commands.verbs.goodput import COMMANDS, render
+from elasticd.wire.protocol import ProtocolError
 from tui.model import JobModel
 
 LOST_FIRST = ("checkpoint", "redone", "waiting")  # then recovery by reason, as the ledger names it
@@ -55,7 +56,10 @@ class GoodputView(Vertical):
         if not report or "life" not in report:
             table.update(str(report.get("unavailable", "waiting for the coordinator's goodput…")))
             return
-        table.update(render(report))
+        try:
+            table.update(render(COMMANDS[0].answer(report)))  # the reply's record, as the CLI reads it
+        except ProtocolError as err:  # a daemon of another version: said, and the plot still drawn from what is read
+            table.update(f"goodput reply unreadable: {err.reason}")
         plot = self.query_one(PlotextPlot)
         plt = plot.plt
         plt.clear_data()
