@@ -24,8 +24,9 @@ def shared_fields(rnd: Round, nodes: Mapping[str, NodeRecord], restart_count: in
 def node_part(rnd: Round, node: NodeRecord, hot_spare: Callable[[Round, bool], bool]) -> NodePart:
     """One node's own fields: its state, group rank and ranks, its restarts, whether it is a hot spare."""
     entry = rnd.entry(node.node_id)
-    return NodePart(state=JobState.running if entry else node.role, group_rank=entry.group_rank if entry else None,
-                    ranks=entry.ranks if entry else [],
-                    # its metrics (daemon/exporter.py); a Cause is a str, sent as its value
-                    node_restarts=cast(dict[str, int], dict(node.restarts)),
-                    prewarm=hot_spare(rnd, entry is None and node.role == Role.standby))
+    restarts = cast(dict[str, int], dict(node.restarts))  # its metrics (daemon/exporter.py); a Cause is a str
+    if entry is not None:  # a member: built as the literal a NodePart is, without a call per field
+        return {"state": JobState.running, "group_rank": entry.group_rank, "ranks": entry.ranks,
+                "node_restarts": restarts, "prewarm": False}
+    return {"state": node.role, "group_rank": None, "ranks": [], "node_restarts": restarts,
+            "prewarm": node.role == Role.standby and hot_spare(rnd, True)}

@@ -331,9 +331,9 @@ class Coordinator:
         self.store.put_round(rnd)
         self.emit(EventKind.round_started, round=round_id, world_size=world, cause=rnd.cause, detail=detail,
                   rank_map={e.node_id: e.ranks for e in entries}, in_place=in_place)
-        shared = self.round_shared().encode()
+        shared, spare = self.round_shared().encode(), self.resizer.hot_spare
         for node in self.alive():
-            self.send(node.node_id, MeshOp.round, with_part(shared, self.node_part(node.node_id)))
+            self.send(node.node_id, MeshOp.round, with_part(shared, node_part(rnd, node, spare)))
         self.tracker.release_barrier(None)
 
     def wait_for_nodes(self, members: int, now: float) -> None:

@@ -70,8 +70,9 @@ def receive(table: dict[str, Handler], nodes: dict[str, NodeRecord], sender: str
         log.warning("mesh: unknown op %r from %s dropped", env.op, sender)
         return
     node = nodes.get(sender)
-    if node is not None and node.status == NodeStatus.alive and env.op not in (MeshOp.register, MeshOp.announce):
-        node.last_seen = max(node.last_seen, now)  # any frame is a sign of life, not only a heartbeat
+    if node is not None and now > node.last_seen and node.status == NodeStatus.alive \
+            and env.op not in (MeshOp.register, MeshOp.announce):
+        node.last_seen = now  # any frame is a sign of life, not only a heartbeat
     message = decode(sender, env)
     if message is None:
         return

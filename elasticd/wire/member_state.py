@@ -181,8 +181,9 @@ class ProgressReport(Record):
 
     @classmethod
     def _settled(cls, record: Any, body: dict[str, Any]) -> None:
-        for event, sent in zip(record.events, body["events"] if record.events else (), strict=True):
-            EventReport._settled(event, sent)
+        if record.events:  # most reports carry none: 4,096 of them in a join round at 2,048 nodes
+            for event, sent in zip(record.events, body["events"], strict=True):
+                EventReport._settled(event, sent)
 
     def encode(self) -> dict[str, Any]:
         return {k: v for k, v in super().encode().items() if v is not None}
