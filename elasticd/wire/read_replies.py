@@ -1,12 +1,12 @@
-"""Replies of the verbs that look (docs/protocol.md §5): `ranks`, `workers`, `events`, `metrics`, `goodput`, `logs`,
-`stacks`."""
+"""Replies of the verbs that look (docs/protocol.md §5): `status`, `ranks`, `workers`, `events`, `metrics`, `goodput`,
+`logs`, `stacks`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from elasticd.wire.member_state import WorkerInfo
+from elasticd.wire.member_state import RankReport, WorkerInfo
 from elasticd.wire.record import Record
 
 
@@ -179,3 +179,86 @@ class GoodputReply(Record):
     nodes: list[NodeGoodput]
     idle_node_s: float
     timeline: GoodputTimeline
+
+
+class NodeView(TypedDict, total=False):
+    """One node of `status`: who and where it is, its role and state, its workers, reports, restarts and health."""
+
+    node_id: str
+    host: str
+    nproc: int
+    instance: str
+    joined_seq: int
+    node_rank: int
+    role: str
+    status: str
+    last_seen: float
+    last_seen_age_s: float
+    control: str
+    pub: str
+    store_tunnel: str
+    relay_endpoint: str
+    via: str
+    workers: list[WorkerInfo]
+    metrics: dict[str, RankReport]
+    restarts: dict[str, int]
+    checks: list[str]
+    health: list[str]
+    spare: str
+
+
+class EtcdView(TypedDict):
+    """`status.etcd`, with --rdzv-backend etcd: etcd's health as the coordinator sees it."""
+
+    ok: bool
+    since: float
+    detail: str
+    endpoints: list[str]
+    access: str
+    outage_limit_s: float
+
+
+ETCD_ONLY = ("rdzv_backend", "epoch", "etcd")  # absent from a job on the embedded coordinator
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatusReply(Record):
+    """`status`: the job, its round and restarts, one page of its nodes, and `seq`, the newest event it includes."""
+
+    ok: bool = True
+    job_id: str
+    state: str
+    reason: str
+    round: int
+    world_size: int
+    min_nodes: int
+    max_nodes: int
+    target: int
+    coordinator: str
+    restarts: dict[str, int]
+    max_restarts: int
+    scheduler: dict[str, Any]
+    last_recovery: dict[str, float]
+    rank_map: list[RankEntryInfo]
+    nodes: list[NodeView]
+    nodes_total: int
+    nodes_offset: int
+    node_counts: dict[str, int]
+    relays: int
+    seq: int
+    goodput: float | None
+    stragglers: dict[str, dict[str, float]]
+    root_cause: dict[str, Any] | None
+    spares: dict[str, int]
+    unhealthy: list[str]
+    refused_keys: int = 0  # added by the daemon that answers (its own refusals)
+    rdzv_backend: str | None = None
+    epoch: int | None = None
+    etcd: EtcdView | None = None
+
+    def encode(self) -> dict[str, Any]:
+        body = super().encode()
+        for name in ETCD_ONLY:
+            if body[name] is None:
+                del body[name]
+        return body

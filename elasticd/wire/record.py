@@ -93,12 +93,15 @@ _PLAIN: dict[type, bool] = {}
 
 
 def _is_plain(cls: type[Record]) -> bool:
-    """Whether every field is a JSON type (str, numbers, bool, null, lists and dicts of them): encoded as it is."""
+    """Whether every field is a JSON type (str, numbers, bool, null, lists, dicts and TypedDicts of them): encoded as
+    it is."""
     if cls not in _PLAIN:
         def plain(hint: Any) -> bool:
             args = typing.get_args(hint)
             if hint in _AS_IS or hint is Any:
                 return True
+            if typing.is_typeddict(hint):  # a dict at run time: plain when its values are (a node in `status`)
+                return all(plain(h) for h in typing.get_type_hints(hint).values())
             return typing.get_origin(hint) in (list, dict, types.UnionType, typing.Union) and all(map(plain, args))
         _PLAIN[cls] = all(plain(hint) for hint in typing.get_type_hints(cls).values())
     return _PLAIN[cls]

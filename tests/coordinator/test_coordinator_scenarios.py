@@ -614,7 +614,7 @@ def test_status_pages_the_node_list_and_counts_every_node() -> None:
     assert [n["node_id"] for n in page["nodes"]] == ["n0002", "n0003", "n0004"]
     assert (page["nodes_total"], page["nodes_offset"]) == (6, 2)
     assert page["node_counts"] == {"alive/active": 5, "lost": 1} == whole["node_counts"]
-    assert "nodes 3-5 of 6 (5 alive/active, 1 lost)" in REGISTRY["status"].render(page)
+    assert "nodes 3-5 of 6 (5 alive/active, 1 lost)" in REGISTRY["status"].render(REGISTRY["status"].answer(page))
     with pytest.raises(ProtocolError):
         verb(sim.coordinator, "status", {"nodes_limit": -1})
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from support.sim import Sim, verb
 
-from elasticd.commands.verbs.status import render
+from elasticd.commands.registry import REGISTRY
+from elasticd.coordinator.coordinator import Coordinator
 from elasticd.coordinator.health import BELOW_MIN, CORDON, CORDONED, HOSTS_COORDINATOR, LEFT_OUT
 from elasticd.wire.names import EventKind, HealthCheck, MeshOp, Role
 
@@ -24,6 +25,12 @@ def with_spare(ids: str = "abcd", min_nodes: int = 2) -> Sim:
     sim.formed()
     sim.run(2.0)
     return sim
+
+
+def shown(c: Coordinator) -> str:
+    """`elasticd status` as the CLI prints it: the reply as sent, decoded into its record, rendered."""
+    status = REGISTRY["status"]
+    return status.render(status.answer(verb(c, "status", {})))
 
 
 def report(sim: Sim, node_id: str, body: dict[str, object]) -> None:
@@ -48,7 +55,7 @@ def test_a_node_whose_check_fails_leaves_at_one_step_and_the_spare_takes_its_pla
     assert sim.round.world_size == 6 and c.nodes[sick].role == Role.cordoned
     entry = next(n for n in c.status(sim.clock.now)["nodes"] if n["node_id"] == sick)
     assert entry["health"] == ["command: nvme0: SMART critical"] and entry["checks"] == ["command", "log_dir"]
-    row = next(line for line in render(c.status(sim.clock.now)).splitlines() if line.startswith(f"{sick} "))
+    row = next(line for line in shown(c).splitlines() if line.startswith(f"{sick} "))
     assert "cordoned" in row and row.endswith("UNHEALTHY command: nvme0: SMART critical")
     assert c.restarts["failure"] == 0
 
@@ -57,7 +64,7 @@ def test_a_node_whose_check_fails_leaves_at_one_step_and_the_spare_takes_its_pla
     assert healed["node"] == sick and c.nodes[sick].role == Role.cordoned
     verb(c, "uncordon", {"node": sick})
     assert c.nodes[sick].role == Role.standby and c.status(sim.clock.now)["spares"]["ready"] == 1
-    assert "spares: 1 ready, 0 warming" in render(c.status(sim.clock.now))
+    assert "spares: 1 ready, 0 warming" in shown(c)
 
 
 def test_the_same_verdict_again_does_nothing_more_and_a_standby_is_cordoned_at_once() -> None:
