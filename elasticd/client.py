@@ -15,8 +15,8 @@ import zmq.asyncio
 from elasticd.job.runtime import live_daemons
 from elasticd.wire.handshake import WATCHED, Failure, Handshake
 from elasticd.wire.protocol import MAX_REPLY_BYTES, Envelope, ErrorCode, ProtocolError, decode, encode, new_id
-from elasticd.wire.results import JobStatus, RankMetrics, SteerResult
-from elasticd.wire.verb_replies import ErrorReply
+from elasticd.wire.read_replies import MetricsReply, RankRow, StatusReply
+from elasticd.wire.verb_replies import ErrorReply, Steered
 
 DEFAULT_TIMEOUT_S = 5.0
 _UNREACHABLE = "no connection to send {op!r} on within {limit:.1f}s (daemon down, or its keys refused ours?)"
@@ -156,16 +156,16 @@ class Client:
                 return True
         return False
 
-    def status(self) -> JobStatus:
-        return JobStatus.parse(self.call("status"))
+    def status(self) -> StatusReply:
+        return StatusReply.decode(self.call("status"), "status reply")
 
-    def metrics(self) -> list[RankMetrics]:
-        return RankMetrics.parse_all(self.call("metrics"))
+    def metrics(self) -> list[RankRow]:
+        return MetricsReply.decode(self.call("metrics"), "metrics reply").ranks
 
-    def steer(self, op: str, dry_run: bool = False, force: bool = False, **args: object) -> SteerResult:
+    def steer(self, op: str, dry_run: bool = False, force: bool = False, **args: object) -> Steered:
         """scale (nodes=N), drain/cordon/uncordon (node=...), checkpoint, restart, kill-worker, stop."""
         # The timeout given by position: an argument of the verb can never be taken for it.
-        return SteerResult.parse(self.call(op, None, dry_run=dry_run, force=force, **args))
+        return Steered.decode(self.call(op, None, dry_run=dry_run, force=force, **args), f"{op} reply")
 
     def close(self) -> None:
         _close(self.sock, self.monitor)
@@ -359,14 +359,14 @@ class AsyncClient:
         finally:
             sub.close()
 
-    async def status(self) -> JobStatus:
-        return JobStatus.parse(await self.call("status"))
+    async def status(self) -> StatusReply:
+        return StatusReply.decode(await self.call("status"), "status reply")
 
-    async def metrics(self) -> list[RankMetrics]:
-        return RankMetrics.parse_all(await self.call("metrics"))
+    async def metrics(self) -> list[RankRow]:
+        return MetricsReply.decode(await self.call("metrics"), "metrics reply").ranks
 
-    async def steer(self, op: str, dry_run: bool = False, force: bool = False, **args: object) -> SteerResult:
-        return SteerResult.parse(await self.call(op, None, dry_run=dry_run, force=force, **args))
+    async def steer(self, op: str, dry_run: bool = False, force: bool = False, **args: object) -> Steered:
+        return Steered.decode(await self.call(op, None, dry_run=dry_run, force=force, **args), f"{op} reply")
 
     def close(self) -> None:
         for task in self._tasks:

@@ -14,7 +14,7 @@ from elasticd.member.processes.output import RECENT_LINES, readable
 from elasticd.member.processes.workers import Worker, WorkerGroup
 from elasticd.wire.diagnosis import StackDump, main_thread_where
 from elasticd.wire.protocol import ErrorCode, ProtocolError
-from elasticd.wire.read_replies import LogEntry, LogsReply, StacksReply, StackView
+from elasticd.wire.read_replies import LogEntry, LogsReply, StackEntry, StacksReply
 
 MAX_TAIL_LINES = 1000
 TAIL_WINDOW_BYTES = 256 * 1024  # how far back a tail reads: a 10 MB line gives its end, not the whole line
@@ -113,7 +113,7 @@ class WorkerOutput:
         round_id, found = self.find(rank, None)
         dumps = await asyncio.gather(*(self.dump(worker) for worker, _path in found if worker is not None))
         return StacksReply(node=self.node_id, round=round_id,
-                           ranks=[cast(StackView, d.body(STACK_REPLY_CHARS)) for d in dumps])
+                           ranks=[cast(StackEntry, d.body(STACK_REPLY_CHARS)) for d in dumps])
 
     async def dump(self, worker: Worker) -> StackDump:
         path = worker.stacks_file

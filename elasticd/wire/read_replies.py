@@ -102,16 +102,22 @@ class LogEntry(TypedDict, total=False):
 
 
 @dataclass(frozen=True, kw_only=True)
-class LogsReply(Record):
-    """`logs`: the node that answered, the round read, and each rank's lines."""
+class NodeAnswer(Record):
+    """What a node answers of its own workers (`logs`, `stacks`): which node, and the round it read."""
 
     ok: bool = True
     node: str
     round: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogsReply(NodeAnswer):
+    """`logs`: each rank's lines."""
+
     ranks: list[LogEntry] = field(default_factory=list)
 
 
-class StackView(TypedDict):
+class StackEntry(TypedDict):
     """One rank's stacks in `stacks`: `where` its main thread is, the dump, or a note saying why there is none."""
 
     rank: int
@@ -122,13 +128,10 @@ class StackView(TypedDict):
 
 
 @dataclass(frozen=True, kw_only=True)
-class StacksReply(Record):
-    """`stacks`: the node that answered, its newest round, and each rank's dump."""
+class StacksReply(NodeAnswer):
+    """`stacks`: each rank's dump, in the node's newest round."""
 
-    ok: bool = True
-    node: str
-    round: int
-    ranks: list[StackView] = field(default_factory=list)
+    ranks: list[StackEntry] = field(default_factory=list)
 
 
 class Buckets(TypedDict):
@@ -181,7 +184,7 @@ class GoodputReply(Record):
     timeline: GoodputTimeline
 
 
-class NodeView(TypedDict, total=False):
+class NodeRow(TypedDict, total=False):
     """One node of `status`: who and where it is, its role and state, its workers, reports, restarts and health."""
 
     node_id: str
@@ -207,7 +210,7 @@ class NodeView(TypedDict, total=False):
     spare: str
 
 
-class EtcdView(TypedDict):
+class EtcdHealth(TypedDict):
     """`status.etcd`, with --rdzv-backend etcd: etcd's health as the coordinator sees it."""
 
     ok: bool
@@ -240,7 +243,7 @@ class StatusReply(Record):
     scheduler: dict[str, Any]
     last_recovery: dict[str, float]
     rank_map: list[RankEntryInfo]
-    nodes: list[NodeView]
+    nodes: list[NodeRow]
     nodes_total: int
     nodes_offset: int
     node_counts: dict[str, int]
@@ -254,7 +257,7 @@ class StatusReply(Record):
     refused_keys: int = 0  # added by the daemon that answers (its own refusals)
     rdzv_backend: str | None = None
     epoch: int | None = None
-    etcd: EtcdView | None = None
+    etcd: EtcdHealth | None = None
 
     def encode(self) -> dict[str, Any]:
         body = super().encode()

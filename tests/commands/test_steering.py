@@ -124,11 +124,12 @@ def test_python_client_typed_sync_and_async(job: Job) -> None:
     from elasticd.client import AsyncClient, Client
 
     with Client(job.daemons["b"].control) as client:
-        status = client.status()
-        assert status.world_size == 4 and status.rank_map == {"a": [0, 1], "b": [2, 3]}
-        assert [n.node_id for n in status.nodes] == ["a", "b"] and status.nodes[1].role == "active"
-        plan = client.steer("drain", node="b", dry_run=True)
-        assert plan.dry_run and plan.summary == "world 4 → 2; ranks 2-3 leave"
+        status = client.status()  # the reply's record, as the CLI decodes it
+        assert status.world_size == 4 and {e["node_id"]: e["ranks"] for e in status.rank_map} == {"a": [0, 1],
+                                                                                                "b": [2, 3]}
+        assert [n["node_id"] for n in status.nodes] == ["a", "b"] and status.nodes[1]["role"] == "active"
+        steered = client.steer("drain", node="b", dry_run=True)
+        assert steered.dry_run and steered.plan is not None and steered.plan.summary == "world 4 → 2; ranks 2-3 leave"
 
     async def follow() -> tuple[int, list[str]]:
         client = AsyncClient(job.daemons["a"].control)
