@@ -226,12 +226,12 @@ ETCD_ONLY = ("rdzv_backend", "epoch", "etcd")  # absent from a job on the embedd
 
 @dataclass(frozen=True, kw_only=True)
 class StatusReply(Record):
-    """`status`: the job, its round and restarts, one page of its nodes, and `seq`, the newest event it includes."""
+    """`status`: the job, its round and restarts, one page of its nodes, and `seq`, the newest event it includes.
+    What came after the protocol's first fields has a default: a daemon from before them still answers."""
 
     ok: bool = True
     job_id: str
     state: str
-    reason: str
     round: int
     world_size: int
     min_nodes: int
@@ -240,20 +240,21 @@ class StatusReply(Record):
     coordinator: str
     restarts: dict[str, int]
     max_restarts: int
-    scheduler: dict[str, Any]
-    last_recovery: dict[str, float]
-    rank_map: list[RankEntryInfo]
     nodes: list[NodeRow]
-    nodes_total: int
-    nodes_offset: int
-    node_counts: dict[str, int]
-    relays: int
     seq: int
-    goodput: float | None
-    stragglers: dict[str, dict[str, float]]
-    root_cause: dict[str, Any] | None
-    spares: dict[str, int]
-    unhealthy: list[str]
+    reason: str = ""
+    scheduler: dict[str, Any] = field(default_factory=dict)
+    last_recovery: dict[str, float] = field(default_factory=dict)
+    rank_map: list[RankEntryInfo] = field(default_factory=list)
+    nodes_total: int = 0
+    nodes_offset: int = 0
+    node_counts: dict[str, int] = field(default_factory=dict)
+    relays: int = 0
+    goodput: float | None = None
+    stragglers: dict[str, dict[str, float]] = field(default_factory=dict)
+    root_cause: dict[str, Any] | None = None
+    spares: dict[str, int] = field(default_factory=dict)
+    unhealthy: list[str] = field(default_factory=list)
     refused_keys: int = 0  # added by the daemon that answers (its own refusals)
     rdzv_backend: str | None = None
     epoch: int | None = None

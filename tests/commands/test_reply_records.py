@@ -63,3 +63,15 @@ def test_a_reply_missing_a_field_names_it() -> None:
     with pytest.raises(ProtocolError, match="field 'node' is missing"):
         REGISTRY["logs"].answer({k: v for k, v in LOGS.items() if k != "node"})
 
+
+
+def test_a_status_from_a_daemon_before_the_newer_fields_still_prints(monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The protocol's first fields only (no goodput, stragglers, spares, paging): printed, not refused."""
+    old = {"ok": True, "job_id": "job1", "state": "running", "round": 2, "world_size": 4, "min_nodes": 1,
+           "max_nodes": 2, "target": 2, "coordinator": "a", "restarts": {"failure": 0}, "max_restarts": 3, "seq": 11,
+           "nodes": [{"node_id": "a", "host": "127.0.0.1", "role": "active", "status": "alive",
+                      "last_seen_age_s": 0.4}]}
+    assert run(monkeypatch, old, "status") == 0
+    out = capsys.readouterr().out
+    assert "job job1  state running  round 2  world 4" in out and out.splitlines()[-1].startswith("a ")
