@@ -14,7 +14,6 @@ from elasticd.wire.verb_replies import Plan, Steered
 from elasticd.wire.verb_requests import NodeQueryRequest, SteeringRequest, VerbRequest
 
 Body = dict[str, Any]  # a reply as JSON, as the daemon sends it and `--json` prints it
-Reply = Record | Body  # what a verb answers: its reply's record (wire/read_replies.py), or a body not typed yet
 Q = TypeVar("Q", bound=VerbRequest)
 Caller = Callable[..., Body]  # the CLI's client.call(op, **args)
 
@@ -51,9 +50,9 @@ class Command(Generic[Q]):
     """A control verb, declared once: the daemon runs it, the CLI parses and prints it, the console binds it.
 
     `request` is its request's record (elasticd/wire/verb_requests.py): the daemon decodes a body into it once,
-    where the frame arrives, and every function below gets the record. A verb that looks has `read`; with `reply`
-    (its reply's record) `read` and `on_node` return that record, and the CLI decodes the body into it once, where it
-    arrives, before `render` and `follow` get it. A verb that
+    where the frame arrives, and every function below gets the record. A verb that looks has `read` and declares
+    its `reply` (wire/read_replies.py): `read` and `on_node` return that record, the daemon encodes it, and the CLI
+    decodes the body into it once, where it arrives, before `render` and `follow` get it. A verb that
     steers (its request a SteeringRequest) has `plan` (its checks and interlocks, then what it would do; a dry run
     stops there) and `apply` (the change; its reply gets the plan added). A verb that looks at one node's own
     workers has `on_node`: any daemon takes it, and the node named in its `node` argument answers
@@ -64,13 +63,13 @@ class Command(Generic[Q]):
     summary: str  # `elasticd --help`
     request: type[Q]
     order: int = 1000  # place in `elasticd --help` and in the unknown-op reason; a new verb goes last
-    read: Callable[[JobPort, Q], Reply] | None = None
+    read: Callable[[JobPort, Q], Record] | None = None
     plan: Callable[[JobPort, Q], Plan] | None = None
     apply: Callable[[JobPort, Q, Plan], Steered] | None = None
-    on_node: Callable[[NodePort, Q], Awaitable[Reply]] | None = None
-    reply: type[Record] | None = None
+    on_node: Callable[[NodePort, Q], Awaitable[Record]] | None = None
+    reply: type[Record] | None = None  # a verb that looks: its reply's record (a steering verb answers `Steered`)
     args: tuple[Arg, ...] = ()
-    render: Callable[[Any], str] = plain  # gets the `reply` record, or the body
+    render: Callable[[Any], str] = plain  # gets the `reply` record (a steering verb's: the body)
     console: tuple[ConsoleAction, ...] = ()
     follow: Callable[[Caller, Q, Any], Iterator[str]] | None = None  # (call, request, first reply) -> lines
 
@@ -82,8 +81,9 @@ class Command(Generic[Q]):
             raise TypeError(f"verb {self.name}: a verb with plan and apply takes a SteeringRequest, no other does")
         if (self.on_node is not None) != issubclass(self.request, NodeQueryRequest):  # the daemon routes by it
             raise TypeError(f"verb {self.name}: an on_node verb takes a NodeQueryRequest (its node), no other does")
-        if self.reply is not None and self.steer:
-            raise TypeError(f"verb {self.name}: a steering verb answers `Steered`, not a reply of its own")
+        if (self.reply is None) == (self.read is not None or self.on_node is not None):
+            raise TypeError(f"verb {self.name}: a verb that looks declares its reply's record; a steering verb "
+                            "answers `Steered`")
         # A request ignores fields it does not declare: an argument sent under another name would be lost silently.
         unknown = {a.field or a.name for a in self.args if not a.cli_only} - {f.name for f in fields(self.request)}
         if unknown:
@@ -105,7 +105,7 @@ class Command(Generic[Q]):
     def run(self, c: JobPort, request: Q) -> Body:
         """A job-wide verb at the coordinator (an `on_node` verb is run by daemon/node_queries.py)."""
         if self.read is not None:
-            return encoded(self.read(c, request))
+            return self.read(c, request).encode()
         if self.on_node is not None:  # a routing mistake, never the coordinator's to answer
             raise ProtocolError(ErrorCode.BAD_MESSAGE, f"{self.name} is answered by the node it names, "
                                 "not by the coordinator")
@@ -114,10 +114,6 @@ class Command(Generic[Q]):
         if not changes(request):
             return Steered(dry_run=True, plan=plan).encode()
         return replace(self.apply(c, request, plan), plan=plan).encode()
-
-
-def encoded(reply: Reply) -> Body:
-    return reply.encode() if isinstance(reply, Record) else reply
 
 
 def changes(request: VerbRequest) -> bool:

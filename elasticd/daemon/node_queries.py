@@ -13,7 +13,6 @@ from typing import Any
 
 from elasticd.commands.port import NodePort
 from elasticd.commands.registry import REGISTRY
-from elasticd.commands.verb import encoded
 from elasticd.coordinator import inbox
 from elasticd.wire.assignment import NodeQuery
 from elasticd.wire.member_reports import NodeAnswer
@@ -70,8 +69,9 @@ class NodeQueries:
         if command is None or command.on_node is None:
             return ProtocolError(ErrorCode.UNKNOWN_OP, f"{op!r} is no node query").as_body()
         try:
-            return encoded(await command.on_node(self.port, request if isinstance(request, NodeQueryRequest)
-                                                 else command.decode(request)))
+            reply = await command.on_node(self.port, request if isinstance(request, NodeQueryRequest)
+                                          else command.decode(request))
+            return reply.encode()
         except ProtocolError as err:
             return err.as_body()
         except Exception as exc:  # a reader's bug must not take the daemon down

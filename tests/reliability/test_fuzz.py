@@ -36,7 +36,6 @@ from support.harness import Job
 
 from elasticd.client import AsyncClient, Client
 from elasticd.commands.registry import REGISTRY
-from elasticd.commands.verb import encoded as reply_body
 from elasticd.coordinator.coordinator import Coordinator
 from elasticd.coordinator.membership import MemoryStore
 from elasticd.job.config import JobConfig
@@ -274,7 +273,7 @@ def check_node_verb(cases: Counter[str], port: WorkerOutput, answered: list[str]
     except ProtocolError as err:
         assert err.errno in (ErrorCode.BAD_ARGUMENT, ErrorCode.NOT_FOUND) and err.reason, (op, body, err)
     else:
-        reply = reply_body(result)
+        reply = result.encode()
         assert reply.get("ok") is True, (op, body, reply)
         encode(Envelope("rep", op, reply))
         assert command.answer(reply) == result  # the CLI reads back what the node answered, binary and long lines too
