@@ -20,7 +20,7 @@ from elasticd.wire.assignment import RoundAssignment
 
 log = logging.getLogger("elasticd")
 STORE_HOST_ENTRY = ["-m", "elasticd.member.store.store_host"]
-START_TIMEOUT_S = 60.0  # an exec'd store host imports torch first (no zygote)
+START_TIMEOUT_S = 60.0  # a loaded machine's python start (the host imports torch later, at its first client)
 STOP_TIMEOUT_S = 5.0
 
 
