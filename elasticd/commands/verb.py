@@ -9,7 +9,7 @@ from typing import Any, Generic, TypeVar
 from elasticd.commands.port import JobPort, NodePort
 from elasticd.commands.render import plain
 from elasticd.wire.protocol import ErrorCode, ProtocolError
-from elasticd.wire.record import Record
+from elasticd.wire.read_replies import Reply
 from elasticd.wire.verb_replies import Plan, Steered
 from elasticd.wire.verb_requests import NodeQueryRequest, SteeringRequest, VerbRequest
 
@@ -63,11 +63,11 @@ class Command(Generic[Q]):
     summary: str  # `elasticd --help`
     request: type[Q]
     order: int = 1000  # place in `elasticd --help` and in the unknown-op reason; a new verb goes last
-    read: Callable[[JobPort, Q], Record] | None = None
+    read: Callable[[JobPort, Q], Reply] | None = None
     plan: Callable[[JobPort, Q], Plan] | None = None
     apply: Callable[[JobPort, Q, Plan], Steered] | None = None
-    on_node: Callable[[NodePort, Q], Awaitable[Record]] | None = None
-    reply: type[Record] | None = None  # a verb that looks: its reply's record (a steering verb answers `Steered`)
+    on_node: Callable[[NodePort, Q], Awaitable[Reply]] | None = None
+    reply: type[Reply] | None = None  # a verb that looks: its reply's record (a steering verb answers `Steered`)
     args: tuple[Arg, ...] = ()
     render: Callable[[Any], str] = plain  # gets the `reply` record (a steering verb's: the body)
     console: tuple[ConsoleAction, ...] = ()

@@ -29,4 +29,4 @@ def node_part(rnd: Round, node: NodeRecord, hot_spare: Callable[[Round, bool], b
         return {"state": JobState.running, "group_rank": entry.group_rank, "ranks": entry.ranks,
                 "node_restarts": restarts, "prewarm": False}
     return {"state": node.role, "group_rank": None, "ranks": [], "node_restarts": restarts,
-            "prewarm": node.role == Role.standby and hot_spare(rnd, True)}
+            "prewarm": hot_spare(rnd, node.role == Role.standby)}

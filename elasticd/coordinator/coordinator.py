@@ -331,9 +331,9 @@ class Coordinator:
         self.store.put_round(rnd)
         self.emit(EventKind.round_started, round=round_id, world_size=world, cause=rnd.cause, detail=detail,
                   rank_map={e.node_id: e.ranks for e in entries}, in_place=in_place)
-        shared, spare = self.round_shared().encode(), self.resizer.hot_spare
+        shared = self.round_shared().encode()
         for node in self.alive():
-            self.send(node.node_id, MeshOp.round, with_part(shared, node_part(rnd, node, spare)))
+            self.send(node.node_id, MeshOp.round, with_part(shared, self.node_part(node)))
         self.tracker.release_barrier(None)
 
     def wait_for_nodes(self, members: int, now: float) -> None:
@@ -360,16 +360,16 @@ class Coordinator:
 
     def assignment(self, node_id: str) -> RoundAssignment:
         """This node's part in the current round (a round sent again, to one node)."""
-        return dataclasses.replace(self.round_shared(), **self.node_part(node_id))
+        return dataclasses.replace(self.round_shared(), **self.node_part(self.nodes[node_id]))
 
     def round_shared(self) -> RoundAssignment:
         assert self.round is not None
         return shared_fields(self.round, self.nodes, self.restarts[Cause.failure], self.cfg.max_restarts,
                              self.resizer.fields(self.round))
 
-    def node_part(self, node_id: str) -> NodePart:
+    def node_part(self, node: NodeRecord) -> NodePart:
         assert self.round is not None
-        return node_part(self.round, self.nodes[node_id], self.resizer.hot_spare)
+        return node_part(self.round, node, self.resizer.hot_spare)
 
     def first_step(self, node_id: str, round_id: int, at: float, step: int | None) -> None:
         if self.tracker.first_step(node_id, round_id, at, step):

@@ -10,6 +10,13 @@ from elasticd.wire.member_state import RankReport, WorkerInfo
 from elasticd.wire.record import Record
 
 
+@dataclass(frozen=True, kw_only=True)
+class Reply(Record):
+    """A verb's answer to a request it served (`ok: true`; one it did not is an `ErrorReply`)."""
+
+    ok: bool = True
+
+
 class RankEntryInfo(TypedDict):
     """One member of a round: its node, group rank and global ranks."""
 
@@ -34,27 +41,24 @@ class RoundInfo(TypedDict):
 
 
 @dataclass(frozen=True, kw_only=True)
-class RanksReply(Record):
+class RanksReply(Reply):
     """`ranks`: the current round (null before the first) and the recent ones, oldest first."""
 
-    ok: bool = True
     round: RoundInfo | None = None
     history: list[RoundInfo] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
-class WorkersReply(Record):
+class WorkersReply(Reply):
     """`workers`: each alive node's workers, as its last heartbeat said."""
 
-    ok: bool = True
     nodes: dict[str, list[WorkerInfo]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
-class EventsReply(Record):
+class EventsReply(Reply):
     """`events`: the events asked for, ascending `seq`, each in the form of §6.1; `seq`, the log's newest."""
 
-    ok: bool = True
     events: list[dict[str, Any]] = field(default_factory=list)  # flat: its kind's fields beside seq, ts, kind, node
     seq: int = 0
 
@@ -79,10 +83,9 @@ class RankRow(TypedDict):
 
 
 @dataclass(frozen=True, kw_only=True)
-class MetricsReply(Record):
+class MetricsReply(Reply):
     """`metrics`: a row per rank that reports through trainer_shim, sorted by rank."""
 
-    ok: bool = True
     ranks: list[RankRow] = field(default_factory=list)
 
 
@@ -102,10 +105,9 @@ class LogEntry(TypedDict, total=False):
 
 
 @dataclass(frozen=True, kw_only=True)
-class NodeAnswer(Record):
+class NodeAnswer(Reply):
     """What a node answers of its own workers (`logs`, `stacks`): which node, and the round it read."""
 
-    ok: bool = True
     node: str
     round: int
 
@@ -169,11 +171,10 @@ class GoodputTimeline(TypedDict):
 
 
 @dataclass(frozen=True, kw_only=True)
-class GoodputReply(Record):
+class GoodputReply(Reply):
     """`goodput`: the share of rank time that trained, where the rest went over the job's life and the last hour,
     the nodes with the lowest goodput, and the window's timeline."""
 
-    ok: bool = True
     goodput: float | None
     redone_steps: int
     wall_s: float
@@ -225,11 +226,10 @@ ETCD_ONLY = ("rdzv_backend", "epoch", "etcd")  # absent from a job on the embedd
 
 
 @dataclass(frozen=True, kw_only=True)
-class StatusReply(Record):
+class StatusReply(Reply):
     """`status`: the job, its round and restarts, one page of its nodes, and `seq`, the newest event it includes.
     What came after the protocol's first fields has a default: a daemon from before them still answers."""
 
-    ok: bool = True
     job_id: str
     state: str
     round: int

@@ -32,18 +32,19 @@ class Record:
         no longer text, and its numbers were bounded as it was parsed, so msgspec checks the types in one pass
         in C; the field-by-field checks below take the rest (a body built in process, a larger frame).
         """
+        op = what or cls.__name__
         spec = _SPECS.get(cls) or _spec(cls)
         if size is None or size > MAX_TEXT or not spec.whole:
-            return cls._decode(body, what or cls.__name__, "")
+            return cls._decode(body, op, "")
         try:
             record = msgspec.convert(body, cls)
         except msgspec.ValidationError as err:
-            raise bad(what or cls.__name__, _said(str(err))) from None
+            raise bad(op, _said(str(err))) from None
         if spec.settles:
             cls._settled(record, body)  # type: ignore[arg-type]  # a dict: msgspec took it as this record
         if spec.consistent or not (why := record.inconsistency()):
             return record
-        raise bad(what or cls.__name__, why)
+        raise bad(op, why)
 
     @classmethod
     def _decode(cls: type[R], body: object, op: str, path: str) -> R:

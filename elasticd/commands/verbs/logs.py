@@ -49,8 +49,7 @@ def follow(call: Caller, request: LogsRequest, first: LogsReply) -> Iterator[str
     round_id = first.round
     while True:
         time.sleep(FOLLOW_POLL_S)
-        ask = LogsRequest(node=request.node, rank=rank, round=round_id, since=offset)
-        entries = LogsReply.decode(call("logs", **ask.encode()), "logs reply").ranks
+        entries = ask(call, LogsRequest(node=request.node, rank=rank, round=round_id, since=offset)).ranks
         if not entries:
             yield f"(node {request.node} no longer holds rank {rank}'s log: the follow ends)"
             return
@@ -58,11 +57,15 @@ def follow(call: Caller, request: LogsRequest, first: LogsReply) -> Iterator[str
         offset = entry.get("offset", offset)
         yield from lines_of(entry, said)
         said = entry.get("note", "")
-        newest = round_id if entry.get("lines") else LogsReply.decode(
-            call("logs", **LogsRequest(node=request.node, rank=rank, tail=0).encode()), "logs reply").round
+        newest = round_id if entry.get("lines") else ask(call, LogsRequest(node=request.node, rank=rank, tail=0)).round
         if newest > round_id:
             yield f"── round {newest} ──"
             round_id, offset, said = newest, 0, ""
+
+
+def ask(call: Caller, request: LogsRequest) -> LogsReply:
+    """One poll of a follower: the node's reply, as its record."""
+    return LogsReply.decode(call("logs", **request.encode()), "logs reply")
 
 
 COMMANDS = [Command(

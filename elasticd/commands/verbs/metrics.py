@@ -8,7 +8,8 @@ from elasticd.wire.verb_requests import VerbRequest
 
 
 def read(c: JobPort, request: VerbRequest) -> MetricsReply:
-    now, ranks = c.clock(), list[RankRow]()
+    now = c.clock()
+    ranks: list[RankRow] = []
     for node in c.alive():
         for data in node.metrics.values():
             if not isinstance(data, dict):
