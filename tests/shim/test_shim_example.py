@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,6 +13,7 @@ import time
 import zmq
 
 from elasticd.wire.protocol import Envelope, decode, encode
+from tests.support.harness import free_port
 from trainer_shim.checkpoint import list_checkpoints, load_latest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -27,9 +27,7 @@ def test_drain_and_checkpoint_requests_two_ranks(tmp_path) -> None:
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     router.bind(addr)
-    with socket.socket() as probe:  # a free port for the rendezvous store
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # for the rendezvous store
     # ELASTICD_REPORT_INTERVAL=0: a frame per report, since the test checks each rank reported every step.
     base = dict(os.environ, ELASTICD_WORKER_ADDR=addr, ELASTICD_NODE_ID="n0", ELASTICD_ROUND="1",
                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -26,10 +28,35 @@ PLAIN = ROOT / "examples" / "train_plain.py"
 SHIM = ROOT / "examples" / "train_shim.py"
 
 
+# Port 0 hands out Linux's ephemeral ports (32768+), which every test's sockets draw from all the time: a port found
+# free there can be taken before its daemon binds it (a daemon then joins whatever holds it). Ours come from below
+# that range (above the SLURM tests' 10000-30000), a slice per xdist worker so that side-by-side tests never meet.
+_PORTS_LOW, _PORTS_HIGH = 30000, 32768
+
+
+def _port_slice() -> list[int]:
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    size = (_PORTS_HIGH - _PORTS_LOW) // max(workers, 1)
+    ports = list(range(_PORTS_LOW + index * size, _PORTS_LOW + (index + 1) * size))
+    start = random.randrange(len(ports))  # a rerun starts elsewhere: the last run's ports may linger in TIME_WAIT
+    return ports[start:] + ports[:start]
+
+
+_PORTS = itertools.cycle(_port_slice())
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port that is free now and that no other test will be handed."""
+    for _ in range(_PORTS_HIGH - _PORTS_LOW):
+        port = next(_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # held, or in TIME_WAIT from an earlier test
+            return port
+    raise RuntimeError(f"no free port in this test worker's slice of {_PORTS_LOW}-{_PORTS_HIGH}")
 
 
 class DaemonProc:
