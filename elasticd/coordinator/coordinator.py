@@ -217,7 +217,7 @@ class Coordinator:
         self.emit(EventKind.node_lost if status == NodeStatus.lost else EventKind.node_left, node_id, reason=detail)
         self.routes.replace_relay(node_id, now)
         if reform and self.round and self.round.has(node_id):
-            self.probe.suspect = None  # the round is replaced: a failure that awaited it was this loss
+            self.probe.round_replaced(detail)
             self.schedule(Cause.membership, detail, now)
         self.tracker.node_gone(node_id)
 

@@ -28,18 +28,28 @@ class ProbeCore(CoordinatorCore, Protocol):
     def schedule(self, cause: Cause, detail: str, detected_at: float, due: float | None = None) -> None: ...
 
 
+# A rank that fails because a peer vanished under its collective says so: gloo's "Connection reset by peer", NCCL's
+# "remote process exited", torch's DistBackendError. Such a failure is named a root cause only when nothing else is.
+PEER_LOSS_TYPES = frozenset({"DistBackendError", "DistNetworkError"})
+PEER_LOSS_MARKERS = ("connection reset by peer", "connection closed by peer", "broken pipe", "remote process exited",
+                     "communicator was aborted", "check the logs of the remote worker")
+
+
 @dataclass
 class Suspect:
-    """A reported worker failure, and the members whose `pong` it still awaits."""
+    """The reported failures of a round, and the members whose `pong` they still await."""
 
-    node_id: str
-    report: WorkerFailed
+    reports: list[tuple[Failure, WorkerFailed]]
     awaiting: set[str] = field(default_factory=set)
 
 
 class FailureProbe:
-    """Holds at most one suspect failure: probes the round's other members, and charges the failure (a round, or
-    the job's end past --max-restarts) once all answered; a member that is lost meanwhile clears it."""
+    """Holds at most one suspect round: probes its other members, and charges its failure (a round, or the job's
+    end past --max-restarts) once all answered; a member that is lost meanwhile clears it.
+
+    Every failure of that round reported before the answers are in is a candidate; the one that failed on its own
+    (not a peer's loss under a collective), else the earliest, is the root cause. Until then none is named, so a
+    rank that only felt the crash, on the coordinator's own node, never wins by arriving first."""
 
     def __init__(self, core: ProbeCore, lose_closed: Callable[[Iterable[str], float], None],
                  charged: Callable[[str, float], None] = lambda _node, _now: None) -> None:
@@ -47,7 +57,7 @@ class FailureProbe:
         self.lose_closed = lose_closed  # members whose connection closed are lost at once: they never answer
         self.charged = charged  # a failure charged to its node (health.py counts lemons)
         self.suspect: Suspect | None = None
-        self.root: Failure | None = None  # the first failure of the newest round that failed: its root cause
+        self.root: Failure | None = None  # the newest failed round's root cause
         self.consequences: list[Failure] = []  # the failures of that round that followed it
         self.echoes = 0  # all of them, named or not
 
@@ -56,32 +66,35 @@ class FailureProbe:
         rnd = core.round
         if rnd is None or report.round != rnd.round_id or core.state != JobState.running:
             return
-        self.name_cause(report.failure(node_id))
-        if core.pending is not None or self.suspect is not None:
-            return  # this round is already being replaced; its later failures are echoes
-        others = {n for n in rnd.node_ids() if n not in (node_id, core.cfg.node_id)}
-        self.suspect = Suspect(node_id, report, set(others))
-        core.send_all(sorted(others), MeshOp.probe, {"round": rnd.round_id})  # a copy: answers shrink the set
-        self.lose_closed(others, now)
-        self.confirm_failure(now)
-
-    def name_cause(self, failure: Failure) -> None:
-        """The first failure of a round is its root cause; the ranks that fail after it (in a collective with it, or
-        after a lost node) are its consequences, named in their events but never as a cause."""
-        core = self.core
+        failure = report.failure(node_id)
         if self.root is not None and self.root.round == failure.round:
-            self.echoes += 1
-            if len(self.consequences) < MAX_CONSEQUENCES:
-                self.consequences.append(failure)
-                core.emit(EventKind.worker_failed, node=failure.node, **event_fields(failure), root_cause=False,
-                          consequence_of={"node": self.root.node, "rank": self.root.rank})
-            return
-        if core.pending is not None:  # the round is already being replaced: a lost node, an operator's change
-            core.emit(EventKind.worker_failed, node=failure.node, **event_fields(failure), root_cause=False,
-                      consequence_of={"reason": core.pending.detail})
-            return
-        self.root, self.consequences, self.echoes = failure, [], 0
-        core.emit(EventKind.worker_failed, node=failure.node, **event_fields(failure), root_cause=True)
+            self.consequence(failure)
+        elif core.pending is not None:  # the round is already being replaced: a lost node, an operator's change
+            self.emit(failure, consequence_of={"reason": core.pending.detail})
+        elif self.suspect is not None:
+            self.suspect.reports.append((failure, report))  # a candidate until every member answered
+        else:
+            others = {n for n in rnd.node_ids() if n not in (node_id, core.cfg.node_id)}
+            self.suspect = Suspect([(failure, report)], set(others))
+            core.send_all(sorted(others), MeshOp.probe, {"round": rnd.round_id})  # a copy: answers shrink the set
+            self.lose_closed(others, now)
+            self.confirm_failure(now)
+
+    def round_replaced(self, detail: str) -> None:
+        """A member was lost while its round's failures awaited their probe: they were that loss's consequences."""
+        suspect, self.suspect = self.suspect, None
+        for failure, _report in suspect.reports if suspect else []:
+            self.emit(failure, consequence_of={"reason": detail})
+
+    def consequence(self, failure: Failure) -> None:
+        assert self.root is not None
+        self.echoes += 1
+        if len(self.consequences) < MAX_CONSEQUENCES:
+            self.consequences.append(failure)
+            self.emit(failure, consequence_of={"node": self.root.node, "rank": self.root.rank})
+
+    def emit(self, failure: Failure, **why: Any) -> None:
+        self.core.emit(EventKind.worker_failed, node=failure.node, **event_fields(failure), root_cause=not why, **why)
 
     def root_cause(self) -> dict[str, Any] | None:
         """The newest failed round's root cause, as `status` and the job's end carry it."""
@@ -99,21 +112,35 @@ class FailureProbe:
         return self.suspect is not None and node_id in self.suspect.awaiting
 
     def confirm_failure(self, now: float) -> None:
-        """Every other member answered: the failure is the worker's own, and it is charged."""
+        """Every other member answered: the failure is the workers' own; its root cause is named and charged."""
         core, suspect = self.core, self.suspect
         if suspect is None or suspect.awaiting:
             return
         self.suspect = None
-        report = suspect.report
+        ordered = sorted(suspect.reports, key=lambda pair: (felt_a_peer_loss(pair[0]), pair[0].at))
+        root, report = ordered[0]
+        self.root, self.consequences, self.echoes = root, [], 0
+        self.emit(root)
+        for failure, _report in ordered[1:]:
+            self.consequence(failure)
         cause = Cause.hang if report.hang else Cause.failure
-        detail = report.reason if report.reason is not None else f"worker failed on node {suspect.node_id}"
+        detail = report.reason if report.reason is not None else f"worker failed on node {root.node}"
         if cause == Cause.failure and core.restarts[Cause.failure] >= core.cfg.max_restarts:
             core.end(JobState.failed, f"{detail}; --max-restarts {core.cfg.max_restarts} exhausted "
                      f"({core.restarts[Cause.failure]} failure restart(s) used)", now)
             return
-        self.charged(suspect.node_id, now)
+        self.charged(root.node, now)
         detected = report.detected if report.detected is not None else now
         core.schedule(cause, detail, detected, due=now)  # a failed round is dead
+
+
+def felt_a_peer_loss(failure: Failure) -> bool:
+    """Whether the rank failed because another vanished under its collective (its error says so)."""
+    error = failure.error
+    if error is None:
+        return False
+    text = f"{error.type}: {error.message}".lower()
+    return error.type in PEER_LOSS_TYPES or any(marker in text for marker in PEER_LOSS_MARKERS)
 
 
 def event_fields(failure: Failure) -> dict[str, Any]:

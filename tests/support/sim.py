@@ -252,12 +252,14 @@ class SimNode:
         self.departed, self.running = True, False
         self.send(MeshOp.leave, {"reason": reason})
 
-    def fail_worker(self, rank: int | None = None, hang: bool = False) -> None:
-        """One local worker exited non-zero (or hung): the node reports it at once (node.report_failure)."""
+    def fail_worker(self, rank: int | None = None, hang: bool = False, error: tuple[str, str] | None = None) -> None:
+        """One local worker exited non-zero (or hung), raising `error` (type, message): the node reports it at once
+        (node.report_failure)."""
         rank = self.assignment.get("ranks", [None])[0] if rank is None else rank
+        raised = {"error": {"type": error[0], "message": error[1]}} if error else {}
         self.send(MeshOp.worker_failed, {"round": self.round_id, "reason": f"worker rank {rank} on node "
                                          f"{self.node_id} exited with exit code 1", "detected": self.sim.clock.now,
-                                         "rank": rank, "hang": hang})
+                                         "rank": rank, "hang": hang, **raised})
 
     # ---- registering and heartbeats ------------------------------------------------------------------
     def register(self) -> None:
