@@ -9,7 +9,7 @@ import signal
 import socket
 from pathlib import Path
 
-from support.harness import SHIM_TICKER, DaemonProc, Job
+from support.harness import PORTS_LOW, SHIM_TICKER, DaemonProc, Job
 
 from elasticd.cli.scheduler import OWNER
 from elasticd.client import Credentials
@@ -17,9 +17,12 @@ from elasticd.job.slurm import PORT_BASE, PORT_SPAN
 
 
 def job_id_with_a_free_port() -> str:
-    """A SLURM job id whose derived rendezvous port is free here (tests run side by side)."""
+    """A SLURM job id whose derived rendezvous port is free here (tests run side by side), below the ports that
+    tests/support/harness.py hands out."""
     while True:
         job_id = random.randrange(100_000, 10_000_000)
+        if PORT_BASE + job_id % PORT_SPAN >= PORTS_LOW:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", PORT_BASE + job_id % PORT_SPAN))

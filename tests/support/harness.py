@@ -30,15 +30,16 @@ SHIM = ROOT / "examples" / "train_shim.py"
 
 # Port 0 hands out Linux's ephemeral ports (32768+), which every test's sockets draw from all the time: a port found
 # free there can be taken before its daemon binds it (a daemon then joins whatever holds it). Ours come from below
-# that range (above the SLURM tests' 10000-30000), a slice per xdist worker so that side-by-side tests never meet.
-_PORTS_LOW, _PORTS_HIGH = 30000, 32768
+# that range and above the SLURM tests' ports (10000-19999; Kubernetes' node ports start at 30000), a slice per
+# xdist worker so that side-by-side tests never meet.
+PORTS_LOW, PORTS_HIGH = 20000, 30000
 
 
 def _port_slice() -> list[int]:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
-    size = (_PORTS_HIGH - _PORTS_LOW) // max(workers, 1)
-    ports = list(range(_PORTS_LOW + index * size, _PORTS_LOW + (index + 1) * size))
+    size = (PORTS_HIGH - PORTS_LOW) // max(workers, 1)
+    ports = list(range(PORTS_LOW + index * size, PORTS_LOW + (index + 1) * size))
     start = random.randrange(len(ports))  # a rerun starts elsewhere: the last run's ports may linger in TIME_WAIT
     return ports[start:] + ports[:start]
 
@@ -48,7 +49,7 @@ _PORTS = itertools.cycle(_port_slice())
 
 def free_port() -> int:
     """A loopback port that is free now and that no other test will be handed."""
-    for _ in range(_PORTS_HIGH - _PORTS_LOW):
+    for _ in range(PORTS_HIGH - PORTS_LOW):
         port = next(_PORTS)
         with socket.socket() as s:
             try:
@@ -56,7 +57,7 @@ def free_port() -> int:
             except OSError:
                 continue  # held, or in TIME_WAIT from an earlier test
             return port
-    raise RuntimeError(f"no free port in this test worker's slice of {_PORTS_LOW}-{_PORTS_HIGH}")
+    raise RuntimeError(f"no free port in this test worker's slice of {PORTS_LOW}-{PORTS_HIGH}")
 
 
 class DaemonProc:
