@@ -21,6 +21,7 @@ from elasticd.wire.record import Record
 
 log = logging.getLogger("elasticd")
 Handler = Callable[[str, Any, float], None]  # (sender, its record, now)
+Decoder = Callable[[object, int | None], Record]  # (body, its frame's size) -> its record (Record.decoder)
 RECORDS: dict[str, type[Record]] = {**TO_COORDINATOR, **STATE_REPORTS}  # every op from a member, by its record
 
 
@@ -41,8 +42,12 @@ class Parts(Protocol):
     def resize_failed(self, round_id: int, reason: str, now: float) -> None: ...
 
 
-def handlers(c: Parts) -> dict[str, Handler]:
-    """Which part of the coordinator each op goes to."""
+def handlers(c: Parts) -> dict[str, tuple[Decoder, Handler]]:
+    """Which part of the coordinator each op goes to, with its record's decoder."""
+    return {op: (RECORDS[op].decoder(op), handler) for op, handler in _parts(c).items()}
+
+
+def _parts(c: Parts) -> dict[str, Handler]:
     reg, trans, probe, tracker = c.registration, c.transitions, c.probe, c.tracker
     return {
         MeshOp.register: reg.on_register,
@@ -63,17 +68,19 @@ def handlers(c: Parts) -> dict[str, Handler]:
     }
 
 
-def receive(table: dict[str, Handler], nodes: dict[str, NodeRecord], sender: str, env: Envelope, now: float) -> None:
+def receive(table: dict[str, tuple[Decoder, Handler]], nodes: dict[str, NodeRecord], sender: str, env: Envelope,
+            now: float) -> None:
     """One message from a member (or this daemon's own node), dispatched by op."""
-    handler = table.get(env.op)
-    if handler is None:
+    entry = table.get(env.op)
+    if entry is None:
         log.warning("mesh: unknown op %r from %s dropped", env.op, sender)
         return
     node = nodes.get(sender)
     if node is not None and now > node.last_seen and node.status == NodeStatus.alive \
             and env.op not in (MeshOp.register, MeshOp.announce):
         node.last_seen = now  # any frame is a sign of life, not only a heartbeat
-    message = decode(sender, env)
+    decoder, handler = entry
+    message = decode(sender, env, decoder)
     if message is None:
         return
     try:
@@ -82,10 +89,10 @@ def receive(table: dict[str, Handler], nodes: dict[str, NodeRecord], sender: str
         log.warning("mesh: malformed %r from %s dropped: %r", env.op, sender, exc)
 
 
-def decode(sender: str, env: Envelope) -> Record | None:
+def decode(sender: str, env: Envelope, decoder: Decoder | None = None) -> Record | None:
     """The record of a member's message; None, said in a warning, for a malformed one."""
     try:
-        return RECORDS[env.op].decode(env.body, env.op, env.size)
+        return decoder(env.body, env.size) if decoder else RECORDS[env.op].decode(env.body, env.op, env.size)
     except ProtocolError as err:
         log.warning("mesh: malformed %s from %s dropped: %s", env.op, sender, err.reason)
         return None
