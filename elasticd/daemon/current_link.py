@@ -26,6 +26,9 @@ class CurrentLink:
     def link_up(self) -> bool:
         return self.d.member_mesh is not None and self.d.member_mesh.link_up
 
+    def foreign(self) -> bool:
+        return self.d.member_mesh is not None and self.d.member_mesh.foreign()
+
     def route(self, via: str) -> None:
         if self.d.member_mesh is not None:
             self.d.member_mesh.route(via)

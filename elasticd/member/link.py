@@ -33,6 +33,7 @@ class MeshLink(Protocol):
 
     def backlog(self) -> bool: ...  # frames from the coordinator wait to be read
     def link_up(self) -> bool: ...  # the coordinator's (or our relay's) process holds our connection
+    def foreign(self) -> bool: ...  # a program at the coordinator's endpoint took the connection, never as ours
     def route(self, via: str) -> None: ...  # send through this relay endpoint from now on ("": directly)
     def state(self) -> dict[str, str]: ...  # the heartbeat's `via` (and `via_failed`)
 
@@ -276,10 +277,15 @@ class Member:
         return not self.await_election and now - self.last_coord > self.connect_timeout_s
 
     def give_up_registering(self, now: float) -> None:
+        endpoint = f"rendezvous endpoint {self.cfg.rdzv_host}:{self.cfg.rdzv_port}"
+        if not self.joined and self.link.foreign():
+            self.life.fail_start(f"{endpoint} took the connection but never answered as an elasticd within "
+                                 f"{self.connect_timeout_s:.0f}s: another program holds that port (choose another "
+                                 "port for --rdzv-endpoint), or one side runs with --keys and the other without")
+            return
         if not self.joined:
-            self.life.fail_start(f"rendezvous endpoint {self.cfg.rdzv_host}:{self.cfg.rdzv_port} did not answer "
-                                 f"within {self.connect_timeout_s:.0f}s; is the first elasticd of job "
-                                 f"'{self.cfg.job_id}' running on that host?")
+            self.life.fail_start(f"{endpoint} did not answer within {self.connect_timeout_s:.0f}s; is the first "
+                                 f"elasticd of job '{self.cfg.job_id}' running on that host?")
             return
         self.coordinator_lost(now)
 

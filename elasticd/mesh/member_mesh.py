@@ -44,8 +44,10 @@ class Link:
             connect_curve(self.sock, keys.secret, keys.public, keys.public)
         self.sock.setsockopt(zmq.IDENTITY, identity)
         self.sock.setsockopt(zmq.SNDHWM, 10000)
-        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self.monitor = self.sock.get_monitor_socket(
+            zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         self.up = False
+        self.accepted = False  # something at the endpoint took our TCP connection, whatever it speaks
         self.tasks: list[asyncio.Task[None]] = []
         self.sock.connect(endpoint)
 
@@ -95,6 +97,11 @@ class MemberMesh:
     def link_up(self) -> bool:
         """Whether the peer's process holds our connection: slow is not gone (member.py `coordinator_gone`)."""
         return self.link.up
+
+    def foreign(self) -> bool:
+        """Whether a program at the coordinator's endpoint took our connection but never answered as ZeroMQ peer
+        of ours: another program on that port, or --keys on one side only."""
+        return self.link.accepted and not self.link.up and not self.via
 
     def backlog(self) -> bool:
         """Frames wait to be read on some link: silence is judged only once they are."""
@@ -176,6 +183,9 @@ class MemberMesh:
     async def _watch(self, link: Link) -> None:
         while True:
             event = await recv_monitor_message(link.monitor)
+            if event["event"] == zmq.EVENT_CONNECTED:  # TCP only: the handshake says whether an elasticd answered
+                link.accepted = True
+                continue
             link.up = event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
             if link.up and link is self.pending:
                 self.pending = None

@@ -86,6 +86,20 @@ def test_unreachable_endpoint_gives_up_with_a_reason(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_a_rendezvous_port_held_by_another_program_is_named_as_such(tmp_path: Path) -> None:
+    """The port is taken, so this daemon is a member of whatever holds it: a program that takes the connection and
+    never speaks ZeroMQ (a torch store, a web server) is told apart from no one answering at all."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        result = start(tmp_path, "--nnodes", "1:2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--connect-timeout", "2",
+                       str(TICKER))
+    assert result.returncode == 2
+    assert f"127.0.0.1:{port} took the connection but never answered as an elasticd within 2s" in result.stderr
+    assert "another program holds that port" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_underscore_and_dash_flag_forms_are_both_accepted(tmp_path: Path) -> None:
     result = start(tmp_path, "--standalone", "--nproc_per_node", "1", "--max_restarts", "0", "--node_id", "solo",
                    str(TICKER), "--ticks", "2", "--interval", "0.01")
