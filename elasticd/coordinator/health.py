@@ -121,13 +121,20 @@ class NodeHealth:
 
     # ---- what status and the console read ------------------------------------------------------------------
     def spares(self) -> tuple[list[str], list[str]]:
-        """Standby nodes that could take a place now (ready), and those whose workers are still starting."""
+        """Standby nodes that could take a place now (ready: their checks passed), and those whose workers are
+        still starting or whose first checks have not reported yet."""
         ready: list[str] = []
         warming: list[str] = []
         for node in self.core.alive():
             if node.role == Role.standby and not self.unhealthy(node.node_id):
-                (warming if node.node_id in self.warming else ready).append(node.node_id)
+                (ready if not self.warming_because(node.node_id) else warming).append(node.node_id)
         return ready, warming
+
+    def warming_because(self, node_id: str) -> str:
+        """Why a healthy standby node is not a ready spare yet ("" when it is)."""
+        if node_id in self.warming:
+            return "workers starting"
+        return "" if node_id in self.reports else "health checks pending"
 
     def unhealthy(self, node_id: str) -> bool:
         report = self.reports.get(node_id)
@@ -151,7 +158,8 @@ class NodeHealth:
                               "health": self.reasons(node_id)}
         node = self.core.nodes.get(node_id)
         if node is not None and node.role == Role.standby and node.status == NodeStatus.alive:
-            fields["spare"] = "warming: workers starting" if node_id in self.warming else "ready"
+            why = self.warming_because(node_id)
+            fields["spare"] = f"warming: {why}" if why else "ready"
         return fields
 
     def summary(self) -> JsonObject:

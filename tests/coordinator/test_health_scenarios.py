@@ -38,6 +38,20 @@ def report(sim: Sim, node_id: str, body: dict[str, object]) -> None:
     sim.run(0.05)
 
 
+def test_a_spare_is_ready_only_once_its_first_checks_passed() -> None:
+    """A standby node whose checks have not reported yet (a slow --health-check) is not counted on to fill in."""
+    sim = with_spare("abc")  # one of them a spare whose checks passed
+    c = sim.coordinator
+    assert c.status(sim.clock.now)["spares"] == {"ready": 1, "warming": 0}
+    sim.add("d", shim=True, step_time=0.1, save_s=0.2, checks_s=None).start()
+    sim.run(1.0)
+    assert c.nodes["d"].role == Role.standby and c.status(sim.clock.now)["spares"] == {"ready": 1, "warming": 1}
+    assert next(n for n in c.status(sim.clock.now)["nodes"] if n["node_id"] == "d")["spare"] == \
+        "warming: health checks pending"
+    report(sim, "d", PASSING)
+    assert c.status(sim.clock.now)["spares"] == {"ready": 2, "warming": 0}
+
+
 def test_a_node_whose_check_fails_leaves_at_one_step_and_the_spare_takes_its_place() -> None:
     sim = with_spare()
     c, mark = sim.coordinator, sim.mark()

@@ -102,8 +102,9 @@ class SimNode:
     """A member daemon plus its node agent, reduced to what the coordinator can observe (member.py, node.py).
 
     Knobs: `stop_s` (how long old workers take to stop; None: never), `spawn_s`, `shim` with `step0` and
-    `step_time` (steps advance with the clock while workers run), `save_s` (a drain's checkpoint), `mute`
-    (ops it silently ignores), `delay` (its link latency). States: `kill()`, `freeze()`/`thaw()`, `blip()`.
+    `step_time` (steps advance with the clock while workers run), `save_s` (a drain's checkpoint), `checks_s`
+    (when its first health checks report), `mute` (ops it silently ignores), `delay` (its link latency).
+    States: `kill()`, `freeze()`/`thaw()`, `blip()`.
     In a job with relays (`relay_group`, `relay_from`) each offers a relay and sends through the one it is told
     (`via`): a frozen relay holds what its members send until it thaws, a dead one drops it and its members go
     direct at once (their links to it closed), as member_mesh.py does.
@@ -111,8 +112,9 @@ class SimNode:
 
     def __init__(self, sim: Sim, node_id: str, nproc: int = 2, *, shim: bool = False, step0: int = 0,
                  step_time: float = 0.1, stop_s: float | None = 0.0, spawn_s: float = 0.0, save_s: float = 0.0,
-                 delay: float | None = None) -> None:
+                 delay: float | None = None, checks_s: float | None = 0.0) -> None:
         self.sim, self.node_id, self.nproc = sim, node_id, nproc
+        self.checks_s = checks_s  # its first health checks report this long after its welcome (None: never)
         self.shim, self.step0, self.step_time = shim, step0, step_time
         self.wait_s: float | None = None  # shim ranks that time their allreduce wait report this (stragglers)
         self.stop_s, self.spawn_s, self.save_s = stop_s, spawn_s, save_s
@@ -307,6 +309,8 @@ class SimNode:
             self.registered, self.refused = True, ""
             self.state = str(body.get("role", NodeState.active))
             self.route(str(body.get("via") or ""))
+            if self.checks_s is not None:  # member/health.py: its checks' verdict, once registered
+                self.later(self.checks_s, self.send, MeshOp.health, {"checks": ["log_dir"], "findings": []})
         else:
             self.refused = str(body.get("reason", "registration refused"))
 
