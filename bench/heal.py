@@ -11,6 +11,7 @@ each), the newcomers hold a fresh model and no optimizer state (DDP) or a fresh 
              checkpoint file in the page cache: process start, torch import, torch.load (what a restart costs
              at least, before any group forms)
   loopback   gloo send/recv of one tensor of the state's size between two processes: the physical limit here
+             (the best of three)
 Per row: newcomer_s (its heal), survivor_s (the slowest survivor's: it holds the freshest step), idle_survivor_s
 (the slowest survivor that sent nothing, where one did: its cost is the heal's exchange alone), world_s (until
 the last rank is done: the survivors' stall), moved_bytes (all ranks' received bytes), GB/s (state per replica /
@@ -186,11 +187,16 @@ def main() -> int:
     parser.add_argument("--heal-tree", default=str(ROOT), help="the checkout whose heal is measured (side by side: "
                         "run once per tree, alternating)")
     parser.add_argument("--no-restart", action="store_true", help="skip the restart lower bound (seconds a row)")
+    parser.add_argument("--warm-gb", type=float, default=0.0, help="touch this much memory once before measuring: "
+                        "a VM may back memory only when first touched (0.8 s a GB on the 2-core machine), which then "
+                        "lands inside the first heals that use it")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "heal.json"))
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     sizes = [int(s) << 20 for s in args.sizes_mb.split(",")]
-    loopback = {n: run_loopback(n) for n in sizes}
+    if args.warm_gb:
+        torch.empty(int(args.warm_gb * (1 << 30)), dtype=torch.uint8).zero_()
+    loopback = {n: min(run_loopback(n) for _ in range(3)) for n in sizes}  # its best: the physical limit
     folder = Path(tempfile.mkdtemp(prefix="heal-bench-"))
     for layout in args.layouts.split(","):
         for old, new in WORLDS[layout]:
