@@ -28,11 +28,13 @@ class ProbeCore(CoordinatorCore, Protocol):
     def schedule(self, cause: Cause, detail: str, detected_at: float, due: float | None = None) -> None: ...
 
 
-# A rank that fails because a peer vanished under its collective says so: gloo's "Connection reset by peer", NCCL's
-# "remote process exited", torch's DistBackendError. Such a failure is named a root cause only when nothing else is.
+# A rank that fails because a peer vanished or stalled under its collective says so: gloo's "Connection reset by
+# peer", NCCL's "remote process exited" or its watchdog's timeout, torch's DistBackendError. Such a failure is named
+# a root cause only when nothing else is.
 PEER_LOSS_TYPES = frozenset({"DistBackendError", "DistNetworkError"})
 PEER_LOSS_MARKERS = ("connection reset by peer", "connection closed by peer", "broken pipe", "remote process exited",
-                     "communicator was aborted", "check the logs of the remote worker")
+                     "communicator was aborted", "check the logs of the remote worker",
+                     "watchdog caught collective operation timeout")
 
 
 @dataclass
