@@ -278,10 +278,16 @@ class Member:
 
     def give_up_registering(self, now: float) -> None:
         endpoint = f"rendezvous endpoint {self.cfg.rdzv_host}:{self.cfg.rdzv_port}"
+        if not self.joined and self.link.foreign() and self.cfg.keys_dir:
+            self.life.fail_start(f"{endpoint} took the connection but never completed the key handshake within "
+                                 f"{self.connect_timeout_s:.0f}s: the job's node key is not the one in --keys "
+                                 f"{self.cfg.keys_dir} (copy the job's keys folder), its coordinator runs without "
+                                 "--keys, or another program holds that port")
+            return
         if not self.joined and self.link.foreign():
             self.life.fail_start(f"{endpoint} took the connection but never answered as an elasticd within "
                                  f"{self.connect_timeout_s:.0f}s: another program holds that port (choose another "
-                                 "port for --rdzv-endpoint), or one side runs with --keys and the other without")
+                                 "port for --rdzv-endpoint), or the job runs with --keys (pass its keys folder)")
             return
         if not self.joined:
             self.life.fail_start(f"{endpoint} did not answer within {self.connect_timeout_s:.0f}s; is the first "

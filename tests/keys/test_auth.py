@@ -95,7 +95,8 @@ def test_a_daemon_without_the_node_key_cannot_join(secured, tmp_path: Path) -> N
     keys("--dir", str(other), "init")
     intruder = job.start("c", TICKER, extra=["--keys", str(other), "--connect-timeout", "3"])
     assert intruder.wait_exit(30) == 2
-    assert "did not answer within 3s" in intruder.output()
+    assert "took the connection but never completed the key handshake within 3s" in intruder.output()
+    assert f"the job's node key is not the one in --keys {other}" in intruder.output()
     assert [n["node_id"] for n in job.status()["nodes"]] == ["a", "b"]
 
 
