@@ -31,7 +31,9 @@ def test_the_rank_that_raised_is_the_root_cause_though_its_peer_on_the_coordinat
     sim.formed(2)
     assert failed(sim, mark) == [("b", True, None), ("a", False, {"node": "b", "rank": b_rank})]
     assert sim.coordinator.probe.root_cause()["node"] == "b"  # what `status` shows
-    assert sim.coordinator.nodes["b"].restarts  # charged to the node that raised
+    started, = sim.of(EventKind.round_started, since=mark)
+    assert started["detail"] == f"worker rank {b_rank} on node b exited with exit code 1"  # the round says why
+    assert list(sim.coordinator.health.failures) == ["b"]  # the lemon count is charged to the node that raised
 
 
 def test_of_two_failures_that_both_raised_on_their_own_the_earlier_is_the_root_cause() -> None:
