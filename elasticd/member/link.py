@@ -277,23 +277,25 @@ class Member:
         return not self.await_election and now - self.last_coord > self.connect_timeout_s
 
     def give_up_registering(self, now: float) -> None:
-        endpoint = f"rendezvous endpoint {self.cfg.rdzv_host}:{self.cfg.rdzv_port}"
-        if not self.joined and self.link.foreign() and self.cfg.keys_dir:
-            self.life.fail_start(f"{endpoint} took the connection but never completed the key handshake within "
-                                 f"{self.connect_timeout_s:.0f}s: the job's node key is not the one in --keys "
-                                 f"{self.cfg.keys_dir} (copy the job's keys folder), its coordinator runs without "
-                                 "--keys, or another program holds that port")
-            return
-        if not self.joined and self.link.foreign():
-            self.life.fail_start(f"{endpoint} took the connection but never answered as an elasticd within "
-                                 f"{self.connect_timeout_s:.0f}s: another program holds that port (choose another "
-                                 "port for --rdzv-endpoint), or the job runs with --keys (pass its keys folder)")
-            return
-        if not self.joined:
-            self.life.fail_start(f"{endpoint} did not answer within {self.connect_timeout_s:.0f}s; is the first "
-                                 f"elasticd of job '{self.cfg.job_id}' running on that host?")
-            return
-        self.coordinator_lost(now)
+        if self.joined:
+            self.coordinator_lost(now)
+        else:
+            self.life.fail_start(self.never_joined())
+
+    def never_joined(self) -> str:
+        """Why a start found no coordinator: no one answered, or what took the connection never completed the
+        handshake (another program on the port, or keys that do not match)."""
+        endpoint, limit = f"rendezvous endpoint {self.cfg.rdzv_host}:{self.cfg.rdzv_port}", self.connect_timeout_s
+        if not self.link.foreign():
+            return (f"{endpoint} did not answer within {limit:.0f}s; is the first elasticd of job "
+                    f"'{self.cfg.job_id}' running on that host?")
+        if self.cfg.keys_dir:
+            return (f"{endpoint} took the connection but never completed the key handshake within {limit:.0f}s: the "
+                    f"job's node key is not the one in --keys {self.cfg.keys_dir} (copy the job's keys folder), its "
+                    "coordinator runs without --keys, or another program holds that port")
+        return (f"{endpoint} took the connection but never answered as an elasticd within {limit:.0f}s: another "
+                "program holds that port (choose another port for --rdzv-endpoint), or the job runs with --keys "
+                "(pass its keys folder)")
 
     def coordinator_lost(self, now: float) -> None:
         message = (f"coordinator of job '{self.cfg.job_id}' at {self.cfg.rdzv_host}:{self.cfg.rdzv_port} "
