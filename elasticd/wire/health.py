@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from msgspec import Struct, field
 
 from elasticd.wire.names import HealthCheck
 from elasticd.wire.record import Record
 
 
-@dataclass(frozen=True)
-class HealthFinding(Record):
+class HealthFinding(Struct, Record, frozen=True):
     """One failed check: its name, and one line saying what it saw."""
 
     check: HealthCheck
     reason: str
 
 
-@dataclass(frozen=True)
-class HealthReport(Record):
+class HealthReport(Struct, Record, frozen=True):
     """The node's checks (names) and what failed; healthy when nothing did."""
 
     checks: list[HealthCheck] = field(default_factory=list)

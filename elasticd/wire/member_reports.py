@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from msgspec import Struct
+
 from elasticd.wire.health import HealthReport
 from elasticd.wire.names import MeshOp
 from elasticd.wire.record import Record
@@ -18,22 +20,19 @@ class Leave(Record):
     graceful: bool = False
 
 
-@dataclass(frozen=True)
-class RoundReport(Record):
+class RoundReport(Struct, Record, frozen=True):
     """`node_done` (every worker of the node exited 0), `node_drained` and `pong`: about one round."""
 
     round: int | None = None
 
 
-@dataclass(frozen=True)
-class FirstStep(Record):
+class FirstStep(Struct, Record, frozen=True):
     round: int
     at: float
     step: int | None = None
 
 
-@dataclass(frozen=True)
-class StepReport(Record):
+class StepReport(Struct, Record, frozen=True):
     """The answer to `step_query`: the node's highest shim step (null: no shim rank) and its median step time."""
 
     op_id: str

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+from msgspec import Struct
+from msgspec import field as struct_field
+
 from elasticd.wire.diagnosis import ErrorInfo, Failure
 from elasticd.wire.heal_report import Heal
 from elasticd.wire.names import EventKind, MeshOp
@@ -23,15 +26,14 @@ class Scheduler(Record):
     restart_count: int = 0  # how often SLURM requeued the job
 
 
-@dataclass(frozen=True)
-class Register(Record):
+class Register(Struct, Record, frozen=True):
     """`register`: a daemon asks to join, with where it is reached, its free ports and its place in the rank map."""
 
     instance: str
     host: str
     nproc: int
     node_rank: int = -1  # torchrun's --node-rank; -1: none
-    ports: list[int] = field(default_factory=list)
+    ports: list[int] = struct_field(default_factory=list)
     control: str = ""
     pub: str = ""
     store_tunnel: str = ""  # with --keys: where other nodes reach its round store
@@ -99,8 +101,7 @@ class RankReport(TypedDict, total=False):
     last_ack: str | None
 
 
-@dataclass(frozen=True)
-class Heartbeat(Record):
+class Heartbeat(Struct, Record, frozen=True):
     """`hb`: the member is there; `ports`, `workers` and `metrics` only when the coordinator lacks them (None: it
     keeps what it holds), `via` only in a job with relays."""
 
@@ -163,8 +164,7 @@ class WorkerFailed(Record):
                        self.error, self.hang, self.reason or "", self.log, self.error_file).clipped()
 
 
-@dataclass(frozen=True)
-class ProgressReport(Record):
+class ProgressReport(Struct, Record, frozen=True):
     """`round_progress`: one step of the node's part in a round, with the node's events that go with it; a phase the
     report is not about is left out of its body."""
 
@@ -177,7 +177,7 @@ class ProgressReport(Record):
     rebuild_s: float | None = None  # in place: the longest of its ranks' `on_world` (the script's rebuild)
     in_place: bool = False
     heal: Heal | None = None
-    events: list[EventReport] = field(default_factory=list)
+    events: list[EventReport] = struct_field(default_factory=list)
 
     @classmethod
     def _settled(cls, record: Any, body: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from elasticd.wire.protocol import Envelope, ErrorCode, ProtocolError, decode, encode
-from elasticd.wire.record import Record
+from elasticd.wire.record import Record, field_names, required_fields
 
 # One of each JSON type: a field's wrong value is the first its check refuses (none for a field typed Any).
 OTHERS: tuple[Any, ...] = (7, "7", 7.5, True, [7], {"z": 7})
@@ -46,13 +46,12 @@ def example(hint: Any) -> Any:
 def valid(record: type[Record]) -> dict[str, Any]:
     """A body the record takes: every field, each an example of its type."""
     hints = typing.get_type_hints(record)
-    return {f.name: example(hints[f.name]) for f in dataclasses.fields(record)}  # type: ignore[arg-type]
+    return {name: example(hints[name]) for name in field_names(record)}
 
 
 def required(record: type[Record]) -> list[str]:
     """The fields a body must have (no default)."""
-    return [f.name for f in dataclasses.fields(record)  # type: ignore[arg-type]
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    return required_fields(record)
 
 
 def refused(record: type[Record], op: str, body: object, errno: int = ErrorCode.BAD_MESSAGE) -> str:
@@ -100,8 +99,7 @@ def cases(record: type[Record]) -> Iterator[Case]:
     too big, and a field the record does not declare (taken and ignored: a newer peer may send more)."""
     good = valid(record)
     hints = typing.get_type_hints(record)
-    for f in dataclasses.fields(record):  # type: ignore[arg-type]
-        name = f.name
+    for name in field_names(record):
         if name in required(record):
             yield Case("missing", name, {k: v for k, v in good.items() if k != name})
         wrong = next((v for v in OTHERS if refuses(record, {**good, name: v})), None)

@@ -19,6 +19,7 @@ from elasticd.wire.member_state import STATE_REPORTS, RankReport, WorkerInfo
 from elasticd.wire.names import EventKind, MeshOp, WorkerOp
 from elasticd.wire.protocol import ErrorCode
 from elasticd.wire.record import Record
+from elasticd.wire.record import field_names as record_fields
 from elasticd.wire.telemetry import StepRow, StepTelemetry
 from elasticd.wire.worker_reports import FROM_WORKER
 from elasticd.wire.worker_requests import TO_WORKER
@@ -53,17 +54,17 @@ def test_every_field_of_a_typed_mesh_op_is_in_its_row(section: str, records: dic
     start = DOC.index(section)
     table = DOC[start:DOC.index("\n### ", start + 1)]
     rows = {line.split("|")[1].strip(" `"): line for line in table.splitlines() if line.startswith("| `")}
-    missing = [(op, f.name) for op, record in records.items() for f in dataclasses.fields(record)
-               if f"`{f.name}`" not in rows[op]]
+    missing = [(op, name) for op, record in records.items() for name in record_fields(record)
+               if f"`{name}`" not in rows[op]]
     assert missing == []
 
 
 def field_names(record: type[Record]) -> Iterator[str]:
     """A record's fields, and those of the records within it (`joined`'s `heal`)."""
     hints = typing.get_type_hints(record)
-    for f in dataclasses.fields(record):  # type: ignore[arg-type]
-        yield f.name
-        for inner in typing.get_args(hints[f.name]) or (hints[f.name],):
+    for name in record_fields(record):
+        yield name
+        for inner in typing.get_args(hints[name]) or (hints[name],):
             if isinstance(inner, type) and issubclass(inner, Record):
                 yield from field_names(inner)
 
