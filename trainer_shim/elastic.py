@@ -44,7 +44,7 @@ from trainer_shim.heal import Healed, HealError, heal
 from trainer_shim.heal_plan import NOTHING
 from trainer_shim.noop import NullSession
 from trainer_shim.peer_errors import lost_in_save, lost_peer, one_line, sharded
-from trainer_shim.session import Session
+from trainer_shim.session import Request, Session
 from trainer_shim.state_paths import fill, flatten
 from trainer_shim.step_commit import StepCommit
 from trainer_shim.step_fence import StepFence
@@ -78,6 +78,7 @@ class Elastic:
         self._vouched = False  # this process's state was healed in a world: equal to the other ranks'
         self._leaving = False  # between leaving a group and joining the next: the daemon's abort is moot
         self._resize_pending = False  # a resize settled at the last boundary, acted on before the next step
+        self._resize_asked: Request | None = None  # the daemon's `resize` that request settled (its id, `all_stay`)
         self._rebuild_s = 0.0  # how long the script's last `on_world` took (the `joined` report's `rebuild_s`)
         self._step_end = time.time()  # when this rank's last step ended (the `joined` report's `last_step_at`)
         self.state_dict, self.load_state_dict, self.on_world = state_dict, load_state_dict, on_world
@@ -121,7 +122,9 @@ class Elastic:
                 self._update_hook = register_optimizer_step_pre_hook(self._before_update)
         started = time.time()
         if env.get(PRESTART_ENV) and isinstance(self.session, Session):
-            gen = self._await_first(self.session)  # started early, for a round that adds this node
+            from trainer_shim.prestart import await_first  # FSDP2's imports: only a pre-started rank's
+
+            gen = await_first(self.session, self.sharded)  # started early, for a round that adds this node
             self.in_place = True
         if gen is not None:
             self._store = open_store(gen.store, self.timeout_s)
@@ -150,27 +153,12 @@ class Elastic:
                                 self.last_heal)
         return self.step
 
-    def _await_first(self, session: Session) -> Generation:
-        """A worker started before its round: say so (it holds no group yet), then wait for its generation.
-
-        It waits as long as its node keeps it (a standby node's spare may wait for hours); its daemon stops it.
-        """
-        session.rejoin(session.rank, 0, in_place=True, waiting=True)
-        body = None
-        while body is None:
-            body = session.wait_generation(0, GENERATION_WAIT_S)
-        return Generation.from_body(body)
-
     def _rebind(self, gen: Generation | None) -> None:
         """After joining: receive what this rank lacks of the freshest state, re-fit the sampler, reseed; the
         script's rebuild comes last, or first for a sharded script (its model lives on the new mesh, and the
         heal waits until every rank has rebuilt: a newcomer's first build can outlast the heal's timeout)."""
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        if self.sharded:
-            self._world()
-            if gen is not None and self._store is not None:
-                arrive(gen, self._store, stage="rebuilt")
-        healed, state = self._heal_sharded() if self.sharded else self._heal_replicated()
+        healed, state = self._heal_sharded(gen) if self.sharded else self._heal_replicated()
         if state is not None:
             self._restore(state)
         self.step = int(state["step"]) if state is not None else healed.step
@@ -196,11 +184,17 @@ class Elastic:
         self.last_heal = healed.report(None)
         return healed, fill(healed.skeleton, filled) if filled else None
 
-    def _heal_sharded(self) -> tuple[Healed, dict[str, Any]]:
-        """Each rank's new shards from its own old ones and from the ranks holding the rest; the newest
-        checkpoint, resharded, when some rows are held by no live rank (a lost node with no replica)."""
+    def _heal_sharded(self, gen: Generation | None) -> tuple[Healed, dict[str, Any]]:
+        """The script's rebuild on the new mesh; then each rank's new shards from its own old ones and from the
+        ranks holding the rest, or the newest checkpoint, resharded, when some rows are held by no live rank (a
+        lost node with no replica)."""
+        self._world()
+        # The new model's state, which the heal fills, read before waiting for the slowest rank's rebuild: a
+        # fresh optimizer's state is made then (a step of zeros), which that wait hides.
         target: dict[str, torch.Tensor] = {}
         structure = flatten(self._snapshot(), target)
+        if gen is not None and self._store is not None:
+            arrive(gen, self._store, stage="rebuilt")
         if self._held is None:  # a new process: its fresh model is step 0's only if there is no checkpoint
             fresh = not (self.checkpoint_dir and sharded().list_sharded(self.checkpoint_dir))
             self._held = (self.step if fresh else NOTHING, target if fresh else {}, structure)
@@ -224,12 +218,13 @@ class Elastic:
         state["sampler"] = state["sampler"] or None
         return state
 
-    def _hold(self, graceful: bool) -> None:
-        """Before a sharded rank leaves: keep its shards (no copy). On a graceful change, a shard no other rank
-        holds (no replica) is first gathered whole on every rank, so that the ranks leaving take nothing away."""
+    def _hold(self, gather: bool) -> None:
+        """Before a sharded rank leaves: keep its shards (no copy). `gather` (a graceful change where a rank
+        leaves): a shard no other rank holds (no replica) is first gathered whole on every rank, so that the ranks
+        leaving take nothing away."""
         tensors: dict[str, torch.Tensor] = {}
         skeleton = flatten(self._snapshot(), tensors)
-        if graceful:
+        if gather:
             tensors = sharded().full_shards(tensors)
         self._held = (self.step, tensors, skeleton)
 
@@ -322,7 +317,10 @@ class Elastic:
         if self._fence is not None and self._agreed != self.step:
             session.agree(self.step, self._fence)
             self._agreed = self.step
-        return session.should_resize(self.step)
+        if not session.should_resize(self.step):
+            return False
+        self._resize_asked = session.last_request  # a checkpoint taken at this boundary must not stand for it
+        return True
 
     def _open_fence(self, gen: Generation) -> None:
         """A generation joined: its own fence, and every request still held settled again in it."""
@@ -335,11 +333,12 @@ class Elastic:
     def _resize(self, error: str | None) -> None:
         session = self.session
         assert isinstance(session, Session) and self._store is not None
-        rid = session.last_request_id if error is None else None
+        asked, self._resize_asked = (self._resize_asked if error is None else None), None
+        rid = asked.request_id if asked else None
         self._leaving = True
         self._resize_pending = False  # any leave serves the one settled at the boundary (a crash in its save too)
-        if self.sharded:
-            self._hold(graceful=error is None)
+        if self.sharded:  # a join keeps every rank: each keeps its own shards, none gathers what has no replica
+            self._hold(gather=error is None and not (asked and asked.all_stay))
         leave(self.backend, error is not None, self._opened)
         # Where this rank's stall began (the `resize` event's parts): its last completed step's end, so that the
         # boundary's agreement and what the script did there count, and after a crash the step lost in flight.

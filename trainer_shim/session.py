@@ -39,6 +39,7 @@ class Request:
     at_step: int | None
     round: int | None = None  # a `resize`'s generation: stale once this rank is in it (or a later one)
     target: int | None = None  # in an in-place job, the boundary every rank agreed on (`Session.agree`)
+    all_stay: bool = False  # a `resize` where every rank of the world is in the next one (a join)
 
     def due(self, step: int, fenced: bool) -> bool:
         if fenced:  # not before the fence settled it: a copy heard late would act a step after the others
@@ -84,7 +85,7 @@ class Session:
         self.abort_signal: int | None = None  # trainer_shim.abort: the daemon may send it while a peer is lost
         self.dropped = 0
         self.sent = 0
-        self.last_request_id: str | None = None  # the request the last true should_* answer acted on
+        self.last_request: Request | None = None  # the request the last true should_* answer acted on
         self._pending: list[Request] = []
         self._fenced = False  # an in-place rank: requests act where `agree` settled them
         self._seen: set[str] = set()
@@ -288,7 +289,8 @@ class Session:
         self._seen.add(rid)
         at_step = at if isinstance(at, int) and not isinstance(at, bool) else None
         gen = env.body.get("round")
-        self._pending.append(Request(env.op, rid, at_step, gen if isinstance(gen, int) else None))
+        self._pending.append(Request(env.op, rid, at_step, gen if isinstance(gen, int) else None,
+                                     all_stay=env.body.get("all_stay") is True))
         self._send(self._frame(WorkerOp.ack, {"rank": self.rank, "request_id": rid, "op": env.op}))
 
     def agree(self, step: int, fence: StepFence, wait_s: float = FENCE_WAIT_S) -> None:
@@ -337,7 +339,7 @@ class Session:
         for req in self._pending:
             if req.op == op and req.due(step, self._fenced):
                 self._pending.remove(req)
-                self.last_request_id = req.request_id
+                self.last_request = req
                 return True
         return False
 
@@ -357,6 +359,10 @@ class Session:
         """This rank just left its group: every `resize` received so far asked for that, and is done."""
         self.poll()
         self._pending = [r for r in self._pending if r.op != WorkerOp.resize]
+
+    @property
+    def last_request_id(self) -> str | None:
+        return self.last_request.request_id if self.last_request else None
 
     @property
     def pending(self) -> list[Request]:

@@ -226,17 +226,23 @@ class Transitions:
         trans = self.current
         ours = trans is not None and trans.op_id == query.op_id
         request = query.request
+        all_stay = False
         # A handover (our own node departing, etcd) drains with a checkpoint: the next coordinator's round restarts.
         if ours and trans is not None and self.keeps_state_in_place(trans) and at_step is not None \
                 and request == StepRequest.drain and core.resizer.agree(query, core.clock()):
             request = StepRequest.resize  # every rank leaves its group at that step and keeps its process
             trans.in_place = True
+            # A join: no rank's shards leave the world, so none gathers first. A node that says it leaves once
+            # this is agreed is folded in all the same: its shards with no replica are then missing, and the
+            # ranks heal from the newest checkpoint (docs/architecture.md, "Healing").
+            all_stay = not trans.leaving and not trans.departing
         core.emit(EventKind.step_agreed, op_id=query.op_id, op=request, at_step=at_step)
         if ours and trans is not None:  # no shim worker reports steps (there): nobody will say `drained`
             trans.awaiting = set() if at_step is None else trans.awaiting - query.plain
         # Every member is told, and only those with shim ranks are waited for. A node that answered with none may
         # be starting shim workers that say hello later: the request is theirs too (worker_channel.welcome).
-        core.send_all(core.round.node_ids(), WORKER_OPS[request], {"request_id": query.op_id, "at_step": at_step})
+        core.send_all(core.round.node_ids(), WORKER_OPS[request],
+                      {"request_id": query.op_id, "at_step": at_step, "all_stay": all_stay})
 
     def keeps_state_in_place(self, trans: Transition) -> bool:
         """Whether a round follows that holds the ranks' state without a checkpoint: not when the job ends, our

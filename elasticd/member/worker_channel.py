@@ -31,7 +31,7 @@ from elasticd.wire.worker_reports import (
     Saved,
     SaveSkipped,
 )
-from elasticd.wire.worker_requests import AtStep, WorkerWelcome
+from elasticd.wire.worker_requests import AtStep, Resize, WorkerWelcome
 
 if TYPE_CHECKING:
     from elasticd.member.agent import NodeAgent
@@ -166,7 +166,9 @@ class WorkerChannel:
         """Send checkpoint/drain/resize to this round's shim workers; returns how many were asked."""
         if self.sock is None:
             return 0
-        ask = AtStep(asked.request_id or new_id(), asked.at_step)
+        request_id = asked.request_id or new_id()
+        ask = Resize(request_id, asked.at_step, all_stay=asked.all_stay) if op == WorkerOp.resize \
+            else AtStep(request_id, asked.at_step)
         if op == WorkerOp.drain:
             self.round_drain = (self.node.round_id, ask)  # also for the ranks that say hello later
         frame = encode(Envelope("req", op, ask.encode(), node=self.cfg.node_id, ts=time.time()))

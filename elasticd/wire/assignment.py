@@ -139,6 +139,7 @@ class WorkerRequest(Record):
 
     request_id: str
     at_step: int | None = None
+    all_stay: bool = False  # `resize_workers`: every node of the world is in the next one (a join)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ class Resize(AtStep):
     already drops the request: it crossed the worker's own `left`)."""
 
     round: int | None = None
+    all_stay: bool = False  # every rank of the world is in the next one (a join): a sharded rank gathers nothing
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from support.sim import Sim, verb
 
 from elasticd.coordinator.coordinator import Coordinator
 from elasticd.coordinator.membership import MemoryStore, NodeRecord, RankEntry, Round
@@ -13,7 +14,7 @@ from elasticd.job.config import LEAVE_SLACK_S, STOP_SLACK_S, JobConfig
 from elasticd.job.events import EventLog
 from elasticd.wire.heal_report import Heal
 from elasticd.wire.member_state import ProgressReport
-from elasticd.wire.names import Cause, EventKind
+from elasticd.wire.names import Cause, EventKind, MeshOp
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 
@@ -111,3 +112,27 @@ def test_an_in_place_rounds_stop_barrier_outwaits_the_nodes_wait_for_their_kept_
     assert c.tracker.stop_limit(nxt) == 2.0 + STOP_SLACK_S
     assert c.resizer.begin(prev, [node("a", 1, True, [0, 1])], 2, 0.0, 0.0)
     assert c.tracker.stop_limit(nxt) == 2.0 + STOP_SLACK_S + LEAVE_SLACK_S
+
+
+def in_place_job(nodes: str) -> Sim:
+    """Nodes whose shim ranks resize in place, in a job whose store is up: a graceful change is agreed as a resize."""
+    sim = Sim(nodes, min_nodes=1, max_nodes=len(nodes))
+    sim.configure(shim=True, in_place=True, step_time=0.1)
+    sim.coordinator.resizer.job_store_started("127.0.0.1:1", "")
+    return sim
+
+
+def test_a_join_is_agreed_as_a_resize_in_which_every_rank_stays_and_a_drain_is_not() -> None:
+    """A join's `resize_workers` says `all_stay`: a sharded rank then keeps its own shards and gathers none
+    first; a drain's does not, so that the leaving node's shards with no replica are gathered before it goes."""
+    sim = in_place_job("abc")
+    sim.start("a", "b")
+    sim.formed()
+    sim.start("c")
+    assert sim.formed(2).node_ids() == ["a", "b", "c"]
+    assert [m.body["all_stay"] for m in sim.msgs(MeshOp.resize_workers)] == [True, True]
+    mark = sim.mark()
+    verb(sim.coordinator, "drain", {"node": "c"})
+    assert sim.formed(3).node_ids() == ["a", "b"]
+    assert {m.body["all_stay"] for m in sim.msgs(MeshOp.resize_workers, since=mark)} == {False}
+

@@ -18,6 +18,7 @@ import trainer_shim
 import trainer_shim.session as session_module
 from elasticd.wire.protocol import Envelope, decode, encode
 from elasticd.wire.worker_reports import RankStep
+from elasticd.wire.worker_requests import Resize
 from trainer_shim import NullSession, Session
 from trainer_shim.step_fence import StepFence
 
@@ -146,6 +147,21 @@ def test_a_resize_that_crossed_the_ranks_own_leave_is_not_acted_on(addr: str, ro
         request(router, ident, "resize", "next", None, round=8)  # the next change is honoured
         wait_for(lambda: (s.poll(), len(s.pending) == 1)[1])
         assert s.should_resize(151) and s.last_request_id == "next"
+
+
+
+def test_a_resize_says_whether_every_rank_stays_as_the_daemon_encodes_it(addr: str, router: zmq.Socket) -> None:
+    """A join's `resize` (every rank stays) and a drain's, as the daemon's `Resize` record writes them: the rank
+    acting on one knows which it is (a sharded rank gathers its shards with no replica only for the second)."""
+    with Session(addr, rank=0, round_id=3) as s:
+        ident, _ = recv(router)
+        for rid, all_stay, at in (("join", True, 10), ("drain", False, 20)):
+            body = Resize(rid, at, all_stay=all_stay).encode()
+            router.send_multipart([ident, encode(Envelope(type="req", op="resize", body=body, id=rid))])
+            wait_for(lambda: (s.poll(), len(s.pending) == 1)[1])
+            assert s.should_resize(at) and s.last_request is not None
+            assert (s.last_request_id, s.last_request.all_stay) == (rid, all_stay)
+            s.left_group()
 
 
 def two_ranks(addr: str, router: zmq.Socket) -> tuple[list[Session], list[bytes]]:

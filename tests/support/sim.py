@@ -102,8 +102,9 @@ class SimNode:
     """A member daemon plus its node agent, reduced to what the coordinator can observe (member.py, node.py).
 
     Knobs: `stop_s` (how long old workers take to stop; None: never), `spawn_s`, `shim` with `step0` and
-    `step_time` (steps advance with the clock while workers run), `save_s` (a drain's checkpoint), `checks_s`
-    (when its first health checks report), `mute` (ops it silently ignores), `delay` (its link latency).
+    `step_time` (steps advance with the clock while workers run) and `in_place` (its ranks resize in place: the
+    step report says so, and a `resize_workers` is answered as a drain is), `save_s` (a drain's checkpoint),
+    `checks_s` (when its first health checks report), `mute` (ops it silently ignores), `delay` (its link latency).
     States: `kill()`, `freeze()`/`thaw()`, `blip()`.
     In a job with relays (`relay_group`, `relay_from`) each offers a relay and sends through the one it is told
     (`via`): a frozen relay holds what its members send until it thaws, a dead one drops it and its members go
@@ -117,6 +118,7 @@ class SimNode:
         self.checks_s = checks_s  # its first health checks report this long after its welcome (None: never)
         self.shim, self.step0, self.step_time = shim, step0, step_time
         self.wait_s: float | None = None  # shim ranks that time their allreduce wait report this (stragglers)
+        self.in_place = False  # its shim ranks resize in place (trainer_shim.Elastic)
         self.stop_s, self.spawn_s, self.save_s = stop_s, spawn_s, save_s
         self.delay = sim.delay if delay is None else delay
         sim.sched.add_lane(self.delay)
@@ -151,6 +153,7 @@ class SimNode:
             MeshOp.round: self.on_round, MeshOp.go: lambda b: self.on_go(int(b["round"])),
             MeshOp.job_end: self.on_job_end, MeshOp.probe: lambda b: self.send(MeshOp.pong, {"round": b.get("round")}),
             MeshOp.step_query: self.on_step_query, MeshOp.drain_workers: self.on_drain,
+            MeshOp.resize_workers: self.on_drain,  # its ranks leave their group at the step: `node_drained`
             MeshOp.checkpoint_workers: lambda _b: None,
             MeshOp.kill_worker: lambda b: self.fail_worker(int(b["rank"])),
             MeshOp.left: self.on_left,
@@ -328,7 +331,8 @@ class SimNode:
         self.ended = (str(body.get("state", JobState.failed)), str(body.get("reason", "")))
 
     def on_step_query(self, body: dict[str, Any]) -> None:
-        self.send(MeshOp.step_report, {"op_id": body.get("op_id"), **step_answer(self.rank_metrics(), self.round_id)})
+        self.send(MeshOp.step_report, {"op_id": body.get("op_id"), **step_answer(self.rank_metrics(), self.round_id),
+                                       "in_place": self.in_place})
 
     def on_drain(self, body: dict[str, Any]) -> None:
         """Shim ranks run on to `at_step`, save and say `drained`; plain workers get no request at all."""
