@@ -16,7 +16,7 @@ import zmq.asyncio
 
 from elasticd.job.config import JobConfig, StartError
 from elasticd.job.runtime import worker_socket
-from elasticd.wire.assignment import WorkerRequest
+from elasticd.wire.assignment import ResizeRequest, WorkerRequest
 from elasticd.wire.names import EventKind, NodeState, WorkerOp
 from elasticd.wire.protocol import Envelope, ProtocolError, decode, encode, new_id
 from elasticd.wire.record import Record
@@ -167,7 +167,7 @@ class WorkerChannel:
         if self.sock is None:
             return 0
         request_id = asked.request_id or new_id()
-        ask = Resize(request_id, asked.at_step, all_stay=asked.all_stay) if op == WorkerOp.resize \
+        ask = Resize(request_id, asked.at_step, all_stay=asked.all_stay) if isinstance(asked, ResizeRequest) \
             else AtStep(request_id, asked.at_step)
         if op == WorkerOp.drain:
             self.round_drain = (self.node.round_id, ask)  # also for the ranks that say hello later

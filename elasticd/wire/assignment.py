@@ -135,11 +135,18 @@ class StepQuestion(Record):
 
 @dataclass(frozen=True)
 class WorkerRequest(Record):
-    """`drain_workers`, `checkpoint_workers`, `resize_workers`: the node's shim ranks act at `at_step`."""
+    """`drain_workers`, `checkpoint_workers` (and `resize_workers`): the node's shim ranks act at `at_step`."""
 
     request_id: str
     at_step: int | None = None
-    all_stay: bool = False  # `resize_workers`: every node of the world is in the next one (a join)
+
+
+@dataclass(frozen=True)
+class ResizeRequest(WorkerRequest):
+    """`resize_workers`: the ranks leave their group at `at_step`; `all_stay`: every node of the world is in the next
+    one (a join), so a sharded rank gathers none of its shards first."""
+
+    all_stay: bool = False
 
 
 @dataclass(frozen=True)
@@ -174,6 +181,6 @@ TO_MEMBER: dict[str, type[Record]] = {
     MeshOp.welcome: Welcome, MeshOp.hb: CoordinatorBeat, MeshOp.unknown: Unknown, MeshOp.left: Left,
     MeshOp.round: RoundAssignment, MeshOp.go: Go, MeshOp.job_end: JobEnd, MeshOp.probe: Probe,
     MeshOp.step_query: StepQuestion, MeshOp.drain_workers: WorkerRequest, MeshOp.checkpoint_workers: WorkerRequest,
-    MeshOp.resize_workers: WorkerRequest, MeshOp.kill_worker: KillWorker, MeshOp.relay: RelayRoute,
+    MeshOp.resize_workers: ResizeRequest, MeshOp.kill_worker: KillWorker, MeshOp.relay: RelayRoute,
     MeshOp.node_query: NodeQuery,
 }
