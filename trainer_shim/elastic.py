@@ -78,7 +78,7 @@ class Elastic:
         self._vouched = False  # this process's state was healed in a world: equal to the other ranks'
         self._leaving = False  # between leaving a group and joining the next: the daemon's abort is moot
         self._resize_pending = False  # a resize settled at the last boundary, acted on before the next step
-        self._resize_asked: Request | None = None  # the daemon's `resize` that request settled (its id, `all_stay`)
+        self._resize_asked: Request | None = None  # the `resize` request this boundary settled: its id, `all_stay`
         self._rebuild_s = 0.0  # how long the script's last `on_world` took (the `joined` report's `rebuild_s`)
         self._step_end = time.time()  # when this rank's last step ended (the `joined` report's `last_step_at`)
         self.state_dict, self.load_state_dict, self.on_world = state_dict, load_state_dict, on_world
