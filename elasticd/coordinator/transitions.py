@@ -13,9 +13,10 @@ from typing import Protocol
 from elasticd.coordinator.core import CoordinatorCore, PendingRound
 from elasticd.coordinator.resize import Resizer
 from elasticd.coordinator.step_agreement import WORKER_OPS, StepAgreement, StepQuery
+from elasticd.wire.assignment import ResizeRequest, WorkerRequest
 from elasticd.wire.member_reports import StepReport
 from elasticd.wire.names import After, Cause, EventKind, JobState, MeshOp, NodeStatus, Role, StepRequest, TransitionKind
-from elasticd.wire.protocol import JsonObject, new_id
+from elasticd.wire.protocol import new_id
 
 log = logging.getLogger("elasticd")
 
@@ -241,10 +242,9 @@ class Transitions:
             trans.awaiting = set() if at_step is None else trans.awaiting - query.plain
         # Every member is told, and only those with shim ranks are waited for. A node that answered with none may
         # be starting shim workers that say hello later: the request is theirs too (worker_channel.welcome).
-        body: JsonObject = {"request_id": query.op_id, "at_step": at_step}
-        if request == StepRequest.resize:
-            body["all_stay"] = all_stay
-        core.send_all(core.round.node_ids(), WORKER_OPS[request], body)
+        asked = ResizeRequest(query.op_id, at_step, all_stay) if request == StepRequest.resize \
+            else WorkerRequest(query.op_id, at_step)
+        core.send_all(core.round.node_ids(), WORKER_OPS[request], asked.encode())
 
     def keeps_state_in_place(self, trans: Transition) -> bool:
         """Whether a round follows that holds the ranks' state without a checkpoint: not when the job ends, our
