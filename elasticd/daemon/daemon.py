@@ -319,6 +319,7 @@ class Daemon:
                     self.coordinator.tick(now)
                 if self.plane is not None:
                     self.plane.publish_steps(now)
+                self.node.check_recorded()
                 if now >= next_beat:
                     next_beat = now + self.cfg.heartbeat_s
                     self.beat(now)

@@ -14,7 +14,7 @@ from typing import Any
 
 from elasticd.job.config import STOP_SLACK_S, JobConfig, stop_barrier_s
 from elasticd.member.beats import BeatDiff, PortPool
-from elasticd.member.failures import failure_of
+from elasticd.member.failures import failure_of, read_error_file
 from elasticd.member.gpu import GpuSampler
 from elasticd.member.in_place import InPlace
 from elasticd.member.output_metrics import compile_pattern, parse_line
@@ -268,7 +268,8 @@ class NodeAgent:
         if worker.rank in self.drained_ranks:
             self.check_drained()  # it saved and said so: how its teardown ends is no failure
         elif worker.exit_code != 0:
-            self.send_failure(failure_of(worker, self.cfg.node_id, group.round_id))
+            if not worker.failure_sent:
+                self.send_failure(failure_of(worker, self.cfg.node_id, group.round_id))
         elif not group.running and all(w.exit_code == 0 for w in group.workers):
             self.to_coord(MeshOp.node_done, {"round": group.round_id})
         elif self._exit_watch is None:
@@ -302,6 +303,19 @@ class NodeAgent:
         if self.group is not None and self.group.kill_worker(rank):
             self.event(EventKind.worker_killed, rank=rank, reason="operator drill")
 
+    def check_recorded(self) -> None:
+        """A running worker whose error file appeared (torch's @record) raised and is exiting: its failure goes now,
+        with that error, not once its process is gone. A teardown can take seconds (CUDA, a loaded machine), and a
+        peer blocked in a collective with it would meanwhile look hung, and be named the root cause."""
+        group = self.group
+        if group is None or self.state != NodeState.running:
+            return
+        for worker in group.running:
+            if not (worker.stopping or worker.failure_sent) and worker.error_file.exists() \
+                    and read_error_file(worker) is not None:  # None: still being written
+                worker.failure_sent = True
+                self.send_failure(failure_of(worker, self.cfg.node_id, group.round_id))
+
     def report_failure(self, worker: Worker | None, reason: str, hang: bool = False, rank: int | None = None) -> None:
         """A failure with no exit behind it (a spawn, a store, a lost process, a hang): its reason says what."""
         self.send_failure(Failure(self.cfg.node_id, worker.rank if worker else rank, self.round_id,
@@ -314,6 +328,10 @@ class NodeAgent:
 
     async def _report_hangs(self, hung: dict[int, float]) -> None:
         group = self.group
+        hung = {rank: silent for rank, silent in hung.items()  # a rank that raised is failing, not hung
+                if not (group and any(w.rank == rank and w.failure_sent for w in group.workers))}
+        if not hung:
+            return
         dumps = {d.rank: d for d in await asyncio.gather(*(self.output.dump(w) for w in group.running))} \
             if group else {}
         dumped = sorted(d.rank for d in dumps.values() if d.text)  # the rest: `elasticd stacks` reads their last dump

@@ -44,12 +44,15 @@ def error_of(worker: Worker) -> ErrorInfo | None:
 
 
 def failure_of(worker: Worker, node: str, round_id: int) -> Failure:
+    """Its failure at its exit, or before it (`exit_code` None): once its error file says what it raised."""
     code = worker.exit_code
     error = error_of(worker)
-    reason = f"worker rank {worker.rank} on node {node} exited with {describe_exit(code)}"
+    reason = f"worker rank {worker.rank} on node {node} " + \
+        (f"exited with {describe_exit(code)}" if code is not None else "raised (its process is exiting)")
     if error is not None:
         reason += f": {error.summary}"
-    return Failure(node, worker.rank, round_id, code, signal_name(code), worker.proc.pid, worker.exited_at, error,
+    return Failure(node, worker.rank, round_id, code, signal_name(code), worker.proc.pid,
+                   worker.exited_at or time.time(), error,
                    reason=reason, log=str(worker.log_path),
                    error_file=str(worker.error_file) if error and error.source == ERROR_FILE else "")
 

@@ -38,6 +38,7 @@ class Worker:
     exit_code: int | None = None
     exited_at: float = 0.0
     stopping: bool = False
+    failure_sent: bool = False  # reported once its error file appeared: its exit is not reported again
     ps: psutil.Process | None = None
     output: OutputLines = field(default_factory=OutputLines)
     watch: asyncio.Task[None] | None = None  # reads its output and reports its exit; moves with it to a new round
