@@ -7,9 +7,6 @@ import warnings
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
 from trainer_shim.generation import Generation
 from trainer_shim.session import Session
@@ -51,6 +48,8 @@ def warm_sharding() -> None:
     if dist.is_initialized():
         return
     try:
+        from torch.distributed.device_mesh import init_device_mesh  # here: a torch without FSDP2 skips the warm-up
+
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # DTensor's notes on CPU meshes: this model is thrown away
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -64,6 +63,9 @@ def warm_sharding() -> None:
 
 
 def _step(mesh: dist.DeviceMesh) -> None:
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.fsdp import fully_shard
+
     with torch.device("meta"):
         model = _Tiny()
     fully_shard(model.layer, mesh=mesh, reshard_after_forward=True)
