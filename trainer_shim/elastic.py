@@ -31,6 +31,7 @@ from trainer_shim.checkpoint import SaveResult
 from trainer_shim.data import ElasticSampler
 from trainer_shim.generation import (
     DEFAULT_TIMEOUT_S,
+    GENERATION_WAIT_S,
     Generation,
     NotArrived,
     abort,
@@ -50,7 +51,6 @@ from trainer_shim.step_commit import StepCommit
 from trainer_shim.step_fence import StepFence
 from trainer_shim.step_timing import CollectiveWait
 
-GENERATION_WAIT_S = 120.0  # after leaving, how long to wait for the next generation before giving up
 PRESTART_ENV = "ELASTICD_AWAIT_GENERATION"  # set by the daemon on a joiner's pre-started workers
 RESTART_WAIT_S = 120.0  # after a failed resize, how long the daemon has to replace this process
 

@@ -29,6 +29,7 @@ DEFAULT_TIMEOUT_S = 10.0  # short: a peer that is alive but absent is only notic
 # newcomer's peers first finish their step, or are forked under load. A wait that is moot ends sooner: the
 # daemon stops this process for a restart, or replaces it when it does not leave for a newer generation.
 ARRIVAL_WAIT_S = 60.0
+GENERATION_WAIT_S = 120.0  # out of any group (after leaving, or pre-started): one wait for the next generation
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,9 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from trainer_shim.generation import Generation
+from trainer_shim.generation import GENERATION_WAIT_S, Generation
 from trainer_shim.session import Session
 
-WAIT_S = 120.0  # one wait for the generation; it waits again as long as its node keeps it
 log = logging.getLogger("trainer_shim")
 
 
@@ -36,7 +35,7 @@ def await_first(session: Session, sharded: bool) -> Generation:
     session.rejoin(session.rank, 0, in_place=True, waiting=True)
     body = None
     while body is None:
-        body = session.wait_generation(0, WAIT_S)
+        body = session.wait_generation(0, GENERATION_WAIT_S)  # again, as long as its node keeps it
     return Generation.from_body(body)
 
 
