@@ -15,11 +15,14 @@ from support.resizes import FSDP, changed, digests, finish, first_world, gracefu
 
 
 def reference(tmp: Path, steps: int, *args: str) -> dict:
-    """The same data on one process, never interrupted: what the resized job must hold at its end."""
+    """The same data on one process, never interrupted: what the resized job must hold at its end. One intra-op
+    thread, as elasticd gives its workers (OMP_NUM_THREADS=1, as torchrun does): two threads on a loaded 2-core
+    machine wait on each other at every op (127 steps took 62 s beside six busy loops, against 7 s with one)."""
     out = tmp / "ref"
     out.mkdir()
     subprocess.run([sys.executable, str(FSDP), "--steps", str(steps), "--ckpt-dir", str(out / "ckpt"),
-                    "--digest-log", str(out / "digests.log"), *args], check=True, timeout=120, capture_output=True)
+                    "--digest-log", str(out / "digests.log"), *args], check=True, timeout=120, capture_output=True,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"})
     return torch.load(out / "digests.log.final.pt")
 
 
