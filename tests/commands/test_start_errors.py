@@ -12,7 +12,8 @@ import pytest
 from support.harness import TICKER, free_port
 
 
-def start(tmp: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def start(tmp: Path, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    # A job that runs waits for its zygote to import torch first: 3 s here, 20 s on a loaded 2-core CI machine.
     env = {"ELASTICD_RUNTIME_DIR": str(tmp / "run"), "PATH": "/usr/bin:/bin",
            **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}}  # a worktree on PYTHONPATH tests itself
     return subprocess.run([sys.executable, "-m", "elasticd.cli", "start", *args], cwd=tmp, env=env,
