@@ -124,7 +124,9 @@ def plan(wants: Mapping[int, Mapping[str, Block]], holds: Mapping[int, Mapping[s
                     continue
                 nbytes = (hi - lo) * want.row_bytes
                 parts = min(len(ranks), MAX_SOURCES, hi - lo) if nbytes >= SPLIT_BYTES else 1
-                ranks = sorted(ranks, key=lambda r: (load[r], r))[:parts]
+                # the least loaded, the lowest rank first among equals (`ranks` ascend; min keeps the first)
+                ranks = [min(ranks, key=load.__getitem__)] if parts == 1 else \
+                    sorted(ranks, key=lambda r: (load[r], r))[:parts]
                 for i, src in enumerate(ranks):
                     a, b = lo + (hi - lo) * i // parts, lo + (hi - lo) * (i + 1) // parts
                     pieces.append(Piece(path, src, dst, a, b, (b - a) * want.row_bytes, want.dtype))
