@@ -56,30 +56,35 @@ class Healed:
                 "transfer_s": round(self.transfer_s, 4), "fallback": fallback}
 
 
-Offsets = dict[tuple[Any, ...], tuple[int, ...]]  # a heal's DTensor offsets by (shape, mesh, placements)
+Blocks = dict[tuple[Any, ...], Block]  # a heal's DTensor blocks by (shape, local shape, dtype, mesh, placements)
 
 
-def block_of(t: torch.Tensor, offsets: Offsets | None = None) -> tuple[torch.Tensor, Block]:
+def block_of(t: torch.Tensor, blocks: Blocks | None = None) -> tuple[torch.Tensor, Block]:
     """A tensor's local data and the block of the global tensor it is. A DTensor may be sharded along one dim.
-    `offsets`: a heal's cache of the DTensors' offsets (a parameter and its two moments share one; computing
-    one costs ~30 us, most of a heal's own time at a model's hundreds of tensors)."""
+    `blocks`: a heal's cache of the DTensors' blocks (a parameter and its two moments share one, as do a model's
+    same-shaped layers: computing one costs ~30 us, and even its lookup by parts was 6.5 us a tensor)."""
     if not isinstance(t, DTensor):
         local = t.detach()
         return local, block(tuple(t.shape), t.dtype, 0, 0, t.shape[0] if t.dim() else 1)
     local = t.to_local().detach()  # under `heal`'s no_grad: the plain local tensor, not autograd's Function
+    cache = blocks if blocks is not None else {}
+    key = (t.shape, local.shape, t.dtype, t.device_mesh, t.placements)
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = _dtensor_block(t, local)
+    return local, found
+
+
+def _dtensor_block(t: DTensor, local: torch.Tensor) -> Block:
     shape = tuple(t.shape)
-    cache = offsets if offsets is not None else {}
-    key = (shape, t.device_mesh, t.placements)
-    if key not in cache:
-        cache[key] = tuple(compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)[1])
-    offset = cache[key]
+    offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)[1]
     split = [d for d in range(len(shape)) if local.shape[d] != shape[d]]
     if len(split) > 1:
         raise HealError(f"a DTensor sharded along {len(split)} dims ({t.placements}) cannot be healed by rows")
     if not shape:
-        return local, block(shape, t.dtype, 0, 0, 1)
+        return block(shape, t.dtype, 0, 0, 1)
     dim = split[0] if split else next((p.dim for p in t.placements if isinstance(p, Shard)), 0)
-    return local, block(shape, t.dtype, dim, int(offset[dim]), int(offset[dim]) + int(local.shape[dim]))
+    return block(shape, t.dtype, dim, int(offset[dim]), int(offset[dim]) + int(local.shape[dim]))
 
 
 def replicated(t: torch.Tensor) -> bool:
@@ -287,9 +292,9 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
     the lowest holder of each row is its only source, so that every rank ends equal."""
     start = time.perf_counter()
     rank = dist.get_rank()
-    offsets: Offsets = {}
-    have = {p: block_of(t, offsets) for p, t in held.items()}
-    wanted = {p: block_of(t, offsets) for p, t in (wants or {}).items()}
+    blocks: Blocks = {}
+    have = {p: block_of(t, blocks) for p, t in held.items()}
+    wanted = {p: block_of(t, blocks) for p, t in (wants or {}).items()}
     mine = Offer(held_step if held else NOTHING, vouched, {p: b for p, (_, b) in have.items()},
                  None if wants is None else {p: b for p, (_, b) in wanted.items()})
     own = [skeleton, {p: t.device.type for p, (t, _) in have.items()}]
