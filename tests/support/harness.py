@@ -64,6 +64,7 @@ class DaemonProc:
     """One `elasticd start` process; its output is collected line by line."""
 
     def __init__(self, args: list[str], cwd: Path, env: dict[str, str], prefix: list[str] | None = None) -> None:
+        self.args = args
         self.proc = subprocess.Popen(
             [*(prefix or []), sys.executable, "-m", "elasticd.cli", "start", *args], cwd=cwd, env=env, text=True,
             errors="replace",  # a worker's binary output, echoed by its daemon, is read like any other
@@ -215,8 +216,19 @@ class Job:
     def __enter__(self) -> Job:
         return self
 
-    def __exit__(self, *_exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_rest: object) -> None:
+        if exc_type is not None:
+            self.print_logs()
         self.close()
+
+    def print_logs(self, lines: int = 200) -> None:
+        """Each daemon's own last log lines (not its workers' echoed output): pytest shows what a failing test
+        printed, so a CI report says what the daemons saw, which the job's files do not keep."""
+        for daemon in self.started:
+            node = daemon.args[daemon.args.index("--node-id") + 1] if "--node-id" in daemon.args else "?"
+            said = [line for line in daemon.output().splitlines() if " elasticd " in line]
+            print(f"----- daemon {node} (pid {daemon.proc.pid}): its last {min(lines, len(said))} log lines -----")
+            print("\n".join(said[-lines:]))
 
 
 def wait_gone(pids: set[int] | list[int], timeout: float = 15.0) -> list[int]:
