@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import os
 import socket
 from collections.abc import Mapping
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 import torch.distributed.tensor._random as dtensor_random
 from torch.distributed.tensor import DTensor
 
@@ -30,6 +32,7 @@ DEFAULT_TIMEOUT_S = 10.0  # short: a peer that is alive but absent is only notic
 # daemon stops this process for a restart, or replaces it when it does not leave for a newer generation.
 ARRIVAL_WAIT_S = 60.0
 GENERATION_WAIT_S = 120.0  # out of any group (after leaving, or pre-started): one wait for the next generation
+RECONFIGURE_ENV = "ELASTICD_RECONFIGURE"  # "0": re-init the group every generation even where c10d can reconfigure
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,12 @@ class Generation:
             return None
         return cls(int(env.get("ELASTICD_ROUND", "0")), int(env["RANK"]), int(env["WORLD_SIZE"]), env[STORE_ENV],
                    env[PREFIX_ENV])
+
+    @property
+    def job_prefix(self) -> str:
+        """The job's own keys, above every generation's (`elastic/JOB` of `elastic/JOB/gROUND`: the coordinator's
+        elasticd/coordinator/resize.py names them so)."""
+        return self.prefix.rpartition("/")[0] or self.prefix
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Generation:
@@ -107,18 +116,80 @@ def arrive(gen: Generation, store: dist.Store, wait_s: float = ARRIVAL_WAIT_S, s
                          f"{'arrived' if stage == 'arrival' else 'reached ' + stage} within {wait_s:.0f}s") from None
 
 
+def can_reconfigure(backend: str) -> bool:
+    """This process can move its group to the next generation with c10d's `reconfigure` (torch 2.14 and newer,
+    gloo; NCCL refuses it there): the group object stays, only its peers change. `ELASTICD_RECONFIGURE=0` opts
+    out (a side-by-side measurement)."""
+    return (backend == "gloo" and os.environ.get(RECONFIGURE_ENV, "1") != "0"
+            and hasattr(dist.ProcessGroup, "reconfigure")
+            and "enable_reconfigure" in inspect.signature(dist.init_process_group).parameters)
+
+
 def join(gen: Generation, backend: str, store: dist.Store, timeout_s: float,
          wait_s: float = ARRIVAL_WAIT_S) -> set[str]:
-    """Init the default group of this generation on a fresh prefix (a reused one hangs, #55967), once every
-    rank has arrived (`arrive`).
+    """Join this generation's default group once every rank has arrived (`arrive`): by `reconfigure` where every
+    rank can (`can_reconfigure`), else by an init on the generation's fresh prefix (a reused one hangs, #55967).
+    A rank that cannot says so before it counts itself in, so every rank reads the same answer after `arrive`.
 
     Returns the sockets the group opened (its gloo pairs), for `leave` to sever.
     """
+    able = can_reconfigure(backend)
+    arrival = dist.PrefixStore(f"{gen.prefix}/arrival", store)
+    if not able:
+        arrival.add("plain", 1)
     arrive(gen, store, wait_s)
     before = _sockets().keys()
-    dist.init_process_group(backend, store=dist.PrefixStore(gen.prefix, store), rank=gen.rank,
-                            world_size=gen.world_size, timeout=timedelta(seconds=timeout_s))
+    if able and arrival.add("plain", 0) == 0:
+        _reconfigure(gen, backend, store, timeout_s)
+    else:
+        if dist.is_initialized():  # a group kept for `reconfigure`, which a peer of this generation cannot do
+            dist.destroy_process_group()
+        dist.init_process_group(backend, store=dist.PrefixStore(gen.prefix, store), rank=gen.rank,
+                                world_size=gen.world_size, timeout=timedelta(seconds=timeout_s))
     return set(_sockets().keys() - before)
+
+
+@dataclass
+class _Kept:
+    """The default group `reconfigure` moves from one generation to the next (one per process)."""
+
+    group: dist.ProcessGroup
+    names: int  # c10d's group counter just after the group's init: where every process's subgroup names start
+
+
+_kept: _Kept | None = None
+
+
+def _keeps_group() -> bool:
+    return _kept is not None and dist.is_initialized() and c10d._get_default_group() is _kept.group
+
+
+def _reconfigure(gen: Generation, backend: str, store: dist.Store, timeout_s: float) -> None:
+    """Move the kept group to this generation (a new process first makes one, in reconfigure mode, on the job's
+    keys: every rank's `reconfigure` meets there). Each rank posts its handle; the list in rank order is the map."""
+    global _kept
+    timeout = timedelta(seconds=timeout_s)
+    if not _keeps_group():
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        dist.init_process_group(backend, store=dist.PrefixStore(f"{gen.job_prefix}/group", store), rank=gen.rank,
+                                world_size=gen.world_size, timeout=timeout,
+                                enable_reconfigure=True)  # type: ignore[call-arg,unused-ignore]  # torch >= 2.14
+        _kept = _Kept(c10d._get_default_group(), c10d._world.group_count)
+    assert _kept is not None
+    handles = dist.PrefixStore(f"{gen.prefix}/handles", store)
+    handles.set(str(gen.rank), _kept.group.get_reconfigure_handle())  # type: ignore[attr-defined,unused-ignore]
+    ranks = [str(r) for r in range(gen.world_size)]
+    handles.wait(ranks, timeout)
+    order = [h.decode() for h in handles.multi_get(ranks)]
+    c10d._reconfigure(uuid=gen.round, handles=order, timeout=timeout).wait()  # type: ignore[attr-defined,unused-ignore]
+    # c10d's bookkeeping follows the new peers (private fields: no API sets them): subgroups (a device mesh's) take
+    # their keys under this generation's prefix, and names from where a new process's start, so that survivors
+    # and newcomers name them alike; the group's rank map has the new size.
+    world = c10d._world
+    world.pg_map[_kept.group] = (world.pg_map[_kept.group][0], dist.PrefixStore(gen.prefix, store))
+    world.pg_group_ranks[_kept.group] = {r: r for r in range(gen.world_size)}
+    world.group_count = _kept.names
 
 
 def leave(backend: str, failed: bool, opened: set[str]) -> None:
@@ -126,7 +197,8 @@ def leave(backend: str, failed: bool, opened: set[str]) -> None:
 
     gloo: destroy does not close the group while anything still holds it (DDP's hooks on the parameters do),
     so a peer blocked in a collective with us would wait for its timeout; shutting our pair sockets down makes
-    it fail at once and leave too. Listening sockets are left alone (gloo aborts on a failed accept).
+    it fail at once and leave too. Listening sockets are left alone (gloo aborts on a failed accept). A group
+    kept for `reconfigure` stays; the generation's subgroups go.
     """
     if not dist.is_initialized():
         return
@@ -136,8 +208,22 @@ def leave(backend: str, failed: bool, opened: set[str]) -> None:
             dist.distributed_c10d._abort_process_group()
             return
         torch.cuda.synchronize()
-    dist.destroy_process_group()
+        _destroy()
+        sever(opened)
+        return
+    # Severed first: gloo's destroy waits on pairs that its peers still hold open (20-40 ms at 4 ranks here,
+    # bench/group_switch.py), and ~10 ms once every peer has shut them down.
     sever(opened)
+    _destroy()
+
+
+def _destroy() -> None:
+    """Destroy this generation's groups; a group kept for `reconfigure` stays, for the next generation."""
+    if _keeps_group():
+        for group in [g for g in c10d._world.pg_map if g is not c10d._get_default_group()]:
+            dist.destroy_process_group(group)
+    else:
+        dist.destroy_process_group()
 
 
 def forget_rng_tracker() -> None:
