@@ -7,6 +7,7 @@ import math
 import os
 import shutil
 import socket
+import string
 import sys
 import uuid
 from collections.abc import Callable
@@ -135,6 +136,7 @@ def config_from_args(ns: argparse.Namespace) -> tuple[JobConfig, float]:
         local_addr=ns.local_addr or "", control_bind=ns.control, pub_bind=ns.pub,
         zygote=not (ns.no_zygote or ns.no_python), preload=ns.preload, keys_dir=ns.keys, insecure=ns.insecure,
         metrics_from_output=ns.metrics_from_output, role=ns.role, console_ranks=console, no_python=ns.no_python,
+        line_prefix=line_prefix(ns.log_line_prefix_template or os.environ.get(PREFIX_ENV, "")),
         node_rank=max(ns.node_rank, -1), host_coordinator=conf.get("is_host") is not False,
         port_range=parse_port_range(ns.port_range),
         leave_signals=parse_signals(ns.signals_to_handle) if ns.signals_to_handle else DEFAULT_LEAVE_SIGNALS,
@@ -161,6 +163,22 @@ def _checked(cfg: JobConfig) -> list[str]:
         return ["--port-range is unused here: it places the store tunnel (--keys), the mesh (--rdzv-backend etcd) "
                 "and the relay (a job with relays), and this job has none of them"]
     return []
+
+
+PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"  # torchrun reads it where --log-line-prefix-template is not given
+PREFIX_MACROS = {"role_name": "", "local_rank": 0, "rank": 0, "hostname": ""}
+
+
+def line_prefix(template: str) -> str:
+    """--log-line-prefix-template, checked: only torchrun's macros, and `$` only before one ("$$" is a dollar)."""
+    try:
+        string.Template(template).substitute(PREFIX_MACROS)
+    except KeyError as err:
+        raise ConfigError(f"--log-line-prefix-template: no macro ${{{err.args[0]}}}; it knows "
+                          f"{', '.join('${' + m + '}' for m in PREFIX_MACROS)}") from None
+    except ValueError:
+        raise ConfigError(f"--log-line-prefix-template: a lone $ in {template!r} (write $$ for a dollar)") from None
+    return template
 
 
 def _nproc(text: str) -> int:

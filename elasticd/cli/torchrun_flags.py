@@ -6,6 +6,7 @@ import argparse
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from elasticd.job.config import ConfigError
 
@@ -26,6 +27,7 @@ class TorchrunFlag:
     choices: tuple[str, ...] = ()
     ignored: str = ""  # why it has no effect under elasticd: said once on stderr when it is given
     help: str = ""
+    action: type[argparse.Action] | None = None  # acts while parsing, as torchrun's does (--print-completion)
 
     @property
     def dest(self) -> str:
@@ -44,6 +46,22 @@ class TorchrunFlag:
 def _flag_text(text: str) -> bool:
     """torchrun's check_env reading of PET_<NAME>: an integer, non-zero means set."""
     return bool(int(text))
+
+
+class PrintCompletion(argparse.Action):
+    """torchrun's --print-completion: a completion script for every verb and flag of elasticd, written by the optional
+    shtab package as torchrun's is, then exit; no SCRIPT needed."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        try:
+            import shtab
+        except ImportError:
+            parser.exit(2, "elasticd start: --print-completion needs the optional shtab package (pip install shtab)\n")
+        from elasticd.cli.main import build_parser  # the whole command, every verb (it imports this module)
+
+        print(shtab.complete(build_parser(), shell=values))
+        parser.exit(0)
 
 
 _NO_LOG_SPLIT = "every worker's output already goes to its own log file under --log-dir"
@@ -75,6 +93,9 @@ TORCHRUN_FLAGS: tuple[TorchrunFlag, ...] = (
                  "LOCAL_RANK:STD,... (the log file is always written)"),
     TorchrunFlag("tee", "0", short="-t", help="local ranks shown on the console even if redirected (as -r)"),
     TorchrunFlag("local-ranks-filter", "", help="only these local ranks' output on the console: 0,1,..."),
+    TorchrunFlag("log-line-prefix-template", "", help="each console line's prefix, with ${role_name}, "
+                 "${local_rank}, ${rank}, ${hostname} (default '[NODE:RANK] '; or "
+                 "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)"),
     TorchrunFlag("duplicate-stdout-filters", ignored=_NO_LOG_SPLIT),
     TorchrunFlag("duplicate-stderr-filters", ignored=_NO_LOG_SPLIT),
     TorchrunFlag("node-rank", -1, convert=int, help="this node's place in the rank map (default: join order)"),
@@ -89,6 +110,8 @@ TORCHRUN_FLAGS: tuple[TorchrunFlag, ...] = (
                  "SIGTERM,SIGINT,SIGHUP)"),
     TorchrunFlag("shutdown-timeout", convert=float, help="seconds from SIGTERM to SIGKILL for workers "
                  "(--grace-period)"),
+    TorchrunFlag("print-completion", pet=False, choices=("bash", "zsh", "tcsh"), action=PrintCompletion,
+                 help="print a shell completion script for elasticd and exit (needs the optional shtab package)"),
     TorchrunFlag("virtual-local-rank", False, switch=True, ignored="LOCAL_RANK stays the worker's real local "
                  "rank and every GPU stays visible; pick the device with LOCAL_RANK"),
 )
@@ -109,6 +132,9 @@ def add_torchrun_flags(p: argparse.ArgumentParser) -> None:
         text = flag.help or f"accepted; {flag.ignored}"
         if flag.switch:
             p.add_argument(*flag.spellings, dest=flag.dest, default=default, help=text, action="store_true")
+        elif flag.action is not None:
+            p.add_argument(*flag.spellings, dest=flag.dest, default=default, help=text, choices=flag.choices or None,
+                           action=flag.action)
         else:  # choices=None: any value
             p.add_argument(*flag.spellings, dest=flag.dest, default=default, help=text, choices=flag.choices or None)
 

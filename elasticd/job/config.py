@@ -96,6 +96,7 @@ class JobConfig:
     role: str = "default"  # ROLE_NAME (torchrun's --role)
     metrics_from_output: str = ""  # REGEX with (?P<step>) / (?P<loss>) groups, matched on every worker line
     console_ranks: frozenset[int] | None = None  # local ranks whose output is echoed; None: all (log files: all)
+    line_prefix: str = ""  # each echoed line's prefix, a template of ${role_name} ${local_rank} ${rank} ${hostname}
     no_python: bool = False  # exec the entry itself, no interpreter in front (torchrun's --no-python)
     node_rank: int = -1  # this node's place in the rank map (torchrun's --node-rank); -1: join order
     leave_signals: tuple[str, ...] = DEFAULT_LEAVE_SIGNALS  # torchrun's --signals-to-handle

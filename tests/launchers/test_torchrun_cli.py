@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -57,11 +59,18 @@ def no_pet_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name)
 
 
+EXITS = {"print_completion"}  # torchrun prints and exits as it parses these (torch 2.14); so does `elasticd start`
+
+
 @pytest.mark.parametrize("action", torchrun_actions(), ids=lambda a: a.dest)
 def test_every_torchrun_spelling_is_accepted(action: argparse.Action) -> None:
     baseline = parse(str(TICKER))
     torchrun_values(baseline)
     for spelling in action.option_strings:
+        if action.dest in EXITS:
+            with pytest.raises(SystemExit):  # the script, or the one line that says shtab is missing
+                parse(spelling, *plausible_value(action))
+            continue
         ns = parse(spelling, *plausible_value(action), str(TICKER))
         assert ns.script == str(TICKER), spelling  # the flag did not swallow the script
         torchrun_values(ns)
@@ -166,6 +175,8 @@ FAST = ["--standalone", "--preload", "json", "--log-dir", "logs"]  # the fork pa
     (["--shutdown-timeout", "0"], {}, "--shutdown-timeout must be positive"),
     (["--no-python", "-m"], {}, "--no-python and -m cannot go together"),
     (["--run-path", "--no-python"], {}, "--run-path runs a Python file"),
+    (["--log-line-prefix-template", "${node}: "], {}, "--log-line-prefix-template: no macro ${node}"),
+    ([], {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "cost $5 "}, "a lone $ in 'cost $5 '"),
 ])
 def test_bad_torchrun_input_is_one_clear_line(tmp_path: Path, args: list[str], env: dict[str, str],
                                               message: str) -> None:
@@ -182,6 +193,32 @@ def test_no_python_execs_the_script_itself(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "[n:0] shell worker rank=0 role=loader args=x" in result.stdout
     assert result.stderr.count("--no-python: workers are exec'd directly") == 1
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_console_lines_take_torchruns_log_line_prefix_template(tmp_path: Path, how: str) -> None:
+    """The flag is torch 2.14's; torch 2.13's torchrun reads the variable alone."""
+    script = tmp_path / "say.sh"
+    script.write_text('#!/bin/sh\necho "from $RANK"\n')
+    script.chmod(0o755)
+    template = "${hostname}|${role_name}${local_rank}|${rank}|$$ "
+    flag = ["--log-line-prefix-template", template] if how == "flag" else []
+    env = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": template} if how == "env" else {}
+    result = start(tmp_path, "--standalone", "--no-python", "--nproc-per-node", "2", "--role", "w", *flag,
+                   "--log-dir", "logs", "say.sh", env=env)
+    assert result.returncode == 0, result.stderr
+    for rank in (0, 1):
+        assert f"{socket.gethostname()}|w{rank}|{rank}|$ from {rank}" in result.stdout.splitlines()
+    assert all(log.read_text() == f"from {log.stem[-1]}\n" for log in (tmp_path / "logs").rglob("rank-*.log"))
+
+
+def test_print_completion_writes_a_script_or_says_it_needs_shtab(tmp_path: Path) -> None:
+    result = start(tmp_path, "--print-completion", "bash")  # no SCRIPT: it exits first, as torchrun's does
+    if importlib.util.find_spec("shtab") is None:
+        assert (result.returncode, result.stderr.strip(), result.stdout) == (
+            2, "elasticd start: --print-completion needs the optional shtab package (pip install shtab)", "")
+    else:
+        assert result.returncode == 0 and "elasticd" in result.stdout and "--nproc-per-node" in result.stdout
 
 
 def test_redirects_tee_and_filter_choose_the_console_ranks(tmp_path: Path) -> None:

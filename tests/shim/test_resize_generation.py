@@ -64,7 +64,9 @@ def member(proc: int, backend: str, store_addr: str, worlds: list[int], out: dic
         if gen == 3 and proc == 0 and world > 1:  # rank 0 was replaced (a crash): rank 1 is the freshest now
             me["model"], me["opt"] = fresh(device, seed=300)
             me["step"] = 0
-        opened = join(Generation(gen, proc, world, store_addr, f"test/g{gen}"), backend, store, 30)
+        # A process out of the last generation waits here while the others train it: in a full suite on 2 cores
+        # (torch 2.14's CUDA wheel) that outlasted the 60 s a daemon's worker waits.
+        opened = join(Generation(gen, proc, world, store_addr, f"test/g{gen}"), backend, store, 30, wait_s=240)
         tensors: dict = {}
         skeleton = flatten(snapshot(), tensors)
         synced, filled = heal(me["step"], tensors, skeleton, None, comm, vouched=gen > 1)

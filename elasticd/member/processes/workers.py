@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
+import string
 import sys
 import time
 from collections.abc import Callable
@@ -23,6 +25,7 @@ from elasticd.wire.assignment import RoundAssignment
 
 READ_CHUNK = 64 * 1024
 GATHER_S = 0.05  # output waits at most this long in the pipe's buffer before the log file, `logs` and the echo
+HOSTNAME = socket.gethostname()  # --log-line-prefix-template's ${hostname}
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # torch's @record writes the exception there, as under torchrun
 
 
@@ -206,10 +209,17 @@ class WorkerGroup:
             for _raw, text in lines:
                 self.on_line(worker, text)
         if lines and (self.cfg.console_ranks is None or worker.local_rank in self.cfg.console_ranks):  # --redirects
-            prefix = f"[{self.cfg.node_id}:{worker.rank}] ".encode()  # a worker kept in place shows its new rank
+            prefix = self._prefix(worker).encode()  # a worker kept in place shows its new rank
             sys.stdout.buffer.write(b"".join(prefix + raw if raw.endswith(b"\n") else prefix + raw + b"\n"
                                              for raw, _text in lines))
             sys.stdout.flush()
+
+    def _prefix(self, worker: Worker) -> str:
+        """An echoed line's prefix: --log-line-prefix-template's (torchrun's macros), or [NODE:RANK]."""
+        if not self.cfg.line_prefix:
+            return f"[{self.cfg.node_id}:{worker.rank}] "
+        return string.Template(self.cfg.line_prefix).substitute(
+            role_name=self.cfg.role, local_rank=worker.local_rank, rank=worker.rank, hostname=HOSTNAME)
 
     @property
     def running(self) -> list[Worker]:
