@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="elasticd", description="Supervise, see and steer elastic PyTorch jobs.")
     parser.add_argument("--version", action="version", version=f"elasticd {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
-    add_start_parser(sub)
+    add_start_parser(sub, parser)
     add_keys_parser(sub)
     for command in REGISTRY.values():
         add_verb_parser(sub, command)

@@ -42,7 +42,7 @@ TIMEOUT_DEFAULTS = {"grace_period": 5.0, "join_timeout": 600.0, "hang_timeout": 
                     "connect_timeout": 60.0, "heartbeat": 1.0}
 
 
-def add_start_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_start_parser(sub: argparse._SubParsersAction, root: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p = sub.add_parser("start", help="supervise this node's workers (replaces torchrun)",
                        description="Run SCRIPT (or -m MODULE) on this node as part of an elastic job. "
                        "Takes torchrun's whole command line and its PET_* variables (docs/torchrun-compat.md).")
@@ -54,7 +54,7 @@ def add_start_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
             kw.update(type=float, default=None, help=f"{kw['help']} (default {default:g})")
         p.add_argument(*names, **kw)
 
-    add_torchrun_flags(p)
+    add_torchrun_flags(p, root)
     flag("node-id", default=Default(""), help="unique node name (default: the hostname; under SLURM, its node name)")
     flag("grace-period", help="seconds from SIGTERM to SIGKILL for workers")
     flag("join-timeout", help="seconds to wait below min nodes before failing")

@@ -49,8 +49,12 @@ def _flag_text(text: str) -> bool:
 
 
 class PrintCompletion(argparse.Action):
-    """torchrun's --print-completion: a completion script for every verb and flag of elasticd, written by the optional
-    shtab package as torchrun's is, then exit; no SCRIPT needed."""
+    """torchrun's --print-completion: a completion script for every verb and flag of elasticd (`root`), written by
+    the optional shtab package as torchrun's is, then exit; no SCRIPT needed."""
+
+    def __init__(self, *args: Any, root: argparse.ArgumentParser, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.root = root
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
@@ -58,9 +62,7 @@ class PrintCompletion(argparse.Action):
             import shtab
         except ImportError:
             parser.exit(2, "elasticd start: --print-completion needs the optional shtab package (pip install shtab)\n")
-        from elasticd.cli.main import build_parser  # the whole command, every verb (it imports this module)
-
-        print(shtab.complete(build_parser(), shell=values))
+        print(shtab.complete(self.root, shell=values))
         parser.exit(0)
 
 
@@ -121,8 +123,9 @@ class Default(str):
     """A flag's value that nobody gave (neither the command line nor PET_*): a scheduler's may replace it."""
 
 
-def add_torchrun_flags(p: argparse.ArgumentParser) -> None:
-    """Every torchrun flag in every spelling; the default comes from PET_<NAME> as torchrun takes it."""
+def add_torchrun_flags(p: argparse.ArgumentParser, root: argparse.ArgumentParser) -> None:
+    """Every torchrun flag in every spelling; the default comes from PET_<NAME> as torchrun takes it. `root`: the
+    whole command's parser (--print-completion completes it)."""
     for flag in TORCHRUN_FLAGS:
         # The env text is kept raw here and converted by torchrun_values: a bad PET_* value must be a
         # one-line ConfigError at `start`, not a crash while building the parser for every verb.
@@ -134,7 +137,7 @@ def add_torchrun_flags(p: argparse.ArgumentParser) -> None:
             p.add_argument(*flag.spellings, dest=flag.dest, default=default, help=text, action="store_true")
         elif flag.action is not None:
             p.add_argument(*flag.spellings, dest=flag.dest, default=default, help=text, choices=flag.choices or None,
-                           action=flag.action)
+                           action=flag.action, root=root)  # argparse hands `root` to the action
         else:  # choices=None: any value
             p.add_argument(*flag.spellings, dest=flag.dest, default=default, help=text, choices=flag.choices or None)
 
