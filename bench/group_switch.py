@@ -22,8 +22,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from procs import ROOT, free_port
+from procs import ROOT, spawn_ranks
 
 from trainer_shim import generation
 from trainer_shim.generation import Generation, join, leave
@@ -68,10 +67,7 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=5)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "group_switch.json"))
     args = parser.parse_args()
-    with mp.Manager() as manager:
-        out = manager.dict()
-        mp.start_processes(rank_main, args=(args, free_port(), out), nprocs=args.ranks, start_method="spawn")
-        took = dict(out)
+    took = spawn_ranks(rank_main, args)
     medians: dict[str, dict[str, float]] = {}
     for way in took[0]:
         switch = [a * 1e3 for r in took.values() for a, _ in r[way]]

@@ -47,6 +47,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def spawn_ranks(rank_main: Callable[..., None], args: argparse.Namespace) -> dict[int, Any]:
+    """`rank_main(rank, args, port, out)` in --ranks spawned processes around a free port; what each put in
+    out[rank]. torch's multiprocessing is imported here only: the other benchmarks run without torch."""
+    import torch.multiprocessing as mp
+
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.start_processes(rank_main, args=(args, free_port(), out), nprocs=args.ranks, start_method="spawn")
+        return dict(out)
+
+
 def tree(pid: int) -> list[psutil.Process]:
     try:
         root = psutil.Process(pid)

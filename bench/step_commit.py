@@ -19,8 +19,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from procs import ROOT, free_port
+from procs import ROOT, spawn_ranks
 
 from trainer_shim.step_commit import StepCommit
 
@@ -54,10 +53,8 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=6)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "step_commit.json"))
     args = parser.parse_args()
-    with mp.Manager() as manager:
-        out = manager.dict()
-        mp.start_processes(rank_main, args=(args, free_port(), out), nprocs=args.ranks, start_method="spawn")
-        medians = {k: statistics.mean(r[k] for r in out.values()) for k in ("bare", "voted")}
+    out = spawn_ranks(rank_main, args)
+    medians = {k: statistics.mean(r[k] for r in out.values()) for k in ("bare", "voted")}
     result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}",
               "ranks": args.ranks, "mb": args.mb, "median_step_ms": {k: round(v, 3) for k, v in medians.items()},
               "ratio_voted_to_bare": round(medians["voted"] / medians["bare"], 3),
