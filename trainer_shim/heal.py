@@ -1,10 +1,8 @@
 """Heal a generation: each rank receives exactly the rows of the freshest state it lacks, from every rank holding them.
 
-docs/architecture.md, "Healing". Works on any torch.distributed world (no daemon): a rank says which block of
-each tensor it holds (a DTensor's shard, or all of a plain tensor) at which step and which blocks it wants;
-every rank computes the same plan from that, and the pieces move point to point straight into the wanting
-rank's own tensors. Ranks already holding what they want receive nothing; a block held by several ranks is
-split over them (the plan: trainer_shim.heal_plan).
+docs/architecture.md, "Healing". Any torch.distributed world (no daemon): each rank says which block of each
+tensor it holds (a DTensor's shard, or a plain tensor whole) at which step and which it wants; every rank computes
+the same plan (trainer_shim.heal_plan), and the pieces move point to point into the wanting rank's own tensors.
 """
 
 from __future__ import annotations
@@ -102,6 +100,16 @@ def _rows(local: torch.Tensor, block: Block, lo: int, hi: int) -> torch.Tensor:
     return flat.narrow(block.dim, lo - block.lo, hi - lo)
 
 
+def _copy_own(held: tuple[torch.Tensor, Block], into: tuple[torch.Tensor, Block], piece: Piece) -> None:
+    """A rank's own rows where its new tensor wants them, none where that is the same memory; a piece that is
+    both tensors whole is not cut (a survivor's every tensor in data parallel, or in HSDP)."""
+    (src, have), (dst, want) = held, into
+    if not have.lo == want.lo == piece.lo or not have.hi == want.hi == piece.hi:
+        src, dst = _rows(src, have, piece.lo, piece.hi), _rows(dst, want, piece.lo, piece.hi)
+    if src.data_ptr() != dst.data_ptr():
+        dst.copy_(src)
+
+
 def _wire(t: torch.Tensor, comm_device: torch.device) -> torch.Tensor:
     t = t if t.device == comm_device else t.to(comm_device)
     t = t.contiguous()
@@ -121,9 +129,7 @@ def move(pieces: list[Piece], me: int, held: Mapping[str, tuple[torch.Tensor, Bl
     bundles: dict[tuple[int, int, torch.dtype], list[Piece]] = {}
     for tag, piece in enumerate(pieces):
         if piece.src == piece.dst == me:
-            src, dst = _rows(*held[piece.path], piece.lo, piece.hi), _rows(*into[piece.path], piece.lo, piece.hi)
-            if src.data_ptr() != dst.data_ptr():
-                dst.copy_(src)
+            _copy_own(held[piece.path], into[piece.path], piece)
         elif _bundled(piece):  # every rank groups alike: the tags agree
             bundles.setdefault((piece.src, piece.dst, piece.dtype), []).append(piece)
         elif piece.src == me:

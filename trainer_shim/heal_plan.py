@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from itertools import pairwise
+from typing import Any
 
 import torch
 
@@ -70,14 +71,20 @@ class Offer:
     holds: dict[str, Block]  # the blocks it holds (at `step`)
     wants: dict[str, Block] | None  # None: whatever of the source's tensors it lacks, whole (data parallel)
 
+    @cached_property
     def own_asks(self) -> tuple[dict[str, Block], dict[str, Block]]:
-        """Each tensor's whole block by path, and what it asks for, where it is its own source (a holder)."""
+        """Each tensor's whole block by path, and what it asks for, where it is its own source (a holder): the
+        summary and a self-sufficient plan both use them."""
         full = {p: b.full() for p, b in self.holds.items()}
         return full, _asks(self, full, holder=True)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What other ranks unpickle: the fields, not what this rank derived from them."""
+        return {k: v for k, v in self.__dict__.items() if k != "own_asks"}
+
     def summary(self) -> Summary:
         """Its step, whether it is vouched for and holds every row it asks for, and its layout's digest."""
-        full, asks = self.own_asks()
+        full, asks = self.own_asks
         covers = all(p in self.holds and _within(want, self.holds[p]) for p, want in asks.items()) \
             and (self.wants is not None or all(b == full[p] for p, b in self.holds.items()))
         text = ";".join(f"{p}|{b.shape}|{b.dtype}|{b.dim}" for p, b in sorted(full.items()))
@@ -168,7 +175,7 @@ class Settled:
     @classmethod
     def alone(cls, offer: Offer, rank: int) -> Settled:
         """The plan where every rank is self-sufficient: its own rows, copied where its new tensors want them."""
-        full, asks = offer.own_asks()
+        full, asks = offer.own_asks
         pieces, missing = plan({rank: asks}, {rank: offer.holds})
         return cls(offer.step, 0, full, {rank: asks}, pieces, missing)
 
