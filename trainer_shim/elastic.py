@@ -28,6 +28,7 @@ from torch.utils.hooks import RemovableHandle
 
 from trainer_shim.abort import watch
 from trainer_shim.checkpoint import SaveResult
+from trainer_shim.collection import collect, freeze_imports, held
 from trainer_shim.data import ElasticSampler
 from trainer_shim.generation import (
     DEFAULT_TIMEOUT_S,
@@ -80,6 +81,7 @@ class Elastic:
         self._resize_pending = False  # a resize settled at the last boundary, acted on before the next step
         self._resize_asked: Request | None = None  # the `resize` request this boundary settled: its id, `all_stay`
         self._rebuild_s = 0.0  # how long the script's last `on_world` took (the `joined` report's `rebuild_s`)
+        self._collect_s = 0.0  # the full collection that freed the last world (the `joined` report's `collect_s`)
         self._step_end = time.time()  # when this rank's last step ended (the `joined` report's `last_step_at`)
         self.state_dict, self.load_state_dict, self.on_world = state_dict, load_state_dict, on_world
         self.sampler = sampler
@@ -121,6 +123,8 @@ class Elastic:
             if self.sharded:  # every optimizer's update, however the script or its framework calls it
                 self._update_hook = register_optimizer_step_pre_hook(self._before_update)
         started = time.time()
+        if self.in_place:
+            freeze_imports()
         if env.get(PRESTART_ENV) and isinstance(self.session, Session):
             from trainer_shim.prestart import await_first  # FSDP2's imports: only a pre-started rank's
 
@@ -141,7 +145,8 @@ class Elastic:
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         ready = time.time()
         try:
-            self._rebind(gen)
+            with held():
+                self._rebind(gen)
         except (HealError, NotArrived) as exc:  # no state to start from, or peers that never rebuilt: a line
             raise SystemExit(f"elastic: rank {self.rank}: {exc}") from None
         if isinstance(self.session, Session):
@@ -165,9 +170,16 @@ class Elastic:
         if self.sampler is not None:
             self.sampler.set_world(self.rank, self.world_size)
         torch.manual_seed(_seed(self.seed, self.step, self.rank))
-        self._vouched = True
         if not self.sharded:
             self._world()
+            self._free_old_world()
+        self._vouched = True
+
+    def _free_old_world(self) -> None:
+        """After the script's rebuild, a survivor's old model and optimizer freed at once (`collect`): FSDP2's
+        modules hold reference cycles, and a script that turned automatic collection off would keep every old
+        world. A new process has no old world."""
+        self._collect_s = collect() if self._vouched else 0.0
 
     def _world(self) -> None:
         """The script's rebuild; the sockets it opens (its subgroups') are this generation's to sever."""
@@ -194,7 +206,7 @@ class Elastic:
         target: dict[str, torch.Tensor] = {}
         structure = flatten(self._snapshot(), target)
         if gen is not None and self._store is not None:
-            arrive(gen, self._store, stage="rebuilt")
+            arrive(gen, self._store, stage="rebuilt", meanwhile=self._free_old_world)
         if self._held is None:  # a new process: its fresh model is step 0's only if there is no checkpoint
             fresh = not (self.checkpoint_dir and sharded().list_sharded(self.checkpoint_dir))
             self._held = (self.step if fresh else NOTHING, target if fresh else {}, structure)
@@ -331,6 +343,10 @@ class Elastic:
             self.session.unfence()
 
     def _resize(self, error: str | None) -> None:
+        with held():  # a collection started on one rank mid-change stalls every rank
+            self._change(error)
+
+    def _change(self, error: str | None) -> None:
         session = self.session
         assert isinstance(session, Session) and self._store is not None
         asked, self._resize_asked = (self._resize_asked if error is None else None), None
@@ -363,7 +379,8 @@ class Elastic:
         self._leaving = False
         session.rejoin(self.rank, gen.round, in_place=True)
         session.joined(gen.round, self.step, True, {"last_step_at": last_step_at, "group_ready": ready,
-                                                    "synced": time.time(), "rebuild_s": round(self._rebuild_s, 4)},
+                                                    "synced": time.time(), "rebuild_s": round(self._rebuild_s, 4),
+                                                    "collect_s": round(self._collect_s, 4)},
                        self.last_heal)
 
     def _await_restart(self, round_id: int) -> None:

@@ -11,7 +11,7 @@ import hashlib
 import inspect
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -98,17 +98,21 @@ class NotArrived(RuntimeError):
     """The generation's other ranks did not all arrive in time: the daemon restarts this process instead."""
 
 
-def arrive(gen: Generation, store: dist.Store, wait_s: float = ARRIVAL_WAIT_S, stage: str = "arrival") -> None:
+def arrive(gen: Generation, store: dist.Store, wait_s: float = ARRIVAL_WAIT_S, stage: str = "arrival",
+           meanwhile: Callable[[], None] | None = None) -> None:
     """Wait until every rank of the generation has reached `stage`, so that the collectives after it need only
     their short timeout: `arrival` before the group's init, `rebuilt` before a sharded heal (a newcomer builds its
     model for the first time there, which takes seconds on a loaded host while its peers wait in the heal).
 
     One counter per generation and stage: the last rank to count sets `all`, which the others wait for (one
-    blocking wait: c10d logs a warning for every wait that times out, so there is no polling).
+    blocking wait: c10d logs a warning for every wait that times out, so there is no polling). `meanwhile`: this
+    rank's own work after it counted, which the wait for slower ranks hides.
     """
     view = dist.PrefixStore(f"{gen.prefix}/{stage}", store)
     if view.add("count", 1) >= gen.world_size:
         view.set("all", "1")
+    if meanwhile is not None:
+        meanwhile()
     try:
         view.wait(["all"], timedelta(seconds=wait_s))
     except dist.DistStoreError:

@@ -1,8 +1,8 @@
 """Heal a generation: each rank receives exactly the rows of the freshest state it lacks, from every rank holding them.
 
-docs/architecture.md, "Healing". Any torch.distributed world (no daemon): each rank says which block of each
-tensor it holds (a DTensor's shard, or a plain tensor whole) at which step and which it wants; every rank computes
-the same plan (trainer_shim.heal_plan), and the pieces move point to point into the wanting rank's own tensors.
+docs/architecture.md, "Healing". Any torch.distributed world (no daemon): each rank says which block of each tensor
+it holds (a DTensor's shard, or a plain tensor whole) at which step and which it wants; every rank computes the same
+plan (trainer_shim.heal_plan), and the pieces move point to point into the wanting rank's own tensors.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from trainer_shim.collection import held as collection_held
 from trainer_shim.heal_plan import NOTHING, Block, Offer, Piece, Settled, Summary, block, settle
 
 SMALL_BYTES = 1 << 20  # pieces under this between two ranks travel together (a model's many norms)
@@ -50,8 +51,7 @@ class Healed:
     def report(self, fallback: str | None) -> dict[str, Any]:
         """What the `joined` report carries (its `heal`); `fallback`: why the state came from a checkpoint."""
         return {"received_bytes": self.received_bytes, "sent_bytes": self.sent_bytes, "senders": self.senders,
-                "seconds": round(self.seconds, 4), "plan_s": round(self.plan_s, 4),
-                "transfer_s": round(self.transfer_s, 4), "fallback": fallback}
+                **{k: round(getattr(self, k), 4) for k in ("seconds", "plan_s", "transfer_s")}, "fallback": fallback}
 
 
 Blocks = dict[tuple[Any, ...], Block]  # a heal's DTensor blocks by (shape, local shape, dtype, mesh, placements)
@@ -286,6 +286,7 @@ def _start(p2p: list[dist.P2POp], comm_device: torch.device) -> list[Any]:
 
 # -- the whole heal -------------------------------------------------------------------------------------
 @torch.no_grad()  # it only copies rows: no autograd (a DTensor's `to_local` is then a plain attribute read)
+@collection_held()  # a full collection on one rank (115 ms in a bench process here) would stall every rank
 def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants: Mapping[str, torch.Tensor] | None,
          comm_device: torch.device, vouched: bool = True) -> tuple[Healed, dict[str, torch.Tensor]]:
     """Collective. `held`: this rank's tensors by path at `held_step` (plain tensors are whole: data parallel;
@@ -345,8 +346,7 @@ def _structure(settled: Settled, offers: list[Offer | None] | None, own: list[An
     """The source's structure and its tensors' devices, broadcast where some rank needs them: a newcomer, a rank
     behind, any rank not vouched for at the freshest step. A vouched rank at that step trained in the source's
     world and holds the same structure: where every rank is one (a drain, a leave), nobody waits for a broadcast.
-    (Sent with the offers instead, it saved that collective's wait, 7-15 ms at 1,000 tensors here, but every rank's
-    slot of that all-gather is padded to the largest: the world's metadata would double, O(world) for each rank.)"""
+    (Sent with the offers, it saved 7-15 ms at 1,000 tensors, but an all-gather pads every slot to the largest.)"""
     if settled.missing or offers is None or all(o is None or (o.vouched and o.step == settled.step) for o in offers):
         return own
     top = own if dist.get_rank() == settled.source else [None, None]

@@ -8,6 +8,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from trainer_shim.collection import freeze_imports
 from trainer_shim.generation import GENERATION_WAIT_S, Generation
 from trainer_shim.session import Session
 
@@ -32,6 +33,7 @@ def await_first(session: Session, sharded: bool) -> Generation:
     round that adds its node waits for this `waiting` hello, while the survivors still train."""
     if sharded:
         warm_sharding()
+    freeze_imports(full=True)  # the warm-up's garbage too: this rank waits anyway
     session.rejoin(session.rank, 0, in_place=True, waiting=True)
     body = None
     while body is None:

@@ -139,6 +139,7 @@ class Resizer:
             return
         if report.synced is not None and node_id in cur.members:
             cur.synced[node_id] = {"synced": report.synced, "rebuild_s": report.rebuild_s or 0.0,
+                                   "collect_s": report.collect_s or 0.0,
                                    **({"group_ready": report.group_ready} if report.group_ready is not None else {}),
                                    **({"last_step_at": report.last_step_at} if report.last_step_at is not None else {})}
             if report.heal is not None:
@@ -165,12 +166,14 @@ class Resizer:
         order = ("detect", "agreed", "left", "group_ready", "synced", "first_step")
         heal = Heal.merged(list(cur.heals.values())) if cur.heals else None
         rebuild = max(s.get("rebuild_s", 0.0) for s in cur.synced.values())
+        collect = max(s.get("collect_s", 0.0) for s in cur.synced.values())
         last_steps = [s["last_step_at"] for s in cur.synced.values() if "last_step_at" in s]
         marks["stalled"] = min(last_steps, default=marks["agreed"])  # training stopped (a crash: before detection)
         self.emit(EventKind.resize, generation=rnd.round_id, round=rnd.round_id, world_size=rnd.world_size,
                   cause=rnd.cause, detail=rnd.detail,
                   timeline={p: round(marks[p] - start, 3) for p in order if p in marks},
-                  stall_s=round(marks["first_step"] - marks["stalled"], 3), parts=stall_parts(marks, rebuild, heal),
+                  stall_s=round(marks["first_step"] - marks["stalled"], 3),
+                  parts=stall_parts(marks, rebuild, collect, heal),
                   **({"heal": heal.encode()} if heal else {}))
 
     def failed(self, round_id: int, reason: str) -> bool:
@@ -201,14 +204,15 @@ class Resizer:
         return True
 
 
-def stall_parts(marks: dict[str, float], rebuild_s: float, heal: Heal | None) -> dict[str, float]:
+def stall_parts(marks: dict[str, float], rebuild_s: float, collect_s: float, heal: Heal | None) \
+        -> dict[str, float]:
     """Where a resize's stall went, in seconds that add up to it (the end of the first rank's last step in the old
     world, or the agreement when no rank was in one, to the first step): the boundary's agreement and every old
-    rank out with the round started (`leave`), forming the new group, the script's rebuild, the heal's plan and
-    transfer (each the slowest rank's), the first step, and `other` for the rest (waiting for the slowest rank,
-    restoring the state)."""
+    rank out with the round started (`leave`), forming the new group, the script's rebuild, the collection that
+    freed the old world, the heal's plan and transfer (each the slowest rank's), the first step, and `other` for
+    the rest (waiting for the slowest rank, restoring the state)."""
     parts = {"leave": marks["left"] - marks["stalled"], "group": marks["group_ready"] - marks["left"],
-             "rebuild": rebuild_s, "plan": heal.plan_s if heal else 0.0,
+             "rebuild": rebuild_s, "collect": collect_s, "plan": heal.plan_s if heal else 0.0,
              "transfer": heal.transfer_s if heal else 0.0, "first_step": marks["first_step"] - marks["synced"]}
     parts["other"] = marks["first_step"] - marks["stalled"] - sum(parts.values())
     return {name: round(seconds, 3) for name, seconds in parts.items()}

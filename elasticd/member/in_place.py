@@ -148,7 +148,8 @@ class InPlace:
             self.node.to_coord(MeshOp.round_progress, ProgressReport(
                 group.round_id, in_place=all(j.in_place for j in mine),
                 group_ready=max(j.group_ready or 0.0 for j in mine), synced=max(j.synced or 0.0 for j in mine),
-                rebuild_s=max(j.rebuild_s or 0.0 for j in mine), last_step_at=min(last_steps, default=None),
+                rebuild_s=max(j.rebuild_s or 0.0 for j in mine), collect_s=max(j.collect_s or 0.0 for j in mine),
+                last_step_at=min(last_steps, default=None),
                 heal=Heal.merged(heals) if heals else None).encode())
 
     def on_failed(self, failed: JoinFailed) -> None:

@@ -175,6 +175,7 @@ class ProgressReport(Struct, Record, frozen=True):
     group_ready: float | None = None  # in place: the latest of its ranks, once every one said `joined`
     synced: float | None = None
     rebuild_s: float | None = None  # in place: the longest of its ranks' `on_world` (the script's rebuild)
+    collect_s: float | None = None  # in place: the longest of its ranks' collection of their old world
     in_place: bool = False
     heal: Heal | None = None
     events: list[EventReport] = struct_field(default_factory=list)

@@ -108,6 +108,7 @@ class Joined(RankReport):
     group_ready: float | None = None
     synced: float | None = None
     rebuild_s: float | None = None  # how long the script's `on_world` took in this generation
+    collect_s: float | None = None  # the full garbage collection that freed its old world (trainer_shim.collection)
     heal: Heal | None = None
 
 

@@ -85,17 +85,17 @@ def test_a_resize_says_where_its_stall_went_in_parts_that_add_up_to_it() -> None
     assert r.begin(prev, [node("a", 1, True, [0, 1]), node("b", 1, True, [2, 3])], 2, 10.0, 10.0)
     nxt.timeline["go"] = 10.2
     slow = Heal(received_bytes=1 << 20, seconds=0.5, plan_s=0.1, transfer_s=0.4)
-    r.progress("a", ProgressReport(2, last_step_at=10.05, group_ready=10.3, synced=11.0, rebuild_s=0.1, in_place=True,
-                                   heal=Heal(seconds=0.05, plan_s=0.05)), nxt)
-    r.progress("b", ProgressReport(2, last_step_at=10.1, group_ready=10.4, synced=11.2, rebuild_s=0.2, in_place=True,
-                                   heal=slow), nxt)
+    r.progress("a", ProgressReport(2, last_step_at=10.05, group_ready=10.3, synced=11.0, rebuild_s=0.1,
+                                   collect_s=0.04, in_place=True, heal=Heal(seconds=0.05, plan_s=0.05)), nxt)
+    r.progress("b", ProgressReport(2, last_step_at=10.1, group_ready=10.4, synced=11.2, rebuild_s=0.2,
+                                   collect_s=0.03, in_place=True, heal=slow), nxt)
     r.first_step(nxt, 11.5)
     kind, fields = events[-1]
     assert kind == EventKind.resize
     # From the first rank's leaving its group (a's, at 10.05) to the first step; each part the slowest node's.
     assert fields["stall_s"] == 1.45
-    assert fields["parts"] == {"leave": 0.15, "group": 0.2, "rebuild": 0.2, "plan": 0.1, "transfer": 0.4,
-                               "first_step": 0.3, "other": 0.1}
+    assert fields["parts"] == {"leave": 0.15, "group": 0.2, "rebuild": 0.2, "collect": 0.04, "plan": 0.1,
+                               "transfer": 0.4, "first_step": 0.3, "other": 0.06}
     assert sum(fields["parts"].values()) == pytest.approx(fields["stall_s"])
     # What the heal moved, every node's together: bytes summed, the longest times, the first fallback (none here).
     assert fields["heal"] == {"received_bytes": 1 << 20, "sent_bytes": 0, "senders": 0, "seconds": 0.5,

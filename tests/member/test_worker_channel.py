@@ -173,11 +173,12 @@ async def test_left_joined_and_resize_failed_reach_the_in_place_round_as_records
     await live.send(WorkerOp.joined, {"rank": 2, "pid": PID, "round": 4, "step": 7, "in_place": True})  # an old one
     await live.send(WorkerOp.joined, {"rank": 2, "pid": PID, "round": 5, "step": 7, "in_place": True,
                                       "last_step_at": 10.0, "group_ready": 10.5, "synced": 11.0, "rebuild_s": 0.27,
-                                      "heal": heal})
+                                      "collect_s": 0.02, "heal": heal})
     await live.send(WorkerOp.resize_failed, {"rank": 2, "pid": PID, "round": 6, "reason": "the store timed out"})
     await live.until(lambda: len(node.sent) == 2)
     assert node.sent == [(MeshOp.round_progress, {"round": 5, "in_place": True, "group_ready": 10.5, "synced": 11.0,
-                                                  "rebuild_s": 0.27, "last_step_at": 10.0, "events": [],
+                                                  "rebuild_s": 0.27, "collect_s": 0.02, "last_step_at": 10.0,
+                                                  "events": [],
                                                   "heal": {"received_bytes": 4096, "sent_bytes": 0, "senders": 2,
                                                            "seconds": 0.41, "plan_s": 0.01, "transfer_s": 0.4,
                                                            "fallback": None}}),

@@ -25,6 +25,7 @@ def test_a_torchtitan_shaped_job_keeps_its_processes_and_every_step_through_each
         def change(world: int, act) -> None:
             done = changed(job, world, act, "a", a_pids)  # a's workers kept; the stall's parts add up to it
             assert done["heal"]["fallback"] is None, done  # every shard had a live replica: nothing read
+            assert done["parts"]["collect"] > 0, done  # a's kept ranks freed their old world's model, measured
             stalls.append((done["detail"], done["parts"]))
 
         b = graceful_changes(job, TITAN, args, change)

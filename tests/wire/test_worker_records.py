@@ -99,7 +99,7 @@ def test_a_real_shims_frames_decode_into_their_records(router: tuple[str, zmq.So
         s.left(120, "r1")
         s.left(120, None, "NCCL communicator was aborted")
         s.joined(6, 120, True, {"started": 1.5, "last_step_at": 2.0, "group_ready": 2.5, "synced": 3.5,
-                                "rebuild_s": 0.27}, heal)
+                                "rebuild_s": 0.27, "collect_s": 0.02}, heal)
         s.joined(7, 121, True, {"group_ready": 4.5, "synced": 5.5})  # a heal that moved nothing is not reported
         s.resize_failed(8, "RuntimeError: the generation's store did not answer")
         frames = [recv(sock)[1] for _ in range(7)]
