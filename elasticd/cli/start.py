@@ -20,6 +20,7 @@ from elasticd.cli.torchrun_parse import Setting, console_ranks, parse_rdzv_conf,
 from elasticd.coordinator.goodput import WINDOW_S
 from elasticd.job.config import (
     DEFAULT_LEAVE_SIGNALS,
+    DEFAULT_PRELOAD,
     ConfigError,
     EtcdAccess,
     JobConfig,
@@ -76,8 +77,8 @@ def add_start_parser(sub: argparse._SubParsersAction, root: argparse.ArgumentPar
          "from one that pre-imported torch (slower restarts)")
     flag("metrics-from-output", default="", metavar="REGEX",
          help="read step and loss from the workers' output lines, e.g. 'step=(?P<step>\\d+).*loss=(?P<loss>[\\d.]+)'")
-    flag("preload", default="torch,torch.distributed,torch.nn.parallel,torch._dynamo",
-         help="modules the zygote imports once for every worker (comma-separated)")
+    flag("preload", default=DEFAULT_PRELOAD,
+         help="modules the zygote imports once for every worker (comma-separated; '' for none)")
     flag("metrics-port", default=None, metavar="PORT", help="serve Prometheus metrics on this port (0: a free one, "
          "printed at start) at the control socket's host; read-only and unauthenticated (docs/metrics.md)")
     add_alert_flags(flag)

@@ -10,6 +10,12 @@ from dataclasses import dataclass, field
 from elasticd.wire.protocol import JsonObject
 
 DEFAULT_LEAVE_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")  # the signals on which a node leaves the job
+# What the zygote imports once for every worker (docs/architecture.md, "Fast worker starts"): torch, DDP's dynamo,
+# and what an in-place sharded worker imports at its start (FSDP2, DTensor, DCP's state dicts, the shim), which a
+# crash's replacement would otherwise import while its peers wait for it.
+DEFAULT_PRELOAD = ",".join(("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
+                            "torch.distributed.fsdp", "torch.distributed.tensor",
+                            "torch.distributed.checkpoint.state_dict", "trainer_shim.elastic"))
 STOP_SLACK_S = 5.0  # beyond the grace period, how long a new round waits for a node to stop its old workers
 # In place, the node first waits this long beyond the grace period for its kept workers to leave their group (a
 # survivor blocked in a collective errors at its group's timeout), so an in-place round's stop barrier waits as long.
@@ -91,7 +97,7 @@ class JobConfig:
     keys_dir: str = ""  # CURVE key store (elasticd/keys/auth.py); empty: no encryption, loopback only
     insecure: bool = False  # allow non-loopback binds without keys
     zygote: bool = True  # fork workers from a pre-imported interpreter (elasticd/member/processes/zygote.py)
-    preload: str = "torch,torch.distributed,torch.nn.parallel,torch._dynamo"
+    preload: str = DEFAULT_PRELOAD
     env: dict[str, str] = field(default_factory=dict)
     role: str = "default"  # ROLE_NAME (torchrun's --role)
     metrics_from_output: str = ""  # REGEX with (?P<step>) / (?P<loss>) groups, matched on every worker line

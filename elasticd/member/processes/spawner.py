@@ -19,7 +19,6 @@ from elasticd.member.processes.zygote import Message, SpawnRequest
 
 log = logging.getLogger("elasticd")
 _PR_SET_PDEATHSIG = 1
-DEFAULT_PRELOAD = "torch,torch.distributed,torch.nn.parallel,torch._dynamo"
 
 
 class WorkerProcess(Protocol):
