@@ -80,11 +80,21 @@ def preload(modules: list[str]) -> list[str]:
 
 
 def serve(sock: socket.socket) -> tuple[SpawnRequest, int] | None:
-    """Answer spawn requests until the daemon hangs up; returns the request and its output fd in a forked child."""
+    """Answer spawn requests until the daemon hangs up; returns the request and its output fd in a forked child.
+    A worker's exit is reported the moment it happens (SIGCHLD wakes the loop): a crash is detected by it, and a
+    round waits for its old workers' exits before it starts (polling every 50 ms cost 25 ms of each on average)."""
+    woken, wake = os.pipe()
+    for fd in (woken, wake):
+        os.set_blocking(fd, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler of its own, so that the wakeup fd hears of it
+    signal.set_wakeup_fd(wake, warn_on_full_buffer=False)
     while True:
-        readable, _, _ = select.select([sock], [], [], 0.05)
+        readable, _, _ = select.select([sock.fileno(), woken], [], [])
+        if woken in readable:
+            with contextlib.suppress(BlockingIOError):
+                os.read(woken, 4096)
         reap(sock)
-        if not readable:
+        if sock.fileno() not in readable:
             continue
         data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 4)  # SOCK_SEQPACKET: one request, its fd
         if not data:
@@ -95,7 +105,9 @@ def serve(sock: socket.socket) -> tuple[SpawnRequest, int] | None:
         if pid == 0:
             sock.close()
             os.close(ready_r)
-            become_worker_session(ready_w)
+            become_worker_session(ready_w)  # before the wakeup pipe closes: it resets SIGCHLD and the wakeup fd
+            os.close(woken)
+            os.close(wake)
             return request, fds[0]
         os.close(ready_w)
         os.read(ready_r, 1)  # the child leads its own session now: a killpg from the daemon reaches it
