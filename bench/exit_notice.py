@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import statistics
 import subprocess
 import sys
@@ -72,7 +71,7 @@ def main() -> int:
                       "p90_ms": round(sorted(s)[int(len(s) * 0.9)] * 1e3, 2), "max_ms": round(max(s) * 1e3, 2)}
                for name, s in seen.items()}
     report = {"args": vars(args), "platform": platform.platform(), "cpu_count": os.cpu_count(),
-              "load": os.getloadavg(), "summary": summary, "seconds": seen, "seed": random.random()}
+              "load": os.getloadavg(), "summary": summary, "seconds": seen}
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(summary))
     return 0

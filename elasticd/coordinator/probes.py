@@ -27,6 +27,8 @@ class ProbeCore(CoordinatorCore, Protocol):
 
     def schedule(self, cause: Cause, detail: str, detected_at: float, due: float | None = None) -> None: ...
 
+    def start_pending_round(self, now: float) -> None: ...
+
 
 # A rank that fails because a peer vanished or stalled under its collective says so: gloo's "Connection reset by
 # peer", NCCL's "remote process exited" or its watchdog's timeout, torch's DistBackendError. Such a failure is named
@@ -65,13 +67,14 @@ class FailureProbe:
 
     def worker_failed(self, node_id: str, report: WorkerFailed, now: float) -> None:
         core = self.core
+        failure = report.failure(node_id)
+        if self.root is not None and self.root.round == failure.round:
+            self.consequence(failure)  # however late: the round it failed in may be replaced already
+            return
         rnd = core.round
         if rnd is None or report.round != rnd.round_id or core.state != JobState.running:
             return
-        failure = report.failure(node_id)
-        if self.root is not None and self.root.round == failure.round:
-            self.consequence(failure)
-        elif core.pending is not None:  # the round is already being replaced: a lost node, an operator's change
+        if core.pending is not None:  # the round is already being replaced: a lost node, an operator's change
             self.emit(failure, consequence_of={"reason": core.pending.detail})
         elif self.suspect is not None:
             self.suspect.reports.append((failure, report))  # a candidate until every member answered
@@ -134,6 +137,7 @@ class FailureProbe:
         self.charged(root.node, now)
         detected = report.detected if report.detected is not None else now
         core.schedule(cause, detail, detected, due=now)  # a failed round is dead
+        core.start_pending_round(now)  # at once, not at the next tick (up to 50 ms): the survivors wait for it
 
 
 def felt_a_peer_loss(failure: Failure) -> bool:

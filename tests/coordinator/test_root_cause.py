@@ -37,13 +37,18 @@ def test_the_rank_that_raised_is_the_root_cause_though_its_peer_on_the_coordinat
 
 
 def test_of_two_failures_that_both_raised_on_their_own_the_earlier_is_the_root_cause() -> None:
-    sim = Sim("abc", max_restarts=3)
+    """Both reported while the probe still waits (d answers late): a confirmed failure's round starts at once, and
+    then stops every other worker of the failed round, so a later failure is never reported."""
+    sim = Sim("abcd", max_restarts=3)
     sim.start()
     sim.formed()
     mark = sim.mark()
+    sim.nodes["d"].freeze()
     sim.nodes["b"].fail_worker(error=("ValueError", "bad batch"))
     sim.run(0.01)
     sim.nodes["c"].fail_worker(error=("KeyError", "'x'"))
+    sim.run(0.05)
+    sim.nodes["d"].thaw()
     sim.formed(2)
     assert [(node, root) for node, root, _ in failed(sim, mark)] == [("b", True), ("c", False)]
 
