@@ -234,9 +234,9 @@ class WorkerGroup:
         for worker in self.workers:
             worker.stopping = True
         self.signal_all(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while self.running and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        watches = [w.watch for w in self.running if w.watch is not None]
+        if watches:  # each ends as its worker's exit is reported: the round goes on at the last one, not a poll
+            await asyncio.wait(watches, timeout=grace_s)
         if self.running:
             self.signal_all(signal.SIGKILL)
         # Grandchildren that left the group are not ours to chase; the group kill covers the usual ones.
