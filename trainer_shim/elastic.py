@@ -145,19 +145,21 @@ class Elastic:
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         ready = time.time()
         try:
-            with held():
-                self._rebind(gen)
+            self._rebind(gen)
         except (HealError, NotArrived) as exc:  # no state to start from, or peers that never rebuilt: a line
             raise SystemExit(f"elastic: rank {self.rank}: {exc}") from None
         if isinstance(self.session, Session):
-            if self.in_place:
-                self.session.rejoin(self.rank, self.round, in_place=True)
-            self.session.joined(self.round, self.step, self.in_place, {"started": started, "group_ready": ready,
-                                                                       "synced": time.time(),
-                                                                       "rebuild_s": round(self._rebuild_s, 4)},
-                                self.last_heal)
+            self._joined(self.session, started=started, group_ready=ready)
         return self.step
 
+    def _joined(self, session: Session, **timeline: float) -> None:
+        """This rank is in its generation with the freshest state: the `joined` report, with where its time went."""
+        if self.in_place:
+            session.rejoin(self.rank, self.round, in_place=True)
+        session.joined(self.round, self.step, self.in_place, {**timeline, "synced": time.time(), "rebuild_s": round(
+            self._rebuild_s, 4), "collect_s": round(self._collect_s, 4)}, self.last_heal)
+
+    @held()
     def _rebind(self, gen: Generation | None) -> None:
         """After joining: receive what this rank lacks of the freshest state, re-fit the sampler, reseed; the
         script's rebuild comes last, or first for a sharded script (its model lives on the new mesh, and the
@@ -176,9 +178,7 @@ class Elastic:
         self._vouched = True
 
     def _free_old_world(self) -> None:
-        """After the script's rebuild, a survivor's old model and optimizer freed at once (`collect`): FSDP2's
-        modules hold reference cycles, and a script that turned automatic collection off would keep every old
-        world. A new process has no old world."""
+        """After the rebuild, a survivor's old world freed at once (FSDP2's cycles; a script with collection off)."""
         self._collect_s = collect() if self._vouched else 0.0
 
     def _world(self) -> None:
@@ -342,11 +342,8 @@ class Elastic:
                 self._vote = StepCommit(self._store, gen.prefix, gen.rank, gen.world_size, self.timeout_s)
             self.session.unfence()
 
+    @held()  # no automatic collection mid-change: one started on one rank stalls every rank
     def _resize(self, error: str | None) -> None:
-        with held():  # a collection started on one rank mid-change stalls every rank
-            self._change(error)
-
-    def _change(self, error: str | None) -> None:
         session = self.session
         assert isinstance(session, Session) and self._store is not None
         asked, self._resize_asked = (self._resize_asked if error is None else None), None
@@ -377,11 +374,7 @@ class Elastic:
             leave(self.backend, True, self._opened)
             self._await_restart(gen.round)
         self._leaving = False
-        session.rejoin(self.rank, gen.round, in_place=True)
-        session.joined(gen.round, self.step, True, {"last_step_at": last_step_at, "group_ready": ready,
-                                                    "synced": time.time(), "rebuild_s": round(self._rebuild_s, 4),
-                                                    "collect_s": round(self._collect_s, 4)},
-                       self.last_heal)
+        self._joined(session, last_step_at=last_step_at, group_ready=ready)
 
     def _await_restart(self, round_id: int) -> None:
         """The coordinator answers a failed resize with a restart round, whose first act stops this process."""
