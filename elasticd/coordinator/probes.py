@@ -67,12 +67,14 @@ class FailureProbe:
 
     def worker_failed(self, node_id: str, report: WorkerFailed, now: float) -> None:
         core = self.core
+        if core.state != JobState.running:
+            return
         failure = report.failure(node_id)
         if self.root is not None and self.root.round == failure.round:
             self.consequence(failure)  # however late: the round it failed in may be replaced already
             return
         rnd = core.round
-        if rnd is None or report.round != rnd.round_id or core.state != JobState.running:
+        if rnd is None or report.round != rnd.round_id:
             return
         if core.pending is not None:  # the round is already being replaced: a lost node, an operator's change
             self.emit(failure, consequence_of={"reason": core.pending.detail})
