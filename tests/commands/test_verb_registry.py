@@ -66,7 +66,8 @@ async def main(job_id, control):
         await until(pilot, lambda: app.model.job.world_size == 1, what="the job")
         seen["palette"] = [str(hit.prompt) async for hit in ActionsProvider(app.screen).discover()]
         await pilot.press("b")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and bool(app.screen.query("#effect")),
+                    what="the confirmation, composed")
         seen["effect"] = str(app.screen.query_one("#effect").render())
         await pilot.click("#confirm")
         await until(pilot, lambda: any("accepted" in n.message for n in app._notifications), what="accepted")

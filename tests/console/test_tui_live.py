@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from support.console import SIZE, cursor_to, steering_answered, until
+from support.console import SIZE, confirm_dialog, cursor_to, steering_answered, until
 from support.harness import TICKER, Job
 from textual.message import Message
 from textual.notifications import Notify
@@ -118,10 +118,10 @@ async def test_cancel_changes_nothing(job: Job) -> None:
     mark = job.seq()
     async with console_on_b(job) as (app, pilot, notices):
         await pilot.press("D")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm dialog")
-        assert "world 2 → 1; ranks 1 leave" in str(app.screen.query_one("#effect").render())
-        focused = app.focused
-        assert isinstance(focused, Button) and focused.id == "cancel"
+        dialog = await confirm_dialog(pilot)
+        assert "world 2 → 1; ranks 1 leave" in str(dialog.query_one("#effect").render())
+        await until(pilot, lambda: isinstance(app.focused, Button), what="a focused button")
+        assert isinstance(app.focused, Button) and app.focused.id == "cancel"
         await pilot.press("escape")
         await until(pilot, lambda: any(n.endswith(": cancelled") for n in notices), what="the cancel notice")
         await until(pilot, lambda: steering_answered(app), what="the dry run answered")
@@ -151,7 +151,7 @@ async def test_readonly_disables_every_action(job: Job) -> None:
 async def test_drain_with_confirm_shrinks_the_world(job: Job) -> None:
     async with console_on_b(job) as (app, pilot, notices):
         await pilot.press("D")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await confirm_dialog(pilot)
         await pilot.click("#confirm")
         await until(pilot, lambda: app.model.job.world_size == 1 and app.model.nodes["b"].role == "standby",
                     timeout=40, what="world 1 after drain")

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from support.console import SIZE, fake_app, settle, until
+from support.console import SIZE, confirm_dialog, fake_app, settle, until
 from textual.pilot import Pilot
-
-from tui.screens.confirm import ConfirmScreen
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 
@@ -45,7 +43,7 @@ def test_drain_confirmation_states_the_plan(snap_compare) -> None:  # type: igno
     async def run_before(pilot: Pilot) -> None:
         await settle(pilot)
         await pilot.press("down", "D")
-        await until(pilot, lambda: isinstance(pilot.app.screen, ConfirmScreen))
+        await confirm_dialog(pilot)
         await pilot.pause()
 
     assert snap_compare(fake_app(), terminal_size=SIZE, run_before=run_before)
@@ -55,7 +53,7 @@ def test_refused_drain_offers_force(snap_compare) -> None:  # type: ignore[no-un
     async def run_before(pilot: Pilot) -> None:
         await settle(pilot)
         await pilot.press("D")
-        await until(pilot, lambda: isinstance(pilot.app.screen, ConfirmScreen))
+        await confirm_dialog(pilot)
         await pilot.pause()
 
     assert snap_compare(fake_app(), terminal_size=SIZE, run_before=run_before)

@@ -8,13 +8,12 @@ import time
 from pathlib import Path
 
 import pytest
-from support.console import SIZE, cursor_to, steering_answered, until
+from support.console import SIZE, confirm_dialog, cursor_to, steering_answered, until
 from support.harness import SHIM, Job
 
 from elasticd.coordinator.stragglers import PERSIST_S
 from tui.app import ElasticApp
 from tui.rows import node_rows
-from tui.screens.confirm import ConfirmScreen
 
 pytestmark = pytest.mark.asyncio
 
@@ -40,8 +39,8 @@ async def test_the_node_with_slow_data_loading_is_named_within_30s_and_the_other
             assert "SLOW" in rows["c"] and "SLOW" not in rows["a"] + rows["b"]
             await cursor_to(pilot, app, "c")
             await pilot.press("D")  # drain, after the dry run's plan is confirmed
-            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
-            assert "the straggler c goes" in str(app.screen.query_one("#effect").render())
+            dialog = await confirm_dialog(pilot)
+            assert "the straggler c goes" in str(dialog.query_one("#effect").render())
             await pilot.click("#confirm")
             await until(pilot, lambda: steering_answered(app), what="the drain answered")
         job.wait_event("drain_complete", since=named["seq"], timeout=60)

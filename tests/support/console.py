@@ -11,6 +11,7 @@ from textual.pilot import Pilot
 
 from support.fake import HOSTNAMES, NOW, FakeLink, fixed_clock, hostname_link
 from tui.app import ElasticApp
+from tui.screens.confirm import ConfirmScreen
 
 SIZE = (120, 36)
 SVG_CELL = 12.2  # pixels per cell in rich's SVG export (0.61 of its 20 px font)
@@ -44,6 +45,14 @@ async def until(pilot: Pilot, condition: Callable[[], bool], timeout: float = 20
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or condition}")
         await pilot.pause(0.05)
+
+
+async def confirm_dialog(pilot: Pilot, what: str = "the confirmation") -> ConfirmScreen:
+    """The confirmation dialog once it shows its buttons: a pushed screen is current before it has composed."""
+    await until(pilot, lambda: isinstance(pilot.app.screen, ConfirmScreen) and bool(pilot.app.screen.query("#cancel")),
+                what=what)
+    assert isinstance(pilot.app.screen, ConfirmScreen)
+    return pilot.app.screen
 
 
 def fake_settled(app: ElasticApp) -> bool:

@@ -22,6 +22,7 @@ class ConfirmScreen(ModalScreen[str]):
     ConfirmScreen Button { margin-left: 2; }
     """
     BINDINGS = [Binding("escape", "dismiss('cancel')", "Cancel", id="confirm.cancel")]
+    AUTO_FOCUS = "#cancel"  # Textual focuses it once composed (a query in on_mount fails on a screen closing early)
 
     def __init__(self, title: str, effect: str, refused: str = "", destructive: bool = False) -> None:
         super().__init__()
@@ -41,9 +42,6 @@ class ConfirmScreen(ModalScreen[str]):
                     yield Button("Force…", id="force", variant="error")
                 else:
                     yield Button("Confirm", id="confirm", variant="error" if self.destructive else "warning")
-
-    def on_mount(self) -> None:
-        self.query_one("#cancel", Button).focus()
 
     @on(Button.Pressed)
     def answer(self, event: Button.Pressed) -> None:
