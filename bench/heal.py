@@ -192,6 +192,9 @@ def main() -> int:
                         "lands inside the first heals that use it")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "heal.json"))
     args = parser.parse_args()
+    # Every process runs one intra-op thread, as elasticd's workers do (and torchrun's): with more, each new
+    # group's gloo threads start an OpenMP team at their first copy, 10-30 ms a heal that no worker pays.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     rows: list[dict[str, Any]] = []
     sizes = [int(s) << 20 for s in args.sizes_mb.split(",")]
     if args.warm_gb:
