@@ -46,6 +46,7 @@ from trainer_shim.heal import Healed, HealError, heal
 from trainer_shim.heal_plan import NOTHING
 from trainer_shim.noop import NullSession
 from trainer_shim.peer_errors import lost_in_save, lost_peer, one_line, sharded
+from trainer_shim.phases import COLLECT, REBUILD, RESTORE, STATE, WAIT, Phases
 from trainer_shim.session import Request, Session
 from trainer_shim.state_paths import fill, flatten
 from trainer_shim.step_commit import StepCommit
@@ -80,8 +81,7 @@ class Elastic:
         self._leaving = False  # between leaving a group and joining the next: the daemon's abort is moot
         self._resize_pending = False  # a resize settled at the last boundary, acted on before the next step
         self._resize_asked: Request | None = None  # the `resize` request this boundary settled: its id, `all_stay`
-        self._rebuild_s = 0.0  # how long the script's last `on_world` took (the `joined` report's `rebuild_s`)
-        self._collect_s = 0.0  # the full collection that freed the last world (the `joined` report's `collect_s`)
+        self._phases = Phases()  # where the last change's time went (the `joined` report's parts)
         self._step_end = time.time()  # when this rank's last step ended (the `joined` report's `last_step_at`)
         self.state_dict, self.load_state_dict, self.on_world = state_dict, load_state_dict, on_world
         self.sampler = sampler
@@ -156,8 +156,8 @@ class Elastic:
         """This rank is in its generation with the freshest state: the `joined` report, with where its time went."""
         if self.in_place:
             session.rejoin(self.rank, self.round, in_place=True)
-        session.joined(self.round, self.step, self.in_place, {**timeline, "synced": time.time(), "rebuild_s": round(
-            self._rebuild_s, 4), "collect_s": round(self._collect_s, 4)}, self.last_heal)
+        session.joined(self.round, self.step, self.in_place, {**timeline, "synced": time.time(),
+                                                              **self._phases.report()}, self.last_heal)
 
     @held()
     def _rebind(self, gen: Generation | None) -> None:
@@ -165,9 +165,11 @@ class Elastic:
         script's rebuild comes last, or first for a sharded script (its model lives on the new mesh, and the
         heal waits until every rank has rebuilt: a newcomer's first build can outlast the heal's timeout)."""
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self._phases = Phases()
         healed, state = self._heal_sharded(gen) if self.sharded else self._heal_replicated()
         if state is not None:
-            self._restore(state)
+            with self._phases.timed(RESTORE):
+                self._restore(state)
         self.step = int(state["step"]) if state is not None else healed.step
         if self.sampler is not None:
             self.sampler.set_world(self.rank, self.world_size)
@@ -179,19 +181,20 @@ class Elastic:
 
     def _free_old_world(self) -> None:
         """After the rebuild, a survivor's old world freed at once (FSDP2's cycles; a script with collection off)."""
-        self._collect_s = collect() if self._vouched else 0.0
+        self._phases.add(COLLECT, collect() if self._vouched else 0.0)
 
     def _world(self) -> None:
         """The script's rebuild; the sockets it opens (its subgroups') are this generation's to sever."""
-        before, began = sockets_now(), time.perf_counter()
-        self.on_world(self.rank, self.world_size)
-        self._rebuild_s = time.perf_counter() - began
+        before = sockets_now()
+        with self._phases.timed(REBUILD):
+            self.on_world(self.rank, self.world_size)
         self._opened |= sockets_now() - before
 
     def _heal_replicated(self) -> tuple[Healed, dict[str, Any] | None]:
         """Data parallel: a rank holding the freshest step keeps its state; the others receive it whole."""
         tensors: dict[str, torch.Tensor] = {}
-        skeleton = flatten(self._snapshot(), tensors)
+        with self._phases.timed(STATE):
+            skeleton = flatten(self._snapshot(), tensors)
         healed, filled = heal(self.step, tensors, skeleton, None, self.comm_device, self._vouched)
         self.last_heal = healed.report(None)
         return healed, fill(healed.skeleton, filled) if filled else None
@@ -204,9 +207,12 @@ class Elastic:
         # The new model's state, which the heal fills, read before waiting for the slowest rank's rebuild: a
         # fresh optimizer's state is made then (a step of zeros), which that wait hides.
         target: dict[str, torch.Tensor] = {}
-        structure = flatten(self._snapshot(), target)
+        with self._phases.timed(STATE):
+            structure = flatten(self._snapshot(), target)
         if gen is not None and self._store is not None:
-            arrive(gen, self._store, stage="rebuilt", meanwhile=self._free_old_world)
+            with self._phases.timed(WAIT):
+                arrive(gen, self._store, stage="rebuilt", meanwhile=self._free_old_world)
+            self._phases.add(WAIT, -self._phases.seconds.get(COLLECT, 0.0))  # the collection ran inside that wait
         if self._held is None:  # a new process: its fresh model is step 0's only if there is no checkpoint
             fresh = not (self.checkpoint_dir and sharded().list_sharded(self.checkpoint_dir))
             self._held = (self.step if fresh else NOTHING, target if fresh else {}, structure)

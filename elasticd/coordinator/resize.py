@@ -30,7 +30,7 @@ class InPlaceRound:
     members: set[str]
     started: float
     timeline: dict[str, float]
-    synced: dict[str, dict[str, float]] = field(default_factory=dict)  # node -> its ranks' latest group_ready/synced
+    synced: dict[str, ProgressReport] = field(default_factory=dict)  # node -> its report, its last rank to join's
     heals: dict[str, Heal] = field(default_factory=dict)  # node -> what its ranks' heal moved
 
 
@@ -138,10 +138,7 @@ class Resizer:
         if cur is None or cur.round_id != rnd.round_id:
             return
         if report.synced is not None and node_id in cur.members:
-            cur.synced[node_id] = {"synced": report.synced, "rebuild_s": report.rebuild_s or 0.0,
-                                   "collect_s": report.collect_s or 0.0,
-                                   **({"group_ready": report.group_ready} if report.group_ready is not None else {}),
-                                   **({"last_step_at": report.last_step_at} if report.last_step_at is not None else {})}
+            cur.synced[node_id] = report
             if report.heal is not None:
                 cur.heals[node_id] = report.heal
         self.finish_if_done(rnd)
@@ -160,20 +157,20 @@ class Resizer:
         self.current = None
         marks = dict(cur.timeline)
         marks.setdefault("left", rnd.timeline.get("go", marks["agreed"]))  # every old rank was out by `go`
-        for phase in ("group_ready", "synced"):
-            marks[phase] = max(s.get(phase, 0.0) for s in cur.synced.values())
+        last_node = max(cur.synced, key=lambda n: cur.synced[n].synced or 0.0)  # the stall ended with its last rank
+        last = cur.synced[last_node]
+        marks["synced"] = last.synced or 0.0
+        marks["group_ready"] = last.group_ready or marks["left"]
         start = marks["detect"]
         order = ("detect", "agreed", "left", "group_ready", "synced", "first_step")
-        heal = Heal.merged(list(cur.heals.values())) if cur.heals else None
-        rebuild = max(s.get("rebuild_s", 0.0) for s in cur.synced.values())
-        collect = max(s.get("collect_s", 0.0) for s in cur.synced.values())
-        last_steps = [s["last_step_at"] for s in cur.synced.values() if "last_step_at" in s]
+        heal = Heal.merged(list(cur.heals.values()), cur.heals.get(last_node)) if cur.heals else None
+        last_steps = [r.last_step_at for r in cur.synced.values() if r.last_step_at is not None]
         marks["stalled"] = min(last_steps, default=marks["agreed"])  # training stopped (a crash: before detection)
         self.emit(EventKind.resize, generation=rnd.round_id, round=rnd.round_id, world_size=rnd.world_size,
                   cause=rnd.cause, detail=rnd.detail,
                   timeline={p: round(marks[p] - start, 3) for p in order if p in marks},
                   stall_s=round(marks["first_step"] - marks["stalled"], 3),
-                  parts=stall_parts(marks, rebuild, collect, heal),
+                  parts=stall_parts(marks, last, heal),
                   **({"heal": heal.encode()} if heal else {}))
 
     def failed(self, round_id: int, reason: str) -> bool:
@@ -204,15 +201,17 @@ class Resizer:
         return True
 
 
-def stall_parts(marks: dict[str, float], rebuild_s: float, collect_s: float, heal: Heal | None) \
-        -> dict[str, float]:
+def stall_parts(marks: dict[str, float], last: ProgressReport, heal: Heal | None) -> dict[str, float]:
     """Where a resize's stall went, in seconds that add up to it (the end of the first rank's last step in the old
-    world, or the agreement when no rank was in one, to the first step): the boundary's agreement and every old
-    rank out with the round started (`leave`), forming the new group, the script's rebuild, the collection that
-    freed the old world, the heal's plan and transfer (each the slowest rank's), the first step, and `other` for
-    the rest (waiting for the slowest rank, restoring the state)."""
+    world, or the agreement when no rank was in one, to the first step), along the rank it ended with (the last to
+    hold the freshest state): the boundary's agreement and every old rank out with the round started (`leave`),
+    forming its new group, its script's rebuild, reading the state it heals, its wait for the slowest rank's
+    rebuild, the collection that freed its old world, its heal's plan and transfer, its `load_state_dict`, the
+    first step, and `other` for what no part timed."""
     parts = {"leave": marks["left"] - marks["stalled"], "group": marks["group_ready"] - marks["left"],
-             "rebuild": rebuild_s, "collect": collect_s, "plan": heal.plan_s if heal else 0.0,
-             "transfer": heal.transfer_s if heal else 0.0, "first_step": marks["first_step"] - marks["synced"]}
+             "rebuild": last.rebuild_s or 0.0, "state": last.state_s or 0.0, "wait": last.wait_s or 0.0,
+             "collect": last.collect_s or 0.0, "plan": heal.plan_s if heal else 0.0,
+             "transfer": heal.transfer_s if heal else 0.0, "restore": last.restore_s or 0.0,
+             "first_step": marks["first_step"] - marks["synced"]}
     parts["other"] = marks["first_step"] - marks["stalled"] - sum(parts.values())
     return {name: round(seconds, 3) for name, seconds in parts.items()}

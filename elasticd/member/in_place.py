@@ -143,14 +143,14 @@ class InPlace:
         pids = {w.proc.pid for w in group.workers}
         if pids and pids <= self.joined.keys():
             mine = [self.joined[p] for p in pids]
+            last = max(mine, key=lambda j: j.synced or 0.0)  # the stall ends with it: its parts add up to it
             heals = [j.heal for j in mine if j.heal is not None]
             last_steps = [j.last_step_at for j in mine if j.last_step_at is not None]
             self.node.to_coord(MeshOp.round_progress, ProgressReport(
-                group.round_id, in_place=all(j.in_place for j in mine),
-                group_ready=max(j.group_ready or 0.0 for j in mine), synced=max(j.synced or 0.0 for j in mine),
-                rebuild_s=max(j.rebuild_s or 0.0 for j in mine), collect_s=max(j.collect_s or 0.0 for j in mine),
-                last_step_at=min(last_steps, default=None),
-                heal=Heal.merged(heals) if heals else None).encode())
+                group.round_id, in_place=all(j.in_place for j in mine), group_ready=last.group_ready,
+                synced=last.synced, rebuild_s=last.rebuild_s, collect_s=last.collect_s, state_s=last.state_s,
+                wait_s=last.wait_s, restore_s=last.restore_s, last_step_at=min(last_steps, default=None),
+                heal=Heal.merged(heals, last.heal) if heals else None).encode())
 
     def on_failed(self, failed: JoinFailed) -> None:
         self.capable.discard(failed.pid)  # it waits to be replaced: no later round keeps it

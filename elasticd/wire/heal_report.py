@@ -22,8 +22,10 @@ class Heal(Record):
     fallback: str | None = None
 
     @classmethod
-    def merged(cls, heals: Sequence[Heal]) -> Heal:
-        """Ranks' (or nodes') heals as one: bytes and senders summed, the longest of each time, the first fallback."""
+    def merged(cls, heals: Sequence[Heal], timed: Heal | None = None) -> Heal:
+        """Ranks' (or nodes') heals as one: bytes and senders summed, the first fallback, and the times of `timed`
+        (the rank a stall ended with: a node's last to join) where given, else the longest of each."""
+        times = [timed] if timed is not None else heals
         return cls(sum(h.received_bytes for h in heals), sum(h.sent_bytes for h in heals),
-                   sum(h.senders for h in heals), max(h.seconds for h in heals), max(h.plan_s for h in heals),
-                   max(h.transfer_s for h in heals), next((h.fallback for h in heals if h.fallback), None))
+                   sum(h.senders for h in heals), max(h.seconds for h in times), max(h.plan_s for h in times),
+                   max(h.transfer_s for h in times), next((h.fallback for h in heals if h.fallback), None))

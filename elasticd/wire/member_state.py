@@ -172,10 +172,14 @@ class ProgressReport(Struct, Record, frozen=True):
     stopped: float | None = None  # its old workers are gone (or out of their group, in place)
     spawned: float | None = None  # its new workers are up
     last_step_at: float | None = None  # in place: the earliest of its kept ranks' last step in the old group
-    group_ready: float | None = None  # in place: the latest of its ranks, once every one said `joined`
+    # In place, once every rank said `joined`: its last rank to say so (the critical one), its times and parts
+    group_ready: float | None = None
     synced: float | None = None
-    rebuild_s: float | None = None  # in place: the longest of its ranks' `on_world` (the script's rebuild)
-    collect_s: float | None = None  # in place: the longest of its ranks' collection of their old world
+    rebuild_s: float | None = None  # the script's `on_world`
+    collect_s: float | None = None  # the collection of its old world
+    state_s: float | None = None  # reading the state it heals
+    wait_s: float | None = None  # waiting for the slowest rank's rebuild (sharded)
+    restore_s: float | None = None  # the script's `load_state_dict`
     in_place: bool = False
     heal: Heal | None = None
     events: list[EventReport] = struct_field(default_factory=list)

@@ -109,6 +109,9 @@ class Joined(RankReport):
     synced: float | None = None
     rebuild_s: float | None = None  # how long the script's `on_world` took in this generation
     collect_s: float | None = None  # the full garbage collection that freed its old world (trainer_shim.collection)
+    state_s: float | None = None  # reading the state it heals (sharded: a fresh optimizer's state is made then)
+    wait_s: float | None = None  # sharded: waiting for the slowest rank's rebuild, less the collection meanwhile
+    restore_s: float | None = None  # the script's `load_state_dict` of the healed state
     heal: Heal | None = None
 
 

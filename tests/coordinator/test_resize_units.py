@@ -84,22 +84,26 @@ def test_a_resize_says_where_its_stall_went_in_parts_that_add_up_to_it() -> None
     prev, nxt = round_of(1, {"a": [0, 1], "b": [2, 3]}), round_of(2, {"a": [0, 1], "b": [2, 3]})
     assert r.begin(prev, [node("a", 1, True, [0, 1]), node("b", 1, True, [2, 3])], 2, 10.0, 10.0)
     nxt.timeline["go"] = 10.2
-    slow = Heal(received_bytes=1 << 20, seconds=0.5, plan_s=0.1, transfer_s=0.4)
-    r.progress("a", ProgressReport(2, last_step_at=10.05, group_ready=10.3, synced=11.0, rebuild_s=0.1,
-                                   collect_s=0.04, in_place=True, heal=Heal(seconds=0.05, plan_s=0.05)), nxt)
-    r.progress("b", ProgressReport(2, last_step_at=10.1, group_ready=10.4, synced=11.2, rebuild_s=0.2,
-                                   collect_s=0.03, in_place=True, heal=slow), nxt)
+    # a's ranks were done first, though one of them moved more: the stall ended with b's last rank.
+    r.progress("a", ProgressReport(2, last_step_at=10.05, group_ready=10.3, synced=11.0, rebuild_s=0.3, state_s=0.2,
+                                   collect_s=0.04, in_place=True, heal=Heal(received_bytes=1 << 20, seconds=0.45,
+                                                                            plan_s=0.05, transfer_s=0.4)), nxt)
+    r.progress("b", ProgressReport(2, last_step_at=10.1, group_ready=10.4, synced=11.2, rebuild_s=0.2, state_s=0.1,
+                                   wait_s=0.05, collect_s=0.03, restore_s=0.1, in_place=True,
+                                   heal=Heal(received_bytes=1 << 10, seconds=0.3, plan_s=0.1, transfer_s=0.2)), nxt)
     r.first_step(nxt, 11.5)
     kind, fields = events[-1]
     assert kind == EventKind.resize
-    # From the first rank's leaving its group (a's, at 10.05) to the first step; each part the slowest node's.
+    # From the first rank's leaving its group (a's, at 10.05) to the first step, along b's last rank.
     assert fields["stall_s"] == 1.45
-    assert fields["parts"] == {"leave": 0.15, "group": 0.2, "rebuild": 0.2, "collect": 0.04, "plan": 0.1,
-                               "transfer": 0.4, "first_step": 0.3, "other": 0.06}
+    assert fields["parts"] == {"leave": 0.15, "group": 0.2, "rebuild": 0.2, "state": 0.1, "wait": 0.05,
+                               "collect": 0.03, "plan": 0.1, "transfer": 0.2, "restore": 0.1, "first_step": 0.3,
+                               "other": 0.02}
     assert sum(fields["parts"].values()) == pytest.approx(fields["stall_s"])
-    # What the heal moved, every node's together: bytes summed, the longest times, the first fallback (none here).
-    assert fields["heal"] == {"received_bytes": 1 << 20, "sent_bytes": 0, "senders": 0, "seconds": 0.5,
-                              "plan_s": 0.1, "transfer_s": 0.4, "fallback": None}
+    # What the heal moved, every node's together: bytes summed, the first fallback (none here); its times are
+    # those of the rank the stall ended with, as its parts are.
+    assert fields["heal"] == {"received_bytes": (1 << 20) + (1 << 10), "sent_bytes": 0, "senders": 0,
+                              "seconds": 0.3, "plan_s": 0.1, "transfer_s": 0.2, "fallback": None}
 
 
 def test_an_in_place_rounds_stop_barrier_outwaits_the_nodes_wait_for_their_kept_workers() -> None:

@@ -187,6 +187,29 @@ async def test_left_joined_and_resize_failed_reach_the_in_place_round_as_records
 
 
 @pytest.mark.asyncio
+async def test_a_nodes_progress_carries_the_phases_of_its_last_rank_to_join(live: Channel) -> None:
+    """The stall ends with the last rank to hold the freshest state: its phases go on, so that the parts add up;
+    the heal's bytes are every rank's."""
+    node = live.node
+    node.group = SimpleNamespace(round_id=5, workers=[SimpleNamespace(proc=SimpleNamespace(pid=p))
+                                                      for p in (PID, PID + 1)])
+    heal = {"received_bytes": 4096, "sent_bytes": 0, "senders": 1, "seconds": 0.3, "plan_s": 0.1,
+            "transfer_s": 0.2, "fallback": None}
+    await live.send(WorkerOp.joined, {"rank": 2, "pid": PID + 1, "round": 5, "step": 7, "in_place": True,
+                                      "last_step_at": 10.0, "group_ready": 10.6, "synced": 11.4, "rebuild_s": 0.2,
+                                      "state_s": 0.1, "wait_s": 0.05, "restore_s": 0.1, "heal": heal})
+    await live.send(WorkerOp.joined, {"rank": 3, "pid": PID, "round": 5, "step": 7, "in_place": True,
+                                      "last_step_at": 10.1, "group_ready": 10.5, "synced": 11.0, "rebuild_s": 0.4,
+                                      "state_s": 0.2, "heal": {**heal, "seconds": 0.5, "transfer_s": 0.4}})
+    await live.until(lambda: len(node.sent) == 1)
+    assert node.sent == [(MeshOp.round_progress, {
+        "round": 5, "in_place": True, "group_ready": 10.6, "synced": 11.4, "rebuild_s": 0.2, "state_s": 0.1,
+        "wait_s": 0.05, "restore_s": 0.1, "last_step_at": 10.0, "events": [],
+        "heal": {"received_bytes": 8192, "sent_bytes": 0, "senders": 2, "seconds": 0.3, "plan_s": 0.1,
+                 "transfer_s": 0.2, "fallback": None}})]
+
+
+@pytest.mark.asyncio
 async def test_requests_go_out_as_their_records_encode(live: Channel) -> None:
     await live.send(WorkerOp.hello, {**HELLO, "welcome": False})
     await live.until(lambda: 3 in live.channel.idents)

@@ -25,7 +25,6 @@ def test_a_torchtitan_shaped_job_keeps_its_processes_and_every_step_through_each
         def change(world: int, act) -> None:
             done = changed(job, world, act, "a", a_pids)  # a's workers kept; the stall's parts add up to it
             assert done["heal"]["fallback"] is None, done  # every shard had a live replica: nothing read
-            assert done["parts"]["collect"] > 0, done  # a's kept ranks freed their old world's model, measured
             stalls.append((done["detail"], done["parts"]))
 
         b = graceful_changes(job, TITAN, args, change)
@@ -34,6 +33,9 @@ def test_a_torchtitan_shaped_job_keeps_its_processes_and_every_step_through_each
         change(4, lambda: b.wait_line(r"elasticd \S+: node "))
         last = finish(job, tmp_path, "a")
     print("where each stall went (s):", *stalls, sep="\n  ")
+    # The kept ranks freed their old world's model, measured: the parts are the last rank's to join, a kept one's
+    # in a change that adds nobody.
+    assert any(parts["collect"] > 0 for _, parts in stalls), stalls
     seen = digests(tmp_path / "digests.log")
     assert sorted(seen) == list(range(last)), "a step was lost or trained twice"
     for step, by_round in seen.items():

@@ -33,7 +33,8 @@ def resized(job: Job, world: int, since: int) -> dict:
     done = job.wait_event("resize", lambda e: e["round"] == started["round"], since=since)
     assert list(done["timeline"]) == ["detect", "agreed", "left", "group_ready", "synced", "first_step"]
     parts = done["parts"]  # where the stall went: the shim's rebuild and heal times, the rest from the timeline
-    assert list(parts) == ["leave", "group", "rebuild", "collect", "plan", "transfer", "first_step", "other"], parts
+    assert list(parts) == ["leave", "group", "rebuild", "state", "wait", "collect", "plan", "transfer", "restore",
+                           "first_step", "other"], parts
     assert abs(sum(parts.values()) - done["stall_s"]) < 0.01 and done["stall_s"] > 0, done
     assert parts["rebuild"] > 0 and parts["plan"] > 0, parts  # measured by every rank, not left at zero
     return started

@@ -25,6 +25,7 @@ from elasticd.wire.worker_requests import TO_WORKER, AtStep, Generation, Resize,
 from trainer_shim import Request, Session
 from trainer_shim.generation import Generation as ShimGeneration
 from trainer_shim.heal import Healed
+from trainer_shim.phases import COLLECT, REBUILD, RESTORE, STATE, WAIT, Phases
 
 pytestmark = pytest.mark.quick  # no daemon, no subprocess: `make quick`
 
@@ -93,13 +94,16 @@ def test_a_real_shims_frames_decode_into_their_records(router: tuple[str, zmq.So
     healed = Healed(step=120, source=0, skeleton=None, received_bytes=4096, senders=2, seconds=0.41, plan_s=0.01,
                     transfer_s=0.4)
     heal = healed.report("rows of 1 tensors are held by no live rank")  # what a `joined` carries
+    phases = Phases()  # every phase a change times, by the names the shim reports them under
+    for name, seconds in ((REBUILD, 0.27), (STATE, 0.1), (WAIT, 0.05), (COLLECT, 0.02), (RESTORE, 0.03)):
+        phases.add(name, seconds)
     with Session(addr, rank=3, local_rank=1, node="n1", round_id=5) as s:
         s.abort_signal = int(signal.SIGUSR2)
         s.rejoin(3, 0, in_place=True, waiting=True, welcome=True)  # a pre-started worker's first hello
         s.left(120, "r1")
         s.left(120, None, "NCCL communicator was aborted")
         s.joined(6, 120, True, {"started": 1.5, "last_step_at": 2.0, "group_ready": 2.5, "synced": 3.5,
-                                "rebuild_s": 0.27, "collect_s": 0.02}, heal)
+                                **phases.report()}, heal)
         s.joined(7, 121, True, {"group_ready": 4.5, "synced": 5.5})  # a heal that moved nothing is not reported
         s.resize_failed(8, "RuntimeError: the generation's store did not answer")
         frames = [recv(sock)[1] for _ in range(7)]
@@ -120,6 +124,7 @@ def test_a_real_shims_frames_decode_into_their_records(router: tuple[str, zmq.So
     assert joined.heal is not None and (joined.heal.received_bytes, joined.heal.senders, joined.heal.fallback) == \
         (4096, 2, "rows of 1 tensors are held by no live rank")
     assert (joined.rebuild_s, joined.heal.plan_s, joined.heal.transfer_s) == (0.27, 0.01, 0.4)
+    assert (joined.state_s, joined.wait_s, joined.collect_s, joined.restore_s) == (0.1, 0.05, 0.02, 0.03)
     assert Joined.decode(frames[5].body).heal is None
 
 
