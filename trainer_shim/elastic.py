@@ -78,6 +78,7 @@ class Elastic:
         self._held: tuple[int, dict[str, torch.Tensor], Any] | None = None  # a sharded rank's state before leaving
         self.last_heal: dict[str, Any] = {}  # what the last heal moved (the `joined` report's `heal`)
         self._vouched = False  # this process's state was healed in a world: equal to the other ranks'
+        self._rehearsed = False  # a pre-started rank rehearsed its rebuild: that model is garbage after the first
         self._leaving = False  # between leaving a group and joining the next: the daemon's abort is moot
         self._resize_pending = False  # a resize settled at the last boundary, acted on before the next step
         self._resize_asked: Request | None = None  # the `resize` request this boundary settled: its id, `all_stay`
@@ -126,9 +127,10 @@ class Elastic:
         if self.in_place:
             freeze_imports()
         if env.get(PRESTART_ENV) and isinstance(self.session, Session):
-            from trainer_shim.prestart import await_first  # FSDP2's imports: only a pre-started rank's
+            from trainer_shim.prestart import Rebuild, await_first  # FSDP2's imports: only a pre-started rank's
 
-            gen = await_first(self.session, self.sharded)  # started early, for a round that adds this node
+            rebuild = Rebuild(self.on_world, self.state_dict, self.load_state_dict) if self.sharded else None
+            gen, self._rehearsed = await_first(self.session, rebuild)  # early, for a round that adds this node
             self.in_place = True
         if gen is not None:
             self._store = open_store(gen.store, self.timeout_s)
@@ -180,8 +182,10 @@ class Elastic:
         self._vouched = True
 
     def _free_old_world(self) -> None:
-        """After the rebuild, a survivor's old world freed at once (FSDP2's cycles; a script with collection off)."""
-        self._phases.add(COLLECT, collect() if self._vouched else 0.0)
+        """After the rebuild, a survivor's old world (or a newcomer's rehearsal of it) freed at once: FSDP2's
+        cycles, and a script with collection off."""
+        self._phases.add(COLLECT, collect() if self._vouched or self._rehearsed else 0.0)
+        self._rehearsed = False
 
     def _world(self) -> None:
         """The script's rebuild; the sockets it opens (its subgroups') are this generation's to sever."""

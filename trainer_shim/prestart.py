@@ -3,16 +3,30 @@
 from __future__ import annotations
 
 import logging
+import os
+import time
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from elasticd.wire.names import REHEARSE_ENV
 from trainer_shim.collection import freeze_imports
 from trainer_shim.generation import GENERATION_WAIT_S, Generation
 from trainer_shim.session import Session
 
 log = logging.getLogger("trainer_shim")
+
+
+class Rebuild:
+    """The script's rebuild and its state's round trip, as a rehearsal runs them: `build(rank, world_size)`, then
+    `load(read())`."""
+
+    def __init__(self, build: Callable[[int, int], None], read: Callable[[], Any], load: Callable[[Any], None]) \
+            -> None:
+        self.build, self.read, self.load = build, read, load
 
 
 class _Tiny(torch.nn.Module):
@@ -27,18 +41,21 @@ class _Tiny(torch.nn.Module):
         return self.layer(self.norm(self.embed(tokens)))
 
 
-def await_first(session: Session, sharded: bool) -> Generation:
+def await_first(session: Session, rebuild: Rebuild | None) -> tuple[Generation, bool]:
     """Say that this worker waits (it holds no group yet), then wait for its generation, as long as its node keeps
-    it (a standby node's spare may wait for hours: its daemon stops it). A sharded rank first warms FSDP2 up: the
-    round that adds its node waits for this `waiting` hello, while the survivors still train."""
-    if sharded:
+    it (a standby node's spare may wait for hours: its daemon stops it). A sharded rank (`rebuild`) first warms
+    FSDP2 up, and rehearses the script's rebuild where its daemon expects a world: the round that adds its node
+    waits for this `waiting` hello, while the survivors still train. Returns the generation, and whether it rehearsed
+    (the rehearsal's model is garbage once the script rebuilds: a full collection frees it)."""
+    if rebuild is not None:
         warm_sharding()
     freeze_imports(full=True)  # the warm-up's garbage too: this rank waits anyway
+    rehearsed = rebuild is not None and rehearse(rebuild, os.environ)  # after the freeze: its model is not kept
     session.rejoin(session.rank, 0, in_place=True, waiting=True)
     body = None
     while body is None:
         body = session.wait_generation(0, GENERATION_WAIT_S)  # again, as long as its node keeps it
-    return Generation.from_body(body)
+    return Generation.from_body(body), rehearsed
 
 
 def warm_sharding() -> None:
@@ -61,6 +78,35 @@ def warm_sharding() -> None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def rehearse(rebuild: Rebuild, env: Any) -> bool:
+    """The script's rebuild once, before the round, on a fake process group (collectives that do nothing) of the
+    world the daemon expects this node to join (REHEARSE_ENV; its ranks last): the real rebuild then finds DTensor's
+    sharding rules for that mesh already worked out, and its model's code run once (on one quiet process here,
+    0.18 s of rebuild, state read and load took 0.044 s after it). Best effort, like the warm-up: a wrong guess
+    only warms less, and any error leaves the real rebuild to pay it all. No process group or RNG draw is left."""
+    world, nproc = int(env.get(REHEARSE_ENV, "0") or 0), int(env.get("LOCAL_WORLD_SIZE", "1") or 1)
+    if world < nproc or dist.is_initialized():
+        return False
+    rank = world - nproc + int(env.get("LOCAL_RANK", "0") or 0)
+    began = time.perf_counter()
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+            rebuild.build(rank, world)
+            rebuild.load(rebuild.read())
+    except Exception as exc:  # a rehearsal must never stop a worker
+        log.debug("rehearsal of world %d skipped: %r", world, exc)
+        return False
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    log.debug("rehearsed world %d as rank %d in %.3fs", world, rank, time.perf_counter() - began)
+    return True
 
 
 def _step(mesh: dist.DeviceMesh) -> None:

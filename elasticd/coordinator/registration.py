@@ -81,8 +81,10 @@ class Registration:
         """What a member needs to start: its role, the round, and where the job's events are published."""
         core = self.core
         ours = core.nodes.get(core.cfg.node_id)
-        prewarm = node.role == Role.active and core.resizer.prewarm(node, core.round, core.clock())
-        return Welcome(True, node.role, core.round.round_id if core.round else 0, ours.pub if ours else "", prewarm,
+        rnd = core.round
+        prewarm = node.role == Role.active and core.resizer.prewarm(node, rnd, core.clock())
+        expected = rnd.world_size + node.nproc if prewarm and rnd is not None else 0
+        return Welcome(True, node.role, rnd.round_id if rnd else 0, ours.pub if ours else "", prewarm, expected,
                        self.routes.via_endpoint(node))
 
     def register(self, node_id: str, reg: Register, now: float) -> Welcome:

@@ -64,6 +64,7 @@ class Welcome(Record):
     round: int = 0
     events_pub: str = ""
     prewarm: bool = False
+    expected_world: int = 0  # with `prewarm`: the world its pre-started workers rehearse (the job's, and this node)
     via: str = ""  # in a job with relays: the relay to send through
     errno: int = 0
     code: str = ""
@@ -79,7 +80,7 @@ class Welcome(Record):
         return {k: v for k, v in vars(self).items() if k in sent}
 
 
-_WELCOMED = frozenset({"ok", "role", "round", "events_pub", "prewarm", "via"})
+_WELCOMED = frozenset({"ok", "role", "round", "events_pub", "prewarm", "expected_world", "via"})
 _REFUSED = frozenset({"ok", "errno", "code", "reason"})
 
 

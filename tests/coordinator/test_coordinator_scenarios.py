@@ -533,7 +533,8 @@ def test_a_repeated_register_from_a_welcomed_daemon_is_answered_again_and_change
     sim.nodes["b"].register()  # its welcome was lost, say: the same instance asks again
     sim.run(1.0)
     welcome, = sim.msgs(MeshOp.welcome, dst="b", since=mark)
-    assert welcome.body == {"ok": True, "role": Role.active, "round": 1, "events_pub": "", "prewarm": False, "via": ""}
+    assert welcome.body == {"ok": True, "role": Role.active, "round": 1, "events_pub": "", "prewarm": False,
+                            "expected_world": 0, "via": ""}
     assert [m.op for m in sim.msgs(MeshOp.round, dst="b", since=mark)] == [MeshOp.round]  # its part, resent
     assert sim.kinds(since=mark) == [] and sim.round.round_id == 1  # no join, no round
 
@@ -641,6 +642,22 @@ def test_a_join_waits_for_the_in_place_generation_in_flight_and_is_bounded() -> 
     sim.run(RESIZE_TIMEOUT_S - 1.0)
     assert sim.round.round_id == 2
     assert sim.formed(3, timeout=5.0).node_ids() == ["a", "b", "c"]  # waited no longer than the resize's own limit
+
+
+def test_a_node_joining_an_in_place_job_prestarts_for_the_world_it_will_make() -> None:
+    """Its welcome says `prewarm` and the world with it added: its sharded workers rehearse that world's rebuild
+    while the others train (trainer_shim/prestart.py)."""
+    sim = Sim("ab", min_nodes=1, max_nodes=2)
+    sim.start("a")
+    rnd = sim.formed()
+    resizer = sim.coordinator.resizer
+    resizer.job_store_started("127.0.0.1:1", "")
+    resizer.progress("a", ProgressReport(rnd.round_id, in_place=True), rnd)  # a's ranks resize in place
+    mark = sim.mark()
+    sim.start("b")
+    sim.run(1.0)
+    welcome = sim.msgs(MeshOp.welcome, dst="b", since=mark)[0]
+    assert (welcome.body["prewarm"], welcome.body["expected_world"]) == (True, 4), welcome.body
 
 
 def test_each_member_s_round_is_the_shared_fields_with_its_own_part_over_them() -> None:

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from trainer_shim.prestart import warm_sharding
+from elasticd.wire.names import REHEARSE_ENV
+from trainer_shim.prestart import Rebuild, rehearse, warm_sharding
 
 pytestmark = pytest.mark.quick
 
@@ -39,3 +40,39 @@ def test_a_warm_up_that_fails_says_so_at_debug_and_the_worker_goes_on(monkeypatc
     with caplog.at_level("DEBUG", logger="trainer_shim"):
         warm_sharding()
     assert not dist.is_initialized() and "no FSDP" in caplog.text
+
+
+def test_a_rehearsal_runs_the_scripts_rebuild_in_the_expected_world_and_leaves_nothing_behind() -> None:
+    """The script's rebuild, state read and load once, as the last ranks of the world the daemon expects: on a
+    mesh of that world (its collectives do nothing), with no group left and no RNG draw."""
+    seen: list[tuple[int, int, tuple[int, ...]]] = []
+    built: dict[str, torch.nn.Module] = {}
+
+    def on_world(rank: int, size: int) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (size // 2, 2), mesh_dim_names=("dp_replicate", "dp_shard"))
+        built["model"] = fully_shard(torch.nn.Linear(8, 8), mesh=mesh)
+        torch.rand(1)  # the script draws: not from the process's stream
+        seen.append((rank, size, tuple(mesh.shape)))
+
+    loaded: list[dict] = []
+    rebuild = Rebuild(on_world, lambda: built["model"].state_dict(), loaded.append)
+    torch.manual_seed(7)
+    expected = torch.rand(4)
+    torch.manual_seed(7)
+    assert rehearse(rebuild, {REHEARSE_ENV: "6", "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "1"})
+    assert seen == [(5, 6, (3, 2))] and list(loaded[0]) == ["weight", "bias"]
+    assert not dist.is_initialized() and torch.equal(torch.rand(4), expected)
+
+
+def test_no_rehearsal_without_a_world_and_a_failed_one_says_so_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    def on_world(rank: int, size: int) -> None:
+        raise RuntimeError("the script's own error")
+
+    rebuild = Rebuild(on_world, dict, lambda state: None)
+    assert not rehearse(rebuild, {"LOCAL_WORLD_SIZE": "2"})  # the daemon had no guess: nothing runs
+    with caplog.at_level("DEBUG", logger="trainer_shim"):
+        assert not rehearse(rebuild, {REHEARSE_ENV: "4", "LOCAL_WORLD_SIZE": "2"})
+    assert "the script's own error" in caplog.text and not dist.is_initialized()

@@ -203,7 +203,8 @@ def test_the_epoch_of_a_fenced_message_is_an_int() -> None:
 
 def test_a_welcome_says_only_what_it_is() -> None:
     assert Welcome(True, "standby", 3, "tcp://c:1").encode() == {"ok": True, "role": "standby", "round": 3,
-                                                                 "events_pub": "tcp://c:1", "prewarm": False, "via": ""}
+                                                                 "events_pub": "tcp://c:1", "prewarm": False,
+                                                                 "expected_world": 0, "via": ""}
     refused = Welcome.refusal(ProtocolError(ErrorCode.DUPLICATE_NODE, "taken"))
     assert refused.encode() == {"ok": False, "errno": ErrorCode.DUPLICATE_NODE, "code": "duplicate_node",
                                 "reason": "taken"}
