@@ -44,6 +44,7 @@ from trainer_shim.generation import (
 )
 from trainer_shim.heal import Healed, HealError, heal
 from trainer_shim.heal_plan import NOTHING
+from trainer_shim.mesh_caches import MeshCaches
 from trainer_shim.noop import NullSession
 from trainer_shim.peer_errors import lost_in_save, lost_peer, one_line, sharded
 from trainer_shim.phases import COLLECT, REBUILD, RESTORE, STATE, WAIT, Phases
@@ -79,6 +80,7 @@ class Elastic:
         self.last_heal: dict[str, Any] = {}  # what the last heal moved (the `joined` report's `heal`)
         self._vouched = False  # this process's state was healed in a world: equal to the other ranks'
         self._rehearsed = False  # a pre-started rank rehearsed its rebuild: that model is garbage after the first
+        self._meshes = MeshCaches()  # a sharded rank's: the rank it had in each world size DTensor's caches saw
         self._leaving = False  # between leaving a group and joining the next: the daemon's abort is moot
         self._resize_pending = False  # a resize settled at the last boundary, acted on before the next step
         self._resize_asked: Request | None = None  # the `resize` request this boundary settled: its id, `all_stay`
@@ -130,7 +132,10 @@ class Elastic:
             from trainer_shim.prestart import Rebuild, await_first  # FSDP2's imports: only a pre-started rank's
 
             rebuild = Rebuild(self.on_world, self.state_dict, self.load_state_dict) if self.sharded else None
-            gen, self._rehearsed = await_first(self.session, rebuild)  # early, for a round that adds this node
+            gen, rehearsed = await_first(self.session, rebuild)  # early, for a round that adds this node
+            if rehearsed is not None:
+                self._meshes.enter(*rehearsed)
+                self._rehearsed = True
             self.in_place = True
         if gen is not None:
             self._store = open_store(gen.store, self.timeout_s)
@@ -190,6 +195,8 @@ class Elastic:
     def _world(self) -> None:
         """The script's rebuild; the sockets it opens (its subgroups') are this generation's to sever."""
         before = sockets_now()
+        if self.sharded:  # before the script builds: no mesh of another rank of this world may come from a cache
+            self._meshes.enter(self.world_size, self.rank)
         with self._phases.timed(REBUILD):
             self.on_world(self.rank, self.world_size)
         self._opened |= sockets_now() - before

@@ -41,16 +41,17 @@ class _Tiny(torch.nn.Module):
         return self.layer(self.norm(self.embed(tokens)))
 
 
-def await_first(session: Session, rebuild: Rebuild | None) -> tuple[Generation, bool]:
+def await_first(session: Session, rebuild: Rebuild | None) -> tuple[Generation, tuple[int, int] | None]:
     """Say that this worker waits (it holds no group yet), then wait for its generation, as long as its node keeps
     it (a standby node's spare may wait for hours: its daemon stops it). A sharded rank (`rebuild`) first warms
     FSDP2 up, and rehearses the script's rebuild where its daemon expects a world: the round that adds its node
-    waits for this `waiting` hello, while the survivors still train. Returns the generation, and whether it rehearsed
-    (the rehearsal's model is garbage once the script rebuilds: a full collection frees it)."""
+    waits for this `waiting` hello, while the survivors still train. Returns the generation, and the world size and
+    rank it rehearsed as, if it did (the rehearsal's model is garbage once the script rebuilds: a full collection
+    frees it; DTensor's caches hold that rank's meshes: trainer_shim.mesh_caches)."""
     if rebuild is not None:
         warm_sharding()
     freeze_imports(full=True)  # the warm-up's garbage too: this rank waits anyway
-    rehearsed = rebuild is not None and rehearse(rebuild, os.environ)  # after the freeze: its model is not kept
+    rehearsed = rehearse(rebuild, os.environ) if rebuild is not None else None  # after the freeze: not kept
     session.rejoin(session.rank, 0, in_place=True, waiting=True)
     body = None
     while body is None:
@@ -80,15 +81,16 @@ def warm_sharding() -> None:
             dist.destroy_process_group()
 
 
-def rehearse(rebuild: Rebuild, env: Any) -> bool:
+def rehearse(rebuild: Rebuild, env: Any) -> tuple[int, int] | None:
     """The script's rebuild once, before the round, on a fake process group (collectives that do nothing) of the
     world the daemon expects this node to join (REHEARSE_ENV; its ranks last): the real rebuild then finds DTensor's
     sharding rules for that mesh already worked out, and its model's code run once (on one quiet process here,
     0.18 s of rebuild, state read and load took 0.044 s after it). Best effort, like the warm-up: a wrong guess
-    only warms less, and any error leaves the real rebuild to pay it all. No process group or RNG draw is left."""
+    only warms less, and any error leaves the real rebuild to pay it all. No process group or RNG draw is left.
+    Returns the world size and rank it rehearsed as, or None."""
     world, nproc = int(env.get(REHEARSE_ENV, "0") or 0), int(env.get("LOCAL_WORLD_SIZE", "1") or 1)
     if world < nproc or dist.is_initialized():
-        return False
+        return None
     rank = world - nproc + int(env.get("LOCAL_RANK", "0") or 0)
     began = time.perf_counter()
     try:
@@ -101,12 +103,12 @@ def rehearse(rebuild: Rebuild, env: Any) -> bool:
             rebuild.load(rebuild.read())
     except Exception as exc:  # a rehearsal must never stop a worker
         log.debug("rehearsal of world %d skipped: %r", world, exc)
-        return False
+        return None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
     log.debug("rehearsed world %d as rank %d in %.3fs", world, rank, time.perf_counter() - began)
-    return True
+    return world, rank
 
 
 def _step(mesh: dist.DeviceMesh) -> None:

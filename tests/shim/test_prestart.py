@@ -62,7 +62,7 @@ def test_a_rehearsal_runs_the_scripts_rebuild_in_the_expected_world_and_leaves_n
     torch.manual_seed(7)
     expected = torch.rand(4)
     torch.manual_seed(7)
-    assert rehearse(rebuild, {REHEARSE_ENV: "6", "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "1"})
+    assert rehearse(rebuild, {REHEARSE_ENV: "6", "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "1"}) == (6, 5)
     assert seen == [(5, 6, (3, 2))] and list(loaded[0]) == ["weight", "bias"]
     assert not dist.is_initialized() and torch.equal(torch.rand(4), expected)
 
@@ -72,7 +72,7 @@ def test_no_rehearsal_without_a_world_and_a_failed_one_says_so_at_debug(caplog: 
         raise RuntimeError("the script's own error")
 
     rebuild = Rebuild(on_world, dict, lambda state: None)
-    assert not rehearse(rebuild, {"LOCAL_WORLD_SIZE": "2"})  # the daemon had no guess: nothing runs
+    assert rehearse(rebuild, {"LOCAL_WORLD_SIZE": "2"}) is None  # the daemon had no guess: nothing runs
     with caplog.at_level("DEBUG", logger="trainer_shim"):
-        assert not rehearse(rebuild, {REHEARSE_ENV: "4", "LOCAL_WORLD_SIZE": "2"})
+        assert rehearse(rebuild, {REHEARSE_ENV: "4", "LOCAL_WORLD_SIZE": "2"}) is None
     assert "the script's own error" in caplog.text and not dist.is_initialized()
