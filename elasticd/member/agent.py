@@ -171,19 +171,21 @@ class NodeAgent:
             return
         # Kept workers belong to the new group at once: a newer round that supersedes this one stops them.
         on_line = self.on_worker_line if self.output_pattern else None
-        self.group = WorkerGroup(self.cfg, round_id, assignment, {**self.worker_env, **store_env},
-                                 self.on_worker_exit, self.spawner, on_line, kept)
-        self.groups.append(self.group)
+        group = self.group = WorkerGroup(self.cfg, round_id, assignment, {**self.worker_env, **store_env},
+                                         self.on_worker_exit, self.spawner, on_line, kept)
+        self.groups.append(group)
         if not await self.wait_for_go(round_id, in_place=assignment.in_place):
             return  # a newer round replaced this one while its old workers were being stopped
-        self.in_place.publish(self.group, kept, assignment)  # the survivors join first: they wait on nothing
+        self.in_place.publish(group, kept, assignment)  # the survivors join first: they wait on nothing
         try:
-            await self.group.spawn()
+            await group.spawn()
         except OSError as exc:
             self.report_failure(None, f"could not start workers on node {self.cfg.node_id}: {exc}")
             return
+        if self.group is not group:  # stopped while it spawned (the job ended, a newer round): nothing to report
+            return
         started = event_body(EventKind.workers_started, round=round_id, ranks=assignment.ranks,
-                             world_size=assignment.world_size, pids=[w.proc.pid for w in self.group.workers],
+                             world_size=assignment.world_size, pids=[w.proc.pid for w in group.workers],
                              kept=[w.proc.pid for w in kept])
         self.report("spawned", ProgressReport(round_id, spawned=time.time(), events=[started]))
 
