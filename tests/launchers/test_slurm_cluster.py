@@ -1,4 +1,5 @@
-"""examples/slurm/train.sbatch on a real 2-node SLURM cluster (tests/support/slurm_cluster.py): no elasticd flag; it
+"""examples/slurm/train.sbatch on a real 2-node SLURM cluster (tests/support/slurm_cluster.py): no elasticd flag
+for the job (only its drain budget, --grace-period); it
 trains at world 2, `scontrol requeue` resumes it from the step its leave saved (0 lost, same rendezvous id), and
 `scancel --signal=USR1` (what `--signal=USR1@N` sends) stops it at one agreed step; with `--no-kill` a lost node
 leaves the other training; two tasks per node are refused."""
