@@ -53,10 +53,9 @@ COMMANDS = [Command("bookmark", "put a labelled marker into the event log", Book
 # The console, from the copy, on the copy's daemon: the palette, then the key `b` with its confirmation.
 CONSOLE = '''
 import asyncio, json, sys
-from support.console import SIZE, until
+from support.console import SIZE, confirm_dialog, until
 from tui.app import ElasticApp
 from tui.commands import ActionsProvider
-from tui.screens.confirm import ConfirmScreen
 
 
 async def main(job_id, control):
@@ -66,9 +65,8 @@ async def main(job_id, control):
         await until(pilot, lambda: app.model.job.world_size == 1, what="the job")
         seen["palette"] = [str(hit.prompt) async for hit in ActionsProvider(app.screen).discover()]
         await pilot.press("b")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen) and bool(app.screen.query("#effect")),
-                    what="the confirmation, composed")
-        seen["effect"] = str(app.screen.query_one("#effect").render())
+        dialog = await confirm_dialog(pilot)
+        seen["effect"] = str(dialog.query_one("#effect").render())
         await pilot.click("#confirm")
         await until(pilot, lambda: any("accepted" in n.message for n in app._notifications), what="accepted")
     print(json.dumps(seen))
