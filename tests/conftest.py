@@ -12,6 +12,10 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # `support` is tests/support/
+# One intra-op thread in every process the tests start, as elasticd gives its workers (as torchrun does): two threads
+# a process on a loaded 2-core machine wait on each other at every op (a three-rank heal test took 7.5 s alone and
+# 116 s beside the suite's other files). Daemons are started without it: they set their workers' own.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from support.durations import FileSeconds, known
 

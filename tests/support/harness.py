@@ -147,7 +147,8 @@ class Job:
         self.job_id = f"job{self.port}"
         self.nnodes, self.nproc, self.max_restarts = nnodes, nproc, max_restarts
         self.extra = extra or []
-        self.env = {**os.environ, "ELASTICD_RUNTIME_DIR": str(tmp / "run"), "PYTHONUNBUFFERED": "1"}
+        inherited = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # the daemon sets its workers'
+        self.env = {**inherited, "ELASTICD_RUNTIME_DIR": str(tmp / "run"), "PYTHONUNBUFFERED": "1"}
         self.daemons: dict[str, DaemonProc] = {}
         self.started: list[DaemonProc] = []
         self.credentials: Credentials | None = None  # set for a job started with --keys
