@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elasticd.wire.names import REHEARSE_ENV, REHEARSE_RANK_ENV
+from elasticd.wire.names import REHEARSE_ENV
 from trainer_shim.collection import freeze_imports
 from trainer_shim.generation import GENERATION_WAIT_S, Generation
 from trainer_shim.session import Session
@@ -47,18 +47,12 @@ def await_first(session: Session, rebuild: Rebuild | None) -> tuple[Generation, 
     FSDP2 up, and rehearses the script's rebuild where its daemon expects a world: the round that adds its node
     waits for this `waiting` hello, while the survivors still train. Returns the generation, and the world size and
     rank it rehearsed as, if it did (the rehearsal's model is garbage once the script rebuilds: a full collection
-    frees it; DTensor's caches hold that rank's meshes: trainer_shim.mesh_caches). A crashed rank's replacement
-    (REHEARSE_RANK_ENV) says hello first: its round is under way and waits for that hello, not for the rehearsal,
-    which runs while the survivors leave their group; it skips the warm-up, which the rehearsal's build covers."""
-    replacing = REHEARSE_RANK_ENV in os.environ
-    if replacing:
-        session.rejoin(session.rank, 0, in_place=True, waiting=True)
-    elif rebuild is not None:
+    frees it; DTensor's caches hold that rank's meshes: trainer_shim.mesh_caches)."""
+    if rebuild is not None:
         warm_sharding()
     freeze_imports(full=True)  # the warm-up's garbage too: this rank waits anyway
     rehearsed = rehearse(rebuild, os.environ) if rebuild is not None else None  # after the freeze: not kept
-    if not replacing:
-        session.rejoin(session.rank, 0, in_place=True, waiting=True)
+    session.rejoin(session.rank, 0, in_place=True, waiting=True)
     body = None
     while body is None:
         body = session.wait_generation(0, GENERATION_WAIT_S)  # again, as long as its node keeps it
@@ -89,19 +83,15 @@ def warm_sharding() -> None:
 
 def rehearse(rebuild: Rebuild, env: Any) -> tuple[int, int] | None:
     """The script's rebuild once, before the round, on a fake process group (collectives that do nothing) of the
-    world the daemon expects this node to join (REHEARSE_ENV; its ranks last, or REHEARSE_RANK_ENV's rank for a
-    crashed rank's replacement): the real rebuild then finds DTensor's sharding rules for that mesh already worked
-    out, and its model's code run once (on one quiet process here, 0.18 s of rebuild, state read and load took
-    0.044 s after it). Best effort, like the warm-up: a wrong guess only warms less, and any error leaves the real
-    rebuild to pay it all. No process group or RNG draw is left. Returns the world size and rank it rehearsed as,
-    or None."""
-    try:
-        world, nproc = int(env.get(REHEARSE_ENV, "0") or 0), int(env.get("LOCAL_WORLD_SIZE", "1") or 1)
-        rank = int(env.get(REHEARSE_RANK_ENV) or world - nproc + int(env.get("LOCAL_RANK", "0") or 0))
-    except ValueError:  # not the daemon's numbers: no rehearsal
+    world the daemon expects this node to join (REHEARSE_ENV; its ranks last): the real rebuild then finds DTensor's
+    sharding rules for that mesh already worked out, and its model's code run once (on one quiet process here,
+    0.18 s of rebuild, state read and load took 0.044 s after it). Best effort, like the warm-up: a wrong guess
+    only warms less, and any error leaves the real rebuild to pay it all. No process group or RNG draw is left.
+    Returns the world size and rank it rehearsed as, or None."""
+    world, nproc = int(env.get(REHEARSE_ENV, "0") or 0), int(env.get("LOCAL_WORLD_SIZE", "1") or 1)
+    if world < nproc or dist.is_initialized():
         return None
-    if world < nproc or not 0 <= rank < world or dist.is_initialized():
-        return None
+    rank = world - nproc + int(env.get("LOCAL_RANK", "0") or 0)
     began = time.perf_counter()
     try:
         from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend

@@ -251,8 +251,6 @@ SENTENCES: dict[str, Sentence] = {
     EventKind.workers_stopped: workers_stopped,
     EventKind.worker_exited: lambda b: f"rank {b.count('rank')} exited with "
                                        f"{exit_text(b.fields.get('exit_code'))} (pid {b.count('pid')})",
-    EventKind.replacement_started: lambda b: f"rank {b.count('rank')}'s replacement started at once (pid "
-                                             f"{b.count('pid')}, for pid {b.count('replaces')})",
     EventKind.worker_exit_timeout: lambda b: f"{b.ranks('ranks')} still ran {b.seconds('timeout_s')} after a "
                                              f"peer finished: stopped",
     EventKind.worker_killed: lambda b: f"rank {b.count('rank')} killed: {b.text('reason')}",

@@ -261,22 +261,17 @@ class NodeAgent:
             self.to_coord(MeshOp.first_step, {"round": self.round_id, "at": now, "step": step.step})
 
     def on_worker_exit(self, worker: Worker) -> None:
-        replacement = worker.proc.pid in self.in_place.replacements  # not yet in any generation
-        in_place = self.in_place.gone(worker.proc.pid)
+        self.in_place.gone(worker.proc.pid)
         group = self.group
         if worker.stopping or group is None or worker not in group.workers:
             return
         self.event(EventKind.worker_exited, round=group.round_id, rank=worker.rank, pid=worker.proc.pid,
                    exit_code=worker.exit_code)
-        if replacement:
-            return  # the round its crash brought starts that rank again, and reports it if it fails there
         if worker.rank in self.drained_ranks:
             self.check_drained()  # it saved and said so: how its teardown ends is no failure
         elif worker.exit_code != 0:
             if not worker.failure_sent:
                 self.send_failure(failure_of(worker, self.cfg.node_id, group.round_id))
-            if in_place:
-                self.in_place.replace(group, worker)
         elif not group.running and all(w.exit_code == 0 for w in group.workers):
             self.to_coord(MeshOp.node_done, {"round": group.round_id})
         elif self._exit_watch is None:

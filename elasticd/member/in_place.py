@@ -21,7 +21,7 @@ from elasticd.member.processes.workers import Worker, WorkerGroup, signal_worker
 from elasticd.wire.assignment import RoundAssignment
 from elasticd.wire.heal_report import Heal
 from elasticd.wire.member_state import ProgressReport
-from elasticd.wire.names import REHEARSE_ENV, REHEARSE_RANK_ENV, EventKind, MeshOp, NodeState, WorkerOp
+from elasticd.wire.names import REHEARSE_ENV, EventKind, MeshOp, NodeState, WorkerOp
 from elasticd.wire.protocol import new_id
 from elasticd.wire.record import Record
 from elasticd.wire.worker_reports import Hello, Joined, JoinFailed, LeftGroup
@@ -63,8 +63,6 @@ class InPlace:
         self.failed_round = 0  # the last round whose failure was reported (one report per round)
         self.abort_signals: dict[int, int] = {}  # pid -> the signal that aborts its group (its `hello` said)
         self.resizing = False  # between an in-place round's arrival and its workers' publication
-        self.replacements: set[int] = set()  # pids started for a crashed rank (`replace`), until they say hello
-        self.replacing: set[asyncio.Task[None]] = set()  # those being started: the next round waits for them
 
     def reach_workers(self, send: SendToWorker) -> None:
         """The worker channel, once it is up: how a request reaches one worker process."""
@@ -72,7 +70,6 @@ class InPlace:
 
     # -- what the workers say ------------------------------------------------------------------------
     def on_hello(self, hello: Hello) -> None:
-        self.replacements.discard(hello.pid)
         if hello.in_place:
             self.capable.add(hello.pid)
             if hello.abort_signal is not None:
@@ -100,38 +97,12 @@ class InPlace:
         except OSError as exc:
             log.warning("[%s] could not pre-start workers: %s", self.node.cfg.node_id, exc)
 
-    def gone(self, pid: int) -> bool:
-        """A worker exited: what it said goes with it (its pid may come back as another process). Returns
-        whether it had joined this node's generation in place (a crash of it is worth `replace`)."""
-        joined = pid in self.joined and pid in self.capable
+    def gone(self, pid: int) -> None:
+        """A worker exited: what it said goes with it (its pid may come back as another process)."""
         self.capable.discard(pid)
         self.left.pop(pid, None)
         self.joined.pop(pid, None)
         self.abort_signals.pop(pid, None)
-        self.replacements.discard(pid)
-        return joined
-
-    def replace(self, group: WorkerGroup, dead: Worker) -> None:
-        """A crashed in-place rank's process, started at once: the round its crash brings is under way, and the
-        survivors leave their group meanwhile. Pre-started, it says hello at once, then rehearses its rebuild for
-        the world it left (trainer_shim/prestart.py) and waits for its generation: that round keeps it as it keeps
-        the survivors. A round that is no in-place one stops it, as any worker."""
-        if group is not self.node.group or self.resizing or self.node.state != NodeState.running:
-            return
-        task = asyncio.ensure_future(self._replace(group, dead))
-        self.replacing.add(task)
-        task.add_done_callback(self.replacing.discard)
-
-    async def _replace(self, group: WorkerGroup, dead: Worker) -> None:
-        env = {PRESTART_ENV: "1", REHEARSE_ENV: str(group.assignment.world_size), REHEARSE_RANK_ENV: str(dead.rank)}
-        try:
-            worker = await group.replace(dead, env)
-        except OSError as exc:
-            log.warning("[%s] could not start a replacement for rank %d: %s", self.node.cfg.node_id, dead.rank, exc)
-            return
-        self.replacements.add(worker.proc.pid)
-        self.node.event(EventKind.replacement_started, round=group.round_id, rank=dead.rank, pid=worker.proc.pid,
-                        replaces=dead.proc.pid)
 
     def end_hung(self, rank: int) -> None:
         """A hung in-place worker is stopped at once: its peers, blocked in a collective with it, then fail at
@@ -202,12 +173,9 @@ class InPlace:
         group = self.node.group
         assert group is not None
         self.resizing = True
-        if self.replacing:  # a crashed rank's process, being started: it belongs to this round
-            await asyncio.wait(list(self.replacing))
-        survivors = [w for w in group.running if w.proc.pid in self.capable or w.proc.pid in self.replacements]
+        survivors = [w for w in group.running if w.proc.pid in self.capable]
         for worker in survivors:
-            if worker.proc.pid not in self.left and worker.proc.pid not in self.replacements:  # a crash or a loss:
-                # nobody agreed a step; leave at once (a replacement holds no group: it says hello when ready)
+            if worker.proc.pid not in self.left:  # a crash or a loss: nobody agreed a step; leave at once
                 self.send(worker.proc.pid, WorkerOp.resize, Resize(new_id(), round=round_id))
                 self.abort(worker.proc.pid)
         deadline = time.monotonic() + self.node.cfg.grace_s + LEAVE_SLACK_S

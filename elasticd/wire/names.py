@@ -93,7 +93,6 @@ class WorkerOp(StrEnum):
 
 STEP_WAIT_METRIC = "collective_wait_s"  # a shim rank's smoothed wait in the gradient allreduce, per step
 REHEARSE_ENV = "ELASTICD_REHEARSE_WORLD"  # a pre-started worker's expected world, which a sharded one rehearses
-REHEARSE_RANK_ENV = "ELASTICD_REHEARSE_RANK"  # a crashed rank's replacement: the rank it rehearses (its round is on)
 CTL_PREFIX = "ctl."  # a member forwards an operator request as `ctl.<verb>`; the answer comes back as a `rep`
 # A relay's batches (`docs/protocol.md` §9.5): the first part of a multipart message between a relay and the
 # coordinator; JSON frames start with `{`, so neither can be taken for the other.
@@ -162,7 +161,6 @@ class EventKind(StrEnum):
     workers_started = "workers_started"
     workers_stopped = "workers_stopped"
     worker_exited = "worker_exited"
-    replacement_started = "replacement_started"  # a crashed shim rank's process started at once, before its round
     worker_failed = "worker_failed"  # a rank's failure, its error and whether it is the round's root cause
     worker_exit_timeout = "worker_exit_timeout"
     worker_killed = "worker_killed"

@@ -79,7 +79,6 @@ SAMPLES: dict[str, dict[str, Any]] = {
     EventKind.workers_started: {"round": 2, "ranks": [0, 1], "world_size": 4, "pids": [1003, 1004], "kept": []},
     EventKind.workers_stopped: {"round": 1, "exit_codes": {"0": 0, "1": 0, "3": -15}, "last_step": 240},
     EventKind.worker_exited: {"round": 1, "rank": 3, "pid": 2002, "exit_code": -9},
-    EventKind.replacement_started: {"round": 1, "rank": 3, "pid": 2010, "replaces": 2002},
     EventKind.worker_exit_timeout: {"round": 1, "ranks": [1, 2], "timeout_s": 300.0},
     EventKind.worker_killed: {"rank": 3, "reason": "operator drill"},
     EventKind.worker_failed: {"rank": 3, "round": 2, "exit_code": 1, "error": ERROR, "root_cause": True},

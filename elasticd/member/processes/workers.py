@@ -156,32 +156,21 @@ class WorkerGroup:
                 env[key] = value
         return env
 
-    @property
-    def log_dir(self) -> Path:
-        return Path(self.cfg.log_dir) / self.cfg.job_id / self.cfg.node_id / f"round-{self.round_id:04d}"
-
     async def spawn(self) -> None:
+        log_dir = Path(self.cfg.log_dir) / self.cfg.job_id / self.cfg.node_id / f"round-{self.round_id:04d}"
+        log_dir.mkdir(parents=True, exist_ok=True)
         ranks = self.assignment.ranks[len(self.workers):]
         taken = {w.local_rank for w in self.workers}
         free = [slot for slot in range(len(self.assignment.ranks)) if slot not in taken]
         for local_rank, rank in zip(free, ranks, strict=False):
-            await self._start(local_rank, rank, self.log_dir, {})
-
-    async def replace(self, dead: Worker, extra_env: dict[str, str]) -> Worker:
-        """A process in a dead worker's place (its local rank and rank), with `extra_env`; its log and diagnosis
-        folder beside the dead one's, apart (`replaces-PID/`): the dead one's error file stays for the operator."""
-        return await self._start(dead.local_rank, dead.rank, self.log_dir / f"replaces-{dead.proc.pid}", extra_env)
-
-    async def _start(self, local_rank: int, rank: int, log_dir: Path, extra_env: dict[str, str]) -> Worker:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        env = {**self.env_for(local_rank, rank), **self.diagnosis_env(log_dir / str(local_rank)), **extra_env}
-        proc = await self.spawner.spawn(self.cfg.entry, env, os.getcwd())
-        worker = Worker(local_rank, rank, proc, log_dir / f"rank-{rank}.log", time.time())
-        with contextlib.suppress(psutil.Error):
-            worker.ps = psutil.Process(proc.pid)
-        self.workers.append(worker)
-        worker.watch = asyncio.create_task(self._watch(worker))
-        return worker
+            log_path = log_dir / f"rank-{rank}.log"
+            env = {**self.env_for(local_rank, rank), **self.diagnosis_env(log_dir / str(local_rank))}
+            proc = await self.spawner.spawn(self.cfg.entry, env, os.getcwd())
+            worker = Worker(local_rank, rank, proc, log_path, time.time())
+            with contextlib.suppress(psutil.Error):
+                worker.ps = psutil.Process(proc.pid)
+            self.workers.append(worker)
+            worker.watch = asyncio.create_task(self._watch(worker))
 
     async def _watch(self, worker: Worker) -> None:
         """Copy its output to its log in chunks (a 10 MB line or binary bytes pass as is), then report its exit."""
