@@ -103,12 +103,16 @@ async def test_a_remote_ranks_output_and_stacks_come_through_another_daemon(job:
         await pilot.press("f")
         await until(pilot, lambda: isinstance(app.screen, RankOutputScreen))
 
+        def lines() -> list[str]:
+            return [s.text for s in app.screen.query_one(RichLog).lines]
+
         def ticks() -> list[str]:
-            return [s.text for s in app.screen.query_one(RichLog).lines if s.text.startswith("tick=")]
+            return [line for line in lines() if line.startswith("tick=")]
 
         await until(pilot, lambda: bool(ticks()), what="the first lines")
         first = ticks()[-1]
-        await until(pilot, lambda: ticks()[-1] != first, what="lines written after the first read")
+        await until(pilot, lambda: ticks()[-1] != first, what="lines written after the first read",
+                    seen=lambda: (lines()[-3:], app.screen.query_one("#output-title", Static).render()))
         await pilot.press("s")
         await until(pilot, lambda: isinstance(app.screen, StacksScreen) and "taking" not in stacks_text(app))
         assert "── rank 0 (pid" in stacks_text(app) and "ticker.py" in stacks_text(app), stacks_text(app)

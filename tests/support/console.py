@@ -39,11 +39,14 @@ def node_id(app: ElasticApp, short: str) -> str:
     return short if short in app.model.nodes else HOSTNAMES[short]
 
 
-async def until(pilot: Pilot, condition: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
+async def until(pilot: Pilot, condition: Callable[[], bool], timeout: float = 20.0, what: str = "",
+                seen: Callable[[], object] | None = None) -> None:
+    """Poll until `condition`; a timeout says what was awaited and, with `seen`, what the screen showed instead."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or condition}")
+            shown = f"; instead: {seen()!r}" if seen is not None else ""
+            raise AssertionError(f"timed out waiting for {what or condition}{shown}")
         await pilot.pause(0.05)
 
 
