@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
 
+from elasticd.wire.names import NEXT_WORLDS_ENV
 from trainer_shim.abort import watch
 from trainer_shim.checkpoint import SaveResult
 from trainer_shim.collection import collect, freeze_imports, held
@@ -137,6 +138,8 @@ class Elastic:
                 self._meshes.enter(*rehearsed)
                 self._rehearsed = True
             self.in_place = True
+        elif gen is not None and self.in_place and self.sharded and env.get(NEXT_WORLDS_ENV):
+            self._rehearse_next(gen)
         if gen is not None:
             self._store = open_store(gen.store, self.timeout_s)
             try:
@@ -158,6 +161,16 @@ class Elastic:
         if isinstance(self.session, Session):
             self._joined(self.session, started=started, group_ready=ready)
         return self.step
+
+    def _rehearse_next(self, gen: Generation) -> None:
+        """A job's first workers, before their first world: the worlds one change away, rehearsed (their sharding
+        rules worked out) while the job starts rather than in its first resizes' stalls (trainer_shim/prestart.py)."""
+        from trainer_shim.prestart import Rebuild, rehearse_next
+
+        rebuild = Rebuild(self.on_world, self.state_dict, self.load_state_dict)
+        for world, rank in rehearse_next(rebuild, os.environ, gen.world_size, gen.rank):
+            self._meshes.enter(world, rank)
+            self._rehearsed = True
 
     def _joined(self, session: Session, **timeline: float) -> None:
         """This rank is in its generation with the freshest state: the `joined` report, with where its time went."""

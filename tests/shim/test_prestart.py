@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from elasticd.wire.names import REHEARSE_ENV
-from trainer_shim.prestart import Rebuild, rehearse, warm_sharding
+from elasticd.wire.names import NEXT_WORLDS_ENV, REHEARSE_ENV
+from trainer_shim.prestart import Rebuild, rehearse, rehearse_next, warm_sharding
 
 pytestmark = pytest.mark.quick
 
@@ -76,3 +76,15 @@ def test_no_rehearsal_without_a_world_and_a_failed_one_says_so_at_debug(caplog: 
     with caplog.at_level("DEBUG", logger="trainer_shim"):
         assert rehearse(rebuild, {REHEARSE_ENV: "4", "LOCAL_WORLD_SIZE": "2"}) is None
     assert "the script's own error" in caplog.text and not dist.is_initialized()
+
+
+def test_a_jobs_first_workers_rehearse_the_worlds_one_change_away_at_the_ranks_they_would_have() -> None:
+    """One node more keeps this rank; one fewer keeps it where it still fits, else a node below it left. The
+    world it starts in is built anyway, and what is not a world size is left out."""
+    seen: list[tuple[int, int]] = []
+    rebuild = Rebuild(lambda rank, size: seen.append((rank, size)), dict, lambda state: None)
+    env = {NEXT_WORLDS_ENV: "6,2,4,x,-2", "LOCAL_WORLD_SIZE": "2"}
+    assert rehearse_next(rebuild, env, 4, 3) == [(6, 3), (2, 1)]
+    assert rehearse_next(rebuild, env, 4, 0) == [(6, 0), (2, 0)]
+    assert seen == [(3, 6), (1, 2), (0, 6), (0, 2)] and not dist.is_initialized()
+    assert rehearse_next(rebuild, {"LOCAL_WORLD_SIZE": "2"}, 4, 0) == []

@@ -22,6 +22,7 @@ from elasticd.member.processes.output import OutputLines
 from elasticd.member.processes.spawner import ForkedWorker, Spawner, WorkerProcess
 from elasticd.member.processes.stack_dumps import STACKS_FILE_ENV
 from elasticd.wire.assignment import RoundAssignment
+from elasticd.wire.names import NEXT_WORLDS_ENV
 
 READ_CHUNK = 64 * 1024
 GATHER_S = 0.05  # output waits at most this long in the pipe's buffer before the log file, `logs` and the echo
@@ -92,6 +93,12 @@ def signal_worker(pid: int, sig: int) -> None:
         pass
 
 
+def next_worlds(cfg: JobConfig, world: int) -> list[int]:
+    """The world sizes one change from `world`: a node of this one's size more, or fewer, within --nnodes."""
+    n = cfg.nproc_per_node
+    return [size for size in (world + n, world - n) if max(1, cfg.min_nodes) * n <= size <= cfg.max_nodes * n]
+
+
 def base_env(cfg: JobConfig) -> dict[str, str]:
     """What every worker's environment starts from (the zygote imports torch under it too)."""
     env = dict(os.environ)
@@ -140,6 +147,8 @@ class WorkerGroup:
         })
         if a.store:  # the job's long-lived store and this generation's prefix in it (in-place resizes)
             env.update(ELASTICD_STORE=a.store, ELASTICD_STORE_PREFIX=a.prefix)
+            if not a.in_place and a.restart_count == 0 and (worlds := next_worlds(cfg, a.world_size)):
+                env[NEXT_WORLDS_ENV] = ",".join(map(str, worlds))  # the job's start: rehearsed before its first world
         env.update(self.extra_env)
         return env
 
