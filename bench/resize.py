@@ -54,8 +54,10 @@ from procs import (
     write_report,
 )
 
-# --script: the job (train_fsdp.py: --mesh hsdp; train_titan.py: torchtitan-shaped, 117 DTensors)
-SCRIPTS = {"ddp": "train_shim.py", "hsdp": "train_fsdp.py", "titan": "train_titan.py"}
+# --script: the job, by its path in a checkout (train_fsdp.py: --mesh hsdp; train_titan.py: torchtitan-shaped, 117
+# DTensors; titan_variant.py: the same model with mixed precision, tied weights, clipping and a foreach AdamW)
+SCRIPTS = {"ddp": "examples/train_shim.py", "hsdp": "examples/train_fsdp.py", "titan": "examples/train_titan.py",
+           "titan-variant": "bench/titan_variant.py"}
 SYSTEMS = ["in-place", "restart", "torchrun"]
 EVENTS = ["join", "drain", "scale", "sigterm_leave", "rejoin", "worker_crash", "node_sigkill"]
 TARGETS = {"join": 0.15, "drain": 0.15, "scale": 0.15, "sigterm_leave": 0.15, "rejoin": 0.15, "worker_crash": 0.5,
@@ -101,7 +103,7 @@ class Job:
         # A -base system runs the other checkout's copy of the script: the script puts its own checkout first on
         # sys.path, so this tree's would import this tree's trainer_shim.
         name = SCRIPTS[self.args.script]
-        path = Path(self.args.base_tree) / "examples" / name if self.system.endswith(BASE) else ROOT / "examples" / name
+        path = Path(self.args.base_tree) / name if self.system.endswith(BASE) else ROOT / name
         ckpt_every = "0" if self.args.state_mb else "10"  # a state of 1 GB is not saved every 10 steps
         script = [str(path), "--steps", "1000000", "--ckpt-dir", str(self.tmp / "ckpt"), "--ckpt-every", ckpt_every,
                   "--step-time", str(self.args.step_time), "--batch", "16", "--micro", "8",

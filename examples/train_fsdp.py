@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LRScheduler
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -109,6 +110,7 @@ class World:
     rank, size = 0, 1
     mesh: tuple[int, int] = (1, 1)
     schedule: LRScheduler | None = None  # stepped after the optimizer when the script has one
+    max_norm = 0.0  # gradients clipped to this total norm before each update, as torchtitan does (0: never)
     shown = -1  # the round whose world line rank 0 printed
 
 
@@ -178,6 +180,8 @@ def train(args: argparse.Namespace, elastic: trainer_shim.Elastic,
                                                      reduction="sum") * w.size / (args.batch * SEQ)
             loss.backward()
             total += loss.detach()
+        if w.max_norm:
+            clip(w.model, w.max_norm)
         w.opt.step()
         if w.schedule is not None:
             w.schedule.step()
@@ -201,6 +205,15 @@ def train(args: argparse.Namespace, elastic: trainer_shim.Elastic,
     elastic.close()
 
 
+def clip(model: torch.nn.Module, max_norm: float) -> None:
+    """torchtitan's clipping: the total norm of sharded gradients is a DTensor, made whole before it scales them."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+
+
 def last_step(args: argparse.Namespace) -> int:
     if args.steps_file and os.path.exists(args.steps_file):
         with open(args.steps_file) as fh:
@@ -220,7 +233,7 @@ def log_digest(path: str, label: str, w: World, keep: str = "") -> None:
     h = hashlib.sha256()
     for name in sorted(model):
         h.update(model[name].contiguous().view(torch.uint8).numpy().tobytes())
-        for key in sorted(optim["state"][name]):
+        for key in sorted(optim["state"].get(name, {})):  # a tied parameter's state is under its first name
             h.update(optim["state"][name][key].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     with open(path, "a") as fh:
         fh.write(f"{label} {h.hexdigest()}\n")
