@@ -12,7 +12,6 @@ import os
 import sys
 
 import torch
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.optim.lr_scheduler import LambdaLR
@@ -20,8 +19,8 @@ from torch.optim.lr_scheduler import LambdaLR
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import trainer_shim
-from examples.train_fsdp import World, tokens, train
-from examples.train_titan import Transformer, parse_args
+from examples.train_fsdp import World, tokens
+from examples.train_titan import Transformer, parse_args, run
 from trainer_shim.data import ElasticSampler, GlobalBatch
 
 WARMUP, DECAY = 10, 2000  # steps of the learning rate's linear warm-up, then of its cosine decay
@@ -61,19 +60,7 @@ def main() -> int:
         w.schedule = LambdaLR(w.opt, lr_factor)
         w.gb = GlobalBatch.fit(args.batch, size, args.micro)
 
-    def get_state() -> dict:
-        model, optim = get_state_dict(w.model, w.opt)
-        return {"model": model, "optim": optim, "lr_scheduler": w.schedule.state_dict()}
-
-    def set_state(state: dict) -> None:
-        set_state_dict(w.model, w.opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        w.schedule.load_state_dict(state["lr_scheduler"])
-
-    elastic = trainer_shim.Elastic(session, state_dict=get_state, load_state_dict=set_state, on_world=on_world,
-                                   sampler=sampler, sharded=True, checkpoint_dir=args.ckpt_dir,
-                                   in_place=not args.no_in_place)
-    elastic.init()
-    train(args, elastic, session, w, sampler, data, device)
+    run(args, session, w, sampler, data, device, on_world)
     return 0
 
 

@@ -14,6 +14,7 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -153,6 +154,15 @@ def main() -> int:
         w.schedule = LambdaLR(w.opt, lambda step: min(1.0, (step + 1) / WARMUP))
         w.gb = GlobalBatch.fit(args.batch, size, args.micro)
 
+    run(args, session, w, sampler, data, device, on_world)
+    return 0
+
+
+def run(args: argparse.Namespace, session: trainer_shim.Session | trainer_shim.NullSession, w: World,
+        sampler: ElasticSampler, data: torch.Tensor, device: torch.device,
+        on_world: Callable[[int, int], None]) -> None:
+    """The state through DCP (model, optimizer, schedule), `Elastic` around `on_world`, then the training loop."""
+
     def get_state() -> dict:
         model, optim = get_state_dict(w.model, w.opt)
         return {"model": model, "optim": optim, "lr_scheduler": w.schedule.state_dict()}
@@ -166,7 +176,6 @@ def main() -> int:
                                    in_place=not args.no_in_place)
     elastic.init()
     train(args, elastic, session, w, sampler, data, device)
-    return 0
 
 
 if __name__ == "__main__":
