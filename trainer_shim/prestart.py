@@ -18,6 +18,7 @@ from trainer_shim.generation import GENERATION_WAIT_S, Generation
 from trainer_shim.session import Session
 
 log = logging.getLogger("trainer_shim")
+REHEARSAL_ENV = "ELASTICD_REHEARSE"  # the user's: "0" never rehearses (a model whose memory is tight on its device)
 
 
 class Rebuild:
@@ -104,7 +105,7 @@ def rehearse_next(rebuild: Rebuild, env: Any, world: int, rank: int) -> list[tup
     worlds and ranks it rehearsed as."""
     nproc = int(env.get("LOCAL_WORLD_SIZE", "1") or 1)
     done = []
-    for size in _sizes(env.get(NEXT_WORLDS_ENV, "")):
+    for size in sorted(_sizes(env.get(NEXT_WORLDS_ENV, ""))):  # the largest world last: its smaller shards are held
         guess = rank if rank < size else rank - nproc
         if size != world and 0 <= guess < size and (rehearsed := rehearse_as(rebuild, size, guess)) is not None:
             done.append(rehearsed)
@@ -114,8 +115,10 @@ def rehearse_next(rebuild: Rebuild, env: Any, world: int, rank: int) -> list[tup
 def rehearse_as(rebuild: Rebuild, world: int, rank: int) -> tuple[int, int] | None:
     """The script's rebuild, state read and load once on a fake process group (collectives that do nothing) as
     `rank` of `world`. Best effort, like the warm-up: a wrong guess only warms less, and any error leaves the real
-    rebuild to pay it all. No process group or RNG draw is left. Returns (world, rank), or None."""
-    if not 0 <= rank < world or dist.is_initialized():
+    rebuild to pay it all. No process group or RNG draw is left. Its model lives on until the script's next
+    `on_world` replaces it, so the real build briefly holds both (REHEARSAL_ENV=0 where that does not fit). Returns
+    (world, rank), or None."""
+    if not 0 <= rank < world or dist.is_initialized() or os.environ.get(REHEARSAL_ENV) == "0":
         return None
     began = time.perf_counter()
     try:

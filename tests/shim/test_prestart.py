@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from elasticd.wire.names import NEXT_WORLDS_ENV, REHEARSE_ENV
-from trainer_shim.prestart import Rebuild, rehearse, rehearse_next, warm_sharding
+from trainer_shim.prestart import REHEARSAL_ENV, Rebuild, rehearse, rehearse_next, warm_sharding
 
 pytestmark = pytest.mark.quick
 
@@ -84,7 +84,15 @@ def test_a_jobs_first_workers_rehearse_the_worlds_one_change_away_at_the_ranks_t
     seen: list[tuple[int, int]] = []
     rebuild = Rebuild(lambda rank, size: seen.append((rank, size)), dict, lambda state: None)
     env = {NEXT_WORLDS_ENV: "6,2,4,x,-2", "LOCAL_WORLD_SIZE": "2"}
-    assert rehearse_next(rebuild, env, 4, 3) == [(6, 3), (2, 1)]
-    assert rehearse_next(rebuild, env, 4, 0) == [(6, 0), (2, 0)]
-    assert seen == [(3, 6), (1, 2), (0, 6), (0, 2)] and not dist.is_initialized()
+    assert rehearse_next(rebuild, env, 4, 3) == [(2, 1), (6, 3)]  # the largest world last: the smallest shards stay
+    assert rehearse_next(rebuild, env, 4, 0) == [(2, 0), (6, 0)]
+    assert seen == [(1, 2), (3, 6), (0, 2), (0, 6)] and not dist.is_initialized()
     assert rehearse_next(rebuild, {"LOCAL_WORLD_SIZE": "2"}, 4, 0) == []
+
+
+def test_the_user_can_turn_every_rehearsal_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[int, int]] = []
+    rebuild = Rebuild(lambda rank, size: seen.append((rank, size)), dict, lambda state: None)
+    monkeypatch.setenv(REHEARSAL_ENV, "0")
+    assert rehearse(rebuild, {REHEARSE_ENV: "4", "LOCAL_WORLD_SIZE": "2"}) is None
+    assert rehearse_next(rebuild, {NEXT_WORLDS_ENV: "6", "LOCAL_WORLD_SIZE": "2"}, 4, 0) == [] and seen == []
