@@ -14,6 +14,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, RichLog, Static
 
+from elasticd.client import ClientError
 from tui.actions import screen_bindings
 from tui.diagnosis import RankOutput, rank_outputs, whole
 from tui.feeds import IO_ERRORS, reason
@@ -22,6 +23,7 @@ from tui.session import JobSession
 FIRST_LINES = 200
 FOLLOW_EVERY_S = 0.25  # the node reads at most 64 KB a call: 256 KB/s, more than a console can show
 KEPT_LINES = 5000  # older lines scroll away
+SILENCES = 3  # unanswered reads in a row that end the follow: one slow answer from a loaded node does not
 
 
 class RankOutputScreen(Screen[None]):
@@ -43,11 +45,18 @@ class RankOutputScreen(Screen[None]):
     class Stopped(Message):
         reason: str
 
+    @dataclass
+    class Silent(Message):
+        """A read the node did not answer in time; the follow goes on."""
+
+        reason: str
+
     def __init__(self, session: JobSession, node_id: str, rank: int) -> None:
         super().__init__()
         self.session, self.node_id, self.rank = session, node_id, rank
         self.said = ""  # the last note shown: a deleted log's note is said once, not at every read
         self.round_shown: int | None = None
+        self.silences = 0  # reads in a row the node did not answer
 
     def compose(self) -> ComposeResult:
         yield Static(f"rank {self.rank} on node {self.node_id}", id="output-title")
@@ -63,8 +72,9 @@ class RankOutputScreen(Screen[None]):
         the rest of this round's log, then the rank's log in the node's newest round (a restart writes a new one)."""
         rank = {"node": self.node_id, "rank": self.rank}
         try:
-            reply = await self.session.ask_node("logs", tail=FIRST_LINES, **rank)
             while True:
+                while (reply := await self.read(tail=FIRST_LINES, **rank)) is None:
+                    await asyncio.sleep(FOLLOW_EVERY_S)
                 round_id = whole(reply.get("round"))
                 ask: dict[str, Any] = {**rank, "round": round_id} if round_id is not None else dict(rank)
                 self.show(reply, round_id, ask)
@@ -72,14 +82,27 @@ class RankOutputScreen(Screen[None]):
                 while not newer:
                     await asyncio.sleep(FOLLOW_EVERY_S)
                     newer = await self.newer_round(round_id)
-                    self.show(await self.session.ask_node("logs", **ask), round_id, ask)  # when newer: its last
-                reply = await self.session.ask_node("logs", tail=FIRST_LINES, **rank)
+                    self.show(await self.read(**ask), round_id, ask)  # when newer: its last
         except IO_ERRORS as err:
             self.post_message(self.Stopped(reason(err)))
 
-    def show(self, reply: dict[str, Any], round_id: int | None, ask: dict[str, Any]) -> None:
+    async def read(self, **args: Any) -> dict[str, Any] | None:
+        """One `logs` read; None where the node did not answer in time, fewer than SILENCES times in a row (the
+        follow goes on and says so); past that, or on any other error, the error."""
+        try:
+            reply = await self.session.ask_node("logs", **args)
+        except ClientError as err:
+            self.silences += 1
+            if err.code != "timeout" or self.silences >= SILENCES:
+                raise
+            self.post_message(self.Silent(reason(err)))
+            return None
+        self.silences = 0
+        return reply
+
+    def show(self, reply: dict[str, Any] | None, round_id: int | None, ask: dict[str, Any]) -> None:
         """The reply's lines to the screen; the next read goes on from where they end."""
-        for output in rank_outputs(reply)[:1]:
+        for output in rank_outputs(reply)[:1] if reply is not None else []:
             self.post_message(self.Read(output, round_id))
             ask["since"] = output.offset
 
@@ -88,7 +111,8 @@ class RankOutputScreen(Screen[None]):
         sees the job in a newer round (a restart or a new world), not at every poll."""
         if round_id is None or self.session.model.job.round <= round_id:
             return False
-        newest = whole((await self.session.ask_node("logs", tail=0, node=self.node_id, rank=self.rank)).get("round"))
+        reply = await self.read(tail=0, node=self.node_id, rank=self.rank)
+        newest = whole(reply.get("round")) if reply is not None else None
         return newest is not None and newest > round_id
 
     def on_rank_output_screen_read(self, message: RankOutputScreen.Read) -> None:
@@ -105,3 +129,6 @@ class RankOutputScreen(Screen[None]):
 
     def on_rank_output_screen_stopped(self, message: RankOutputScreen.Stopped) -> None:
         self.query_one(RichLog).write(Text(f"(no longer following: {message.reason})", style="bold yellow"))
+
+    def on_rank_output_screen_silent(self, message: RankOutputScreen.Silent) -> None:
+        self.query_one(RichLog).write(Text(f"({message.reason}; still following)", style="dim yellow"))
