@@ -88,12 +88,11 @@ def rehearse(rebuild: Rebuild, env: Any) -> tuple[int, int] | None:
     worked out, and its model's code run once (on one quiet process here, 0.18 s of rebuild, state read and load
     took 0.044 s after it). Returns the world size and rank it rehearsed as, or None."""
     try:
-        world, nproc = int(env.get(REHEARSE_ENV, "0") or 0), int(env.get("LOCAL_WORLD_SIZE", "1") or 1)
+        world, nproc = int(env.get(REHEARSE_ENV, "0") or 0), _local(env, "LOCAL_WORLD_SIZE", 1)
+        rank = world - nproc + _local(env, "LOCAL_RANK", 0)
     except ValueError:  # not the daemon's numbers: no rehearsal
         return None
-    if world < nproc:
-        return None
-    return rehearse_as(rebuild, world, world - nproc + int(env.get("LOCAL_RANK", "0") or 0))
+    return rehearse_as(rebuild, world, rank) if world >= nproc else None
 
 
 def rehearse_next(rebuild: Rebuild, env: Any, world: int, rank: int) -> list[tuple[int, int]]:
@@ -103,7 +102,10 @@ def rehearse_next(rebuild: Rebuild, env: Any, world: int, rank: int) -> list[tup
     that mesh's sharding rules worked out: the first optimizer step on a mesh never met costs 0.1 s for the titan
     example's 39 parameters here, 0.3 s with AdamW's foreach, and grows with the parameter count. Returns the
     worlds and ranks it rehearsed as."""
-    nproc = int(env.get("LOCAL_WORLD_SIZE", "1") or 1)
+    try:
+        nproc = _local(env, "LOCAL_WORLD_SIZE", 1)
+    except ValueError:  # not the daemon's number: no rehearsal
+        return []
     done = []
     for size in sorted(_sizes(env.get(NEXT_WORLDS_ENV, ""))):  # the largest world last: its smaller shards are held
         guess = rank if rank < size else rank - nproc
@@ -137,6 +139,10 @@ def rehearse_as(rebuild: Rebuild, world: int, rank: int) -> tuple[int, int] | No
             dist.destroy_process_group()
     log.debug("rehearsed world %d as rank %d in %.3fs", world, rank, time.perf_counter() - began)
     return world, rank
+
+
+def _local(env: Any, name: str, default: int) -> int:
+    return int(env.get(name, "") or default)
 
 
 def _sizes(text: str) -> list[int]:

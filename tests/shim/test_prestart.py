@@ -88,6 +88,7 @@ def test_a_jobs_first_workers_rehearse_the_worlds_one_change_away_at_the_ranks_t
     assert rehearse_next(rebuild, env, 4, 0) == [(2, 0), (6, 0)]
     assert seen == [(1, 2), (3, 6), (0, 2), (0, 6)] and not dist.is_initialized()
     assert rehearse_next(rebuild, {"LOCAL_WORLD_SIZE": "2"}, 4, 0) == []
+    assert rehearse_next(rebuild, {NEXT_WORLDS_ENV: "6", "LOCAL_WORLD_SIZE": "two"}, 4, 0) == []  # not a number
 
 
 def test_the_user_can_turn_every_rehearsal_off(monkeypatch: pytest.MonkeyPatch) -> None:
