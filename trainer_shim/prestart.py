@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -111,6 +112,7 @@ def rehearse_next(rebuild: Rebuild, env: Any, world: int, rank: int) -> list[tup
         guess = rank if rank < size else rank - nproc
         if size != world and 0 <= guess < size and (rehearsed := rehearse_as(rebuild, size, guess)) is not None:
             done.append(rehearsed)
+            gc.collect()  # the rehearsal before this one, which the script no longer holds (FSDP2's cycles)
     return done
 
 
