@@ -102,6 +102,7 @@ def test_the_user_can_turn_every_rehearsal_off(monkeypatch: pytest.MonkeyPatch) 
 def test_each_rehearsal_frees_the_one_before_it_which_the_script_no_longer_holds() -> None:
     """A rehearsal's model is the script's until its next `on_world`: the one it replaced is garbage held in
     reference cycles (FSDP2's), freed at once rather than beside the first world's real build."""
+    import gc
     import weakref
 
     class Model:  # a cycle, as an FSDP2 module holds
@@ -116,5 +117,9 @@ def test_each_rehearsal_frees_the_one_before_it_which_the_script_no_longer_holds
         built.append(weakref.ref(script["model"]))
 
     rebuild = Rebuild(on_world, dict, lambda state: None)
-    assert rehearse_next(rebuild, {NEXT_WORLDS_ENV: "2,6", "LOCAL_WORLD_SIZE": "2"}, 4, 0) == [(2, 0), (6, 0)]
-    assert built[0]() is None and built[1]() is script["model"]
+    gc.disable()  # no automatic pass: only the rehearsals' own collection may free it
+    try:
+        assert rehearse_next(rebuild, {NEXT_WORLDS_ENV: "2,6", "LOCAL_WORLD_SIZE": "2"}, 4, 0) == [(2, 0), (6, 0)]
+        assert built[0]() is None and built[1]() is script["model"]
+    finally:
+        gc.enable()
