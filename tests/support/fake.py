@@ -127,6 +127,7 @@ class FakeLink:
         self.earlier: dict[int, dict[int, list[str]]] = {}  # the logs of the rounds before, by round
         self.skip = 0  # bytes the next follow of a log skips, as a node does for a reader far behind
         self.silent: set[str] = set()  # nodes that no longer answer node queries
+        self.unanswered: dict[str, int] = {}  # node -> its next node queries that time out before it answers again
         self.roles = {node: role for node, (_, _, role) in NODES.items()}  # tests drain a node here
 
     async def call(self, op: str, timeout_s: float | None = None, **args: Any) -> dict[str, Any]:
@@ -174,7 +175,8 @@ class FakeLink:
         node = str(args.get("node"))
         if node not in NODES:
             raise ClientError("not_found", f"no node '{node}' in this job")
-        if node in self.silent:
+        if node in self.silent or self.unanswered.get(node, 0) > 0:
+            self.unanswered[node] = max(0, self.unanswered.get(node, 0) - 1)
             raise ClientError("timeout", f"node {node} did not answer within 4 s")
         ranks = [rank for rank in NODES[node][1] if args.get("rank") in (None, rank)]
         if not ranks:
