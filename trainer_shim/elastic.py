@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
 
-from elasticd.wire.names import NEXT_WORLDS_ENV
+from elasticd.wire.names import NEXT_WORLDS_ENV, PRESTART_ENV
 from trainer_shim.abort import watch
 from trainer_shim.checkpoint import SaveResult
 from trainer_shim.collection import collect, freeze_imports, held
@@ -55,7 +55,6 @@ from trainer_shim.step_commit import StepCommit
 from trainer_shim.step_fence import StepFence
 from trainer_shim.step_timing import CollectiveWait
 
-PRESTART_ENV = "ELASTICD_AWAIT_GENERATION"  # set by the daemon on a joiner's pre-started workers
 RESTART_WAIT_S = 120.0  # after a failed resize, how long the daemon has to replace this process
 
 

@@ -21,13 +21,11 @@ from elasticd.member.processes.workers import Worker, WorkerGroup, signal_worker
 from elasticd.wire.assignment import RoundAssignment
 from elasticd.wire.heal_report import Heal
 from elasticd.wire.member_state import ProgressReport
-from elasticd.wire.names import REHEARSE_ENV, EventKind, MeshOp, NodeState, WorkerOp
+from elasticd.wire.names import PRESTART_ENV, REHEARSE_ENV, EventKind, MeshOp, NodeState, WorkerOp
 from elasticd.wire.protocol import new_id
 from elasticd.wire.record import Record
 from elasticd.wire.worker_reports import Hello, Joined, JoinFailed, LeftGroup
 from elasticd.wire.worker_requests import Generation, Resize
-
-PRESTART_ENV = "ELASTICD_AWAIT_GENERATION"  # a pre-started worker: RANK and WORLD_SIZE come with its generation
 
 log = logging.getLogger("elasticd")
 SendToWorker = Callable[[int, WorkerOp, Record], bool]  # (pid, op, body) -> sent

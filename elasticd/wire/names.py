@@ -92,6 +92,7 @@ class WorkerOp(StrEnum):
 
 
 STEP_WAIT_METRIC = "collective_wait_s"  # a shim rank's smoothed wait in the gradient allreduce, per step
+PRESTART_ENV = "ELASTICD_AWAIT_GENERATION"  # a pre-started worker: RANK and WORLD_SIZE come with its generation
 REHEARSE_ENV = "ELASTICD_REHEARSE_WORLD"  # a pre-started worker's expected world, which a sharded one rehearses
 NEXT_WORLDS_ENV = "ELASTICD_REHEARSE_NEXT"  # a job's first workers: the worlds one change away, rehearsed at start
 CTL_PREFIX = "ctl."  # a member forwards an operator request as `ctl.<verb>`; the answer comes back as a `rep`

@@ -96,7 +96,7 @@ def signal_worker(pid: int, sig: int) -> None:
 def next_worlds(cfg: JobConfig, world: int) -> list[int]:
     """The world sizes one change from `world`: a node of this one's size more, or fewer, within --nnodes."""
     n = cfg.nproc_per_node
-    return [size for size in (world + n, world - n) if max(1, cfg.min_nodes) * n <= size <= cfg.max_nodes * n]
+    return [size for size in (world + n, world - n) if cfg.min_nodes * n <= size <= cfg.max_nodes * n]
 
 
 def base_env(cfg: JobConfig) -> dict[str, str]:
