@@ -27,6 +27,13 @@ def node_part(rnd: Round, node: NodeRecord, hot_spare: Callable[[Round, bool], b
     restarts = cast(dict[str, int], dict(node.restarts))  # its metrics (daemon/exporter.py); a Cause is a str
     if entry is not None:  # a member: built as the literal a NodePart is, without a call per field
         return {"state": JobState.running, "group_rank": entry.group_rank, "ranks": entry.ranks,
-                "node_restarts": restarts, "prewarm": False}
-    return {"state": node.role, "group_rank": None, "ranks": [], "node_restarts": restarts,
-            "prewarm": hot_spare(rnd, node.role == Role.standby)}
+                "node_restarts": restarts, "prewarm": False, "expected_world": 0}
+    prewarm = hot_spare(rnd, node.role == Role.standby)
+    return {"state": node.role, "group_rank": None, "ranks": [], "node_restarts": restarts, "prewarm": prewarm,
+            "expected_world": expected_world(rnd, node) if prewarm else 0}
+
+
+def expected_world(rnd: Round, node: NodeRecord) -> int:
+    """The world a node's pre-started workers expect to join, which a sharded script rehearses: the round's, and
+    this node's processes."""
+    return rnd.world_size + node.nproc

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from elasticd.coordinator.assignments import expected_world
 from elasticd.coordinator.core import CoordinatorCore, PendingRound
 from elasticd.coordinator.membership import MembershipStore, NodeRecord
 from elasticd.coordinator.relay_routes import RelayRoutes
@@ -83,7 +84,7 @@ class Registration:
         ours = core.nodes.get(core.cfg.node_id)
         rnd = core.round
         prewarm = node.role == Role.active and core.resizer.prewarm(node, rnd, core.clock())
-        expected = rnd.world_size + node.nproc if prewarm and rnd is not None else 0
+        expected = expected_world(rnd, node) if prewarm and rnd is not None else 0
         return Welcome(True, node.role, rnd.round_id if rnd else 0, ours.pub if ours else "", prewarm, expected,
                        self.routes.via_endpoint(node))
 

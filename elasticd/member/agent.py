@@ -142,7 +142,7 @@ class NodeAgent:
             if assignment.state != NodeState.running:
                 self.state = assignment.state
                 if assignment.prewarm:  # a standby of an in-place job: its workers wait, ready to join
-                    await self.in_place.prestart(assignment.world_size + self.cfg.nproc_per_node)
+                    await self.in_place.prestart(assignment.expected_world)
                 return
             await self.start_workers(round_id, assignment, kept)
 

@@ -31,6 +31,7 @@ class RoundAssignment(Record):
     store: str = ""  # the job's long-lived store, host:port ("" with --no-python)
     prefix: str = ""  # this generation's prefix in it
     prewarm: bool = False  # a standby of an in-place job: its workers start now and wait, ready to join
+    expected_world: int = 0  # with `prewarm`: the world its pre-started workers rehearse (the job's, and this node)
     job_store_tunnel: str = ""  # with --keys: the job store, reached through this node's relay
 
     def inconsistency(self) -> str:
@@ -48,6 +49,7 @@ class NodePart(TypedDict):
     ranks: list[int]
     node_restarts: dict[str, int]
     prewarm: bool
+    expected_world: int
 
 
 def with_part(shared: JsonObject, part: NodePart) -> JsonObject:

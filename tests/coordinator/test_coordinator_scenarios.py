@@ -660,6 +660,28 @@ def test_a_node_joining_an_in_place_job_prestarts_for_the_world_it_will_make() -
     assert (welcome.body["prewarm"], welcome.body["expected_world"]) == (True, 4), welcome.body
 
 
+def test_a_standby_of_an_in_place_job_prestarts_for_the_world_it_would_make() -> None:
+    """A node drained out of an in-place job at --nnodes max stays a standby with its workers started (a hot spare):
+    its round says the world it would make, the job's with its processes added, which its sharded workers rehearse;
+    the members' rounds say none."""
+    sim = Sim("abc", min_nodes=1, max_nodes=2)
+    sim.configure(shim=True, step_time=0.1, save_s=0.2)
+    sim.start(spacing=0.01)
+    rnd = sim.formed()
+    resizer = sim.coordinator.resizer
+    resizer.job_store_started("127.0.0.1:1", "")
+    for node_id in "ab":  # their ranks resize in place
+        resizer.progress(node_id, ProgressReport(rnd.round_id, in_place=True), rnd)
+    sim.run(2.0)
+    mark = sim.mark()
+    assert verb(sim.coordinator, "drain", {"node": "b"})["accepted"] is True
+    sim.run_until(lambda: sim.round.round_id == 2 and sim.settled(), 30.0)
+    standby = RoundAssignment.decode(sim.msgs(MeshOp.round, dst="b", since=mark)[-1].body)
+    member = RoundAssignment.decode(sim.msgs(MeshOp.round, dst="a", since=mark)[-1].body)
+    assert member.in_place and (member.prewarm, member.expected_world) == (False, 0), member
+    assert (standby.state, standby.prewarm, standby.expected_world) == ("standby", True, 6), standby
+
+
 def test_each_member_s_round_is_the_shared_fields_with_its_own_part_over_them() -> None:
     """A round is sent as its shared fields encoded once, each node's part over them: every member must read the
     record `assignment` would have built for it alone (a standby too: no ranks, its role for a state)."""
