@@ -6,10 +6,11 @@ docs/architecture.md, "Healing". No process group here: trainer_shim.heal gather
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+import heapq
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from itertools import pairwise
+from itertools import chain, pairwise
 from typing import Any
 
 import torch
@@ -98,66 +99,119 @@ class Offer:
         return self.holds.get(path) != full
 
 
+Cut = tuple[int, int, tuple[int, ...], frozenset[int]]  # rows [lo, hi), the ranks holding all of them (ascending)
+
+
 class _Cuts:
     """Consecutive row ranges of what a rank wants of a path, each with the ranks holding all of it (the lowest
-    only, `sole`), computed once per layout: a model's same-shaped tensors share their blocks (interned, and
-    once per offer when unpickled), so their wants and holders are the same objects. Cutting each path anew took
-    an HSDP plan 20 ms at 1,332 tensors (issue 35)."""
+    only, `sole`), computed once per layout: a model's same-shaped tensors share their blocks (interned, and once
+    per offer when unpickled), so their wants and holders are the same objects. Cutting each path anew took an
+    HSDP plan 20 ms at 1,332 tensors (issue 35). Ranks whose offers are one object (alike offers are unpickled
+    once: a data-parallel world's survivors, trainer_shim.heal) are one group, looked up once per path, so a plan
+    costs the distinct offers times the tensors, not the world times the tensors."""
 
     def __init__(self, holds: Mapping[int, Mapping[str, Block]], sole: bool) -> None:
-        self.ordered, self.sole = sorted(holds.items()), sole
-        self.holders: dict[str, tuple[list[tuple[int, Block]], tuple[int, ...]]] = {}  # and their identities
-        self.cut: dict[tuple[int, tuple[int, ...]], list[tuple[int, int, list[int]]]] = {}
+        groups: dict[int, tuple[Mapping[str, Block], list[int]]] = {}
+        for rank, held in sorted(holds.items()):
+            groups.setdefault(id(held), (held, []))[1].append(rank)
+        self.groups, self.sole = list(groups.values()), sole
+        self.holders: dict[str, tuple[list[tuple[list[int], Block]], tuple[int, ...]]] = {}  # and their identities
+        self.cut: dict[tuple[int, tuple[int, ...]], list[Cut]] = {}
 
-    def __call__(self, path: str, want: Block) -> list[tuple[int, int, list[int]]]:
+    def __call__(self, path: str, want: Block) -> list[Cut]:
         found = self.holders.get(path)
         if found is None:  # the same for every rank that wants the path; every block outlives the plan
-            holders = [(r, h[path]) for r, h in self.ordered if path in h]
-            found = self.holders[path] = holders, (*[r for r, _ in holders], *[id(h) for _, h in holders])
+            holders = [(ranks, held[path]) for held, ranks in self.groups if path in held]
+            found = self.holders[path] = holders, tuple(i for ranks, b in holders for i in (id(ranks), id(b)))
         key = (id(want), found[1])
         ranges = self.cut.get(key)
         if ranges is None:
-            ranges = self.cut[key] = [(lo, hi, ranks[:1] if self.sole else ranks)
+            ranges = self.cut[key] = [(lo, hi, ranks[:1] if self.sole else ranks,
+                                       frozenset(ranks[:1] if self.sole else ranks))
                                       for lo, hi, ranks in _cuts(want, found[0])]
         return ranges
 
 
-def _cuts(want: Block, holders: list[tuple[int, Block]]) -> list[tuple[int, int, list[int]]]:
-    """Consecutive row ranges of `want`, each with the ranks holding all of it."""
+def _cuts(want: Block, holders: list[tuple[list[int], Block]]) -> list[tuple[int, int, tuple[int, ...]]]:
+    """Consecutive row ranges of `want`, each with the ranks holding all of it, ascending."""
     if want.lo < want.hi and all(h.lo <= want.lo and want.hi <= h.hi for _, h in holders):  # every holder has all
         # (an empty shard, lo == hi, has no range at all: the general path below yields none)
-        return [(want.lo, want.hi, [r for r, _ in holders])]
+        return [(want.lo, want.hi, _ascending(r for r, _ in holders))]
     points = sorted({want.lo, want.hi, *(b for _, h in holders for b in (h.lo, h.hi) if want.lo < b < want.hi)})
-    return [(lo, hi, [r for r, h in holders if h.lo <= lo and hi <= h.hi]) for lo, hi in pairwise(points)]
+    return [(lo, hi, _ascending(r for r, h in holders if h.lo <= lo and hi <= h.hi)) for lo, hi in pairwise(points)]
 
 
-def plan(wants: Mapping[int, Mapping[str, Block]], holds: Mapping[int, Mapping[str, Block]], sole: bool = False) \
-        -> tuple[list[Piece], list[str]]:
+def _ascending(groups: Iterable[list[int]]) -> tuple[int, ...]:
+    return tuple(sorted(chain.from_iterable(groups)))
+
+
+class _Least:
+    """Among some holders, those with the fewest bytes to send so far, the lowest rank first among equals: a heap
+    per distinct tuple of holders, kept lazily (a rank's load only grows, so an entry below its load is stale and
+    goes back in with it). Picking by a scan of every holder cost a 256-rank data-parallel plan 0.3 M key calls."""
+
+    def __init__(self, load: dict[int, int]) -> None:
+        self.load = load
+        self.heaps: dict[int, list[tuple[int, int]]] = {}  # by the identity of a tuple of ranks (the cuts keep it)
+
+    def take(self, ranks: tuple[int, ...], count: int) -> list[int]:
+        """The `count` least loaded of `ranks`, in that order; `give` them back once their loads grew."""
+        heap = self.heaps.get(id(ranks))
+        if heap is None:
+            heap = self.heaps[id(ranks)] = [(self.load[r], r) for r in ranks]
+            heapq.heapify(heap)
+        chosen: list[int] = []
+        while len(chosen) < count:
+            seen, rank = heap[0]
+            if seen != self.load[rank]:
+                heapq.heapreplace(heap, (self.load[rank], rank))
+                continue
+            chosen.append(heapq.heappop(heap)[1])
+        return chosen
+
+    def give(self, ranks: tuple[int, ...], chosen: list[int]) -> None:
+        for rank in chosen:
+            heapq.heappush(self.heaps[id(ranks)], (self.load[rank], rank))
+
+
+def plan(wants: Mapping[int, Mapping[str, Block]], holds: Mapping[int, Mapping[str, Block]], sole: bool = False,
+         me: int | None = None) -> tuple[list[Piece], list[str]]:
     """Who sends which rows to whom, and the paths with rows nobody holds. A rank's own rows are a local copy;
     the rest go to the holder with the fewest bytes to send so far, a large range split over all of them.
-    `sole`: only the lowest rank holding some rows counts (holders never trained together may differ)."""
+    `sole`: only the lowest rank holding some rows counts (holders never trained together may differ). `me`: the
+    rank planning, whose own copies are the only ones listed: another rank's concern only that rank, and a holder
+    that has every row it wants (an HSDP survivor) is not walked at all, so the plan costs the ranks that receive,
+    not the world (every rank of a heal lists the same moves, in the same order)."""
     load: dict[int, int] = {r: 0 for r in holds}
+    least = _Least(load)
     pieces: list[Piece] = []
     missing: list[str] = []
     cuts = _Cuts(holds, sole)
+    covered: dict[tuple[int, int], bool] = {}  # by the identities of a rank's wants and holds (alike ranks share)
     for dst in sorted(wants):
+        if me is not None and dst != me and not sole and dst in holds:
+            key = (id(wants[dst]), id(holds[dst]))
+            if key not in covered:
+                covered[key] = all(p in holds[dst] and _within(w, holds[dst][p]) for p, w in wants[dst].items())
+            if covered[key]:
+                continue
         for path, want in wants[dst].items():
-            for lo, hi, ranks in cuts(path, want):
+            for lo, hi, ranks, members in cuts(path, want):
                 if not ranks:
                     missing.append(path)
                     continue
-                if dst in ranks:
-                    pieces.append(Piece(path, dst, dst, lo, hi, 0, want.dtype))
+                if dst in members:
+                    if me is None or dst == me:
+                        pieces.append(Piece(path, dst, dst, lo, hi, 0, want.dtype))
                     continue
                 nbytes = (hi - lo) * want.row_bytes
                 parts = min(len(ranks), MAX_SOURCES, hi - lo) if nbytes >= SPLIT_BYTES else 1
-                # the least loaded, the lowest rank first among equals (`ranks` ascend; min keeps the first)
-                ranks = [min(ranks, key=load.__getitem__)] if parts == 1 else \
-                    sorted(ranks, key=lambda r: (load[r], r))[:parts]
-                for i, src in enumerate(ranks):
+                chosen = least.take(ranks, parts)
+                for i, src in enumerate(chosen):
                     a, b = lo + (hi - lo) * i // parts, lo + (hi - lo) * (i + 1) // parts
                     pieces.append(Piece(path, src, dst, a, b, (b - a) * want.row_bytes, want.dtype))
                     load[src] += (b - a) * want.row_bytes
+                least.give(ranks, chosen)
     return pieces, sorted(set(missing))
 
 
@@ -180,11 +234,11 @@ class Settled:
         return cls(offer.step, 0, full, {rank: asks}, pieces, missing)
 
 
-def settle(offers: list[Offer | None]) -> Settled:
+def settle(offers: list[Offer | None], me: int | None = None) -> Settled:
     """The freshest step whose whole state the live ranks hold, and its plan. After a crash in a sharded job one
     rank may have finished a step its peers had not (its shard at S+1, the rest only at S): step S, which
     every shard has, is restored rather than the checkpoint. With no complete step: the freshest, with what is
-    missing ("*": no rank holds anything)."""
+    missing ("*": no rank holds anything). `me`: the rank settling, as `plan` takes it."""
     steps = sorted({o.step for o in offers if o is not None and o.step != NOTHING}, reverse=True)
     first: Settled | None = None
     for step in steps:
@@ -193,8 +247,13 @@ def settle(offers: list[Offer | None]) -> Settled:
         holders = {r: o.holds for r, o in at.items() if o.vouched or sole}
         source = min(at)
         full = {p: b.full() for p, b in at[source].holds.items()}
-        asks = {r: _asks(o, full, r in holders and not sole) for r, o in enumerate(offers) if o is not None}
-        pieces, missing = plan(asks, holders, sole)
+        asked: dict[tuple[int, bool], dict[str, Block]] = {}  # alike offers (one object) ask alike: once
+        asks = {}
+        for rank, offer in enumerate(offers):
+            if offer is not None:
+                key = (id(offer), rank in holders and not sole)
+                asks[rank] = asked[key] if key in asked else asked.setdefault(key, _asks(offer, full, key[1]))
+        pieces, missing = plan(asks, holders, sole, me)
         found = Settled(step, source, full, asks, pieces, missing)
         if not missing:
             return found

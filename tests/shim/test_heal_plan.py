@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
-from trainer_shim.heal_plan import NOTHING, SPLIT_BYTES, Block, Offer, Settled, Summary, plan, settle
+from trainer_shim.heal_plan import NOTHING, SPLIT_BYTES, Block, Offer, Settled, Summary, block, plan, settle
 from trainer_shim.state_paths import fill, flatten
 
 pytestmark = pytest.mark.quick
@@ -132,3 +134,69 @@ def test_the_offers_are_skipped_only_where_every_rank_heals_from_its_own_rows() 
     resharded = [Offer(10, True, {"w": shard(10, lo, hi)}, {"w": shard(10, a, b)})
                  for (lo, hi), (a, b) in (((0, 5), (0, 4)), ((5, 10), (4, 10)))]
     assert not Summary.self_sufficient([o.summary() for o in resharded])
+
+
+def _reference_plan(wants: dict[int, dict[str, Block]], holds: dict[int, dict[str, Block]],
+                    sole: bool) -> list[tuple[str, int, int, int, int]]:
+    """The plan's rule written plainly, per rank and per path: every row range from the least loaded holders."""
+    load = {r: 0 for r in holds}
+    out = []
+    for dst in sorted(wants):
+        for path, want in wants[dst].items():
+            holders = [(r, h[path]) for r, h in sorted(holds.items()) if path in h]
+            points = sorted({want.lo, want.hi, *(b for _, h in holders for b in (h.lo, h.hi) if want.lo < b < want.hi)})
+            for lo, hi in itertools.pairwise(points):
+                ranks = [r for r, h in holders if h.lo <= lo and hi <= h.hi][:1 if sole else None]
+                if not ranks or dst in ranks:
+                    out.extend([(path, dst, dst, lo, hi)] if ranks else [])
+                    continue
+                nbytes = (hi - lo) * want.row_bytes
+                parts = min(len(ranks), 2, hi - lo) if nbytes >= SPLIT_BYTES else 1
+                for i, src in enumerate(sorted(ranks, key=lambda r: (load[r], r))[:parts]):
+                    a, b = lo + (hi - lo) * i // parts, lo + (hi - lo) * (i + 1) // parts
+                    out.append((path, src, dst, a, b))
+                    load[src] += (b - a) * want.row_bytes
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ranks_with_one_offer_object_plan_as_the_rule_says_for_each_rank(seed: int) -> None:
+    """Alike offers are unpickled once and shared by their ranks, which the plan looks up as one group and picks
+    among with a heap: the pieces must be exactly those of the rule applied rank by rank and path by path, whatever
+    mix of shared and own offers, shard layouts, sizes and ties. Blocks are interned, as a heal's are: paths of
+    one shape share their holders, and a rank's load grows in one path's picks and counts in another's. Planned
+    as one rank (`me`), the moves are the same, in the same order (their tags), with only that rank's own copies:
+    a holder that has every row it wants is not walked."""
+    import random
+
+    rng = random.Random(seed)
+    paths = [f"p{i}" for i in range(40)]
+    rows = {p: rng.choice([8, 64, 1 << 15]) for p in paths}  # 1 << 15 rows of 1 KB: large enough to split
+
+    def layout(parts: int, i: int) -> dict[str, Block]:
+        out = {}
+        for p in paths:
+            n = rows[p]
+            out[p] = block((n, 256), torch.float32, 0, n * i // parts, n * (i + 1) // parts)
+        return out
+
+    shared = {p: block((rows[p], 256), torch.float32, 0, 0, rows[p]) for p in paths}  # whole: data parallel
+    halves = [layout(2, 0), layout(2, 1)]
+    holds: dict[int, dict[str, Block]] = {}
+    for rank in range(rng.randint(6, 14)):
+        kind = rng.random()
+        holds[rank] = shared if kind < 0.5 else halves[rank % 2] if kind < 0.8 else dict(shared)
+    newcomers = range(len(holds), len(holds) + rng.randint(1, 3))
+    wants = {r: {p: block((rows[p], 256), torch.float32, 0, 0, rows[p]) for p in paths} for r in newcomers}
+    wants[0] = layout(3, 1)  # a holder resharded: some rows its own, the rest from others
+    for rank, held in holds.items():  # HSDP survivors want the rows they hold (the same object, as alike offers)
+        if rank and held is not shared and rng.random() < 0.7:
+            wants[rank] = held
+    for sole in (False, True):
+        reference = _reference_plan(wants, holds, sole)
+        pieces, missing = plan(wants, holds, sole)
+        assert [(p.path, p.src, p.dst, p.lo, p.hi) for p in pieces] == reference and missing == []
+        for me in [0, *wants]:  # as each rank plans it: the same moves, in order, and only its own copies
+            mine, missing = plan(wants, holds, sole, me)
+            assert [(p.path, p.src, p.dst, p.lo, p.hi) for p in mine] == \
+                [p for p in reference if p[1] != p[2] or p[2] == me] and missing == []
