@@ -7,7 +7,6 @@ plan (trainer_shim.heal_plan), and the pieces move point to point into the wanti
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import pickle
@@ -22,7 +21,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from trainer_shim.collection import held as collection_held
-from trainer_shim.heal_plan import NOTHING, Block, Offer, Piece, Settled, Summary, block, settle
+from trainer_shim.heal_plan import NOTHING, Block, Offer, Piece, Settled, Summary, block, digest64, settle
 
 SMALL_BYTES = 1 << 20  # pieces under this between two ranks travel together (a model's many norms)
 BUNDLE_BYTES = 4 << 20  # in messages of about this size
@@ -338,7 +337,7 @@ def _offers(mine: Offer, comm_device: torch.device) -> list[Offer | None] | None
     once, by the lowest rank holding one, and their ranks share the one object, which the plan looks up once: at
     256 ranks and 1,332 tensors, unpickling and planning every rank's copy took 0.2 s a rank."""
     payload = pickle.dumps(mine)
-    digest = int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "little", signed=True)
+    digest = digest64(payload)
     rows = [torch.empty(6, dtype=torch.int64, device=comm_device) for _ in range(dist.get_world_size())]
     dist.all_gather(rows, torch.tensor([*mine.summary().row(), len(payload), digest], dtype=torch.int64,
                                        device=comm_device))

@@ -89,8 +89,7 @@ class Offer:
         covers = all(p in self.holds and _within(want, self.holds[p]) for p, want in asks.items()) \
             and (self.wants is not None or all(b == full[p] for p, b in self.holds.items()))
         text = ";".join(f"{p}|{b.shape}|{b.dtype}|{b.dim}" for p, b in sorted(full.items()))
-        layout = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
-        return Summary(self.step, self.vouched, covers, layout)
+        return Summary(self.step, self.vouched, covers, digest64(text.encode()))
 
     def fresh(self, path: str, full: Block) -> bool:
         """Whether this rank has no tensor of its own for that path yet: its rows go into new memory."""
@@ -265,6 +264,11 @@ def _asks(offer: Offer, full: dict[str, Block], holder: bool) -> dict[str, Block
     if offer.wants is not None:
         return {p: offer.wants.get(p, b) for p, b in full.items()}
     return {} if holder else full
+
+
+def digest64(data: bytes) -> int:
+    """A digest that fits an int64 tensor's element (the offers' first all-gather carries them)."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
 
 
 @dataclass(frozen=True)
