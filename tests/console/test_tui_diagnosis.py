@@ -65,7 +65,7 @@ async def test_node_detail_says_why_a_node_gives_no_tails() -> None:
         app = await open_detail(pilot, "down", "down")  # c: a standby, no workers
         assert shown(app, "#tails") == "(no output from node c: node c has no workers in round 2)"
         await pilot.press("escape")
-        daemon(app).silent.add("a")
+        daemon(app).silence("a")
         app = await open_detail(pilot, "up", "up")
         assert shown(app, "#tails") == "(no output from node a: node a did not answer within 4 s)"
 
@@ -91,7 +91,7 @@ async def test_the_output_view_goes_on_past_one_unanswered_read() -> None:
     async with fake_app().run_test(size=SIZE) as pilot:
         app = await follow_rank_1(pilot)
         link = daemon(app)
-        link.unanswered["a"] = 2  # two reads in a row time out, then node a answers again
+        link.silence("a", 2)  # two reads in a row time out, then node a answers again
         link.printed[1].append("[rank 1] step 250 loss 0.3500")
         await until(pilot, lambda: output_lines(app)[-1] == "[rank 1] step 250 loss 0.3500", what="the next line")
         assert output_lines(app)[-2] == "(node a did not answer within 4 s; still following)"
@@ -115,7 +115,7 @@ async def test_the_output_view_stops_when_the_node_stops_answering() -> None:
     async with fake_app().run_test(size=SIZE) as pilot:
         app = await follow_rank_1(pilot)
         link = daemon(app)
-        link.silent.add("a")
+        link.silence("a")
         await until(pilot, lambda: output_lines(app)[-1].startswith("(no longer following"), what="the message")
         assert output_lines(app)[-3:] == ["(node a did not answer within 4 s; still following)"] * 2 + [
             "(no longer following: node a did not answer within 4 s)"]  # a third silence in a row ends it

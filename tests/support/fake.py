@@ -126,9 +126,12 @@ class FakeLink:
         self.round = 2
         self.earlier: dict[int, dict[int, list[str]]] = {}  # the logs of the rounds before, by round
         self.skip = 0  # bytes the next follow of a log skips, as a node does for a reader far behind
-        self.silent: set[str] = set()  # nodes that no longer answer node queries
-        self.unanswered: dict[str, int] = {}  # node -> its next node queries that time out before it answers again
+        self.unanswered: dict[str, float] = {}  # node -> how many of its next node queries time out (inf: all)
         self.roles = {node: role for node, (_, _, role) in NODES.items()}  # tests drain a node here
+
+    def silence(self, node: str, reads: float = math.inf) -> None:
+        """Node queries to `node` time out: its next `reads` of them (by default every one), then it answers."""
+        self.unanswered[node] = reads
 
     async def call(self, op: str, timeout_s: float | None = None, **args: Any) -> dict[str, Any]:
         self.calls.append((op, args))
@@ -175,8 +178,8 @@ class FakeLink:
         node = str(args.get("node"))
         if node not in NODES:
             raise ClientError("not_found", f"no node '{node}' in this job")
-        if node in self.silent or self.unanswered.get(node, 0) > 0:
-            self.unanswered[node] = max(0, self.unanswered.get(node, 0) - 1)
+        if self.unanswered.get(node, 0) > 0:
+            self.unanswered[node] -= 1
             raise ClientError("timeout", f"node {node} did not answer within 4 s")
         ranks = [rank for rank in NODES[node][1] if args.get("rank") in (None, rank)]
         if not ranks:
