@@ -20,6 +20,7 @@ from elasticd.wire.verb_replies import ErrorReply, Steered
 
 DEFAULT_TIMEOUT_S = 5.0
 _UNREACHABLE = "no connection to send {op!r} on within {limit:.1f}s (daemon down, or its keys refused ours?)"
+CLOSED = "the connection was closed while the call waited (the client was closed)"
 
 
 class ClientError(Exception):
@@ -208,6 +209,9 @@ def _socket(ctx: zmq.Context[SocketT], kind: int, credentials: Credentials | Non
 
 
 def _close(sock: zmq.Socket[Any], monitor: zmq.Socket[Any]) -> None:
+    """Once: a second close (a `with` block after an explicit one) does nothing."""
+    if sock.closed:
+        return
     sock.disable_monitor()
     monitor.close()
     sock.close()
@@ -311,6 +315,10 @@ class AsyncClient:
             return _unwrap(await asyncio.wait_for(future, max(deadline - loop.time(), 0.0)))
         except asyncio.TimeoutError:
             raise ClientError("timeout", f"no answer to {op!r} within {limit:.1f}s", ErrorCode.TIMEOUT) from None
+        except zmq.ZMQError:
+            if not self.sock.closed:
+                raise
+            raise ClientError("closed", CLOSED) from None
         finally:
             sendable.cancel()
             self._waiters.pop(msg_id, None)
@@ -369,6 +377,11 @@ class AsyncClient:
         return Steered.decode(await self.call(op, None, dry_run=dry_run, force=force, **args), f"{op} reply")
 
     def close(self) -> None:
+        """Close its sockets; a call still waiting fails at once with `closed` (not at its deadline, nor with the
+        socket's own error)."""
+        for waiter in self._waiters.values():
+            if not waiter.done():
+                waiter.set_exception(ClientError("closed", CLOSED))
         for task in self._tasks:
             task.cancel()
         _close(self.sock, self.monitor)

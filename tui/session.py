@@ -183,7 +183,14 @@ class JobSession:
     async def ask_node(self, op: str, **args: Any) -> dict[str, Any]:
         """A node query (`logs`, `stacks`) through the active daemon, which carries it to the node named. Its
         errors are that node's (lost, silent): final, with no failover and no fresh sockets. The status poll moves
-        `active` off a daemon that stops answering."""
+        `active` off a daemon that stops answering, and drops its link: a query that waited on that link is asked
+        again, once, through the link in use now (on a loaded machine a follow otherwise ended there)."""
+        link = self.link(self.active)
+        try:
+            return await link.call(op, timeout_s=NODE_QUERY_TIMEOUT_S, **args)
+        except ClientError as err:
+            if err.code != "closed" or any(other is link for other in self.links.values()):
+                raise
         return await self.link(self.active).call(op, timeout_s=NODE_QUERY_TIMEOUT_S, **args)
 
     # ---- paging a large job ------------------------------------------------------------------------
