@@ -133,8 +133,7 @@ def move(pieces: list[Piece], me: int, held: Mapping[str, tuple[torch.Tensor, Bl
             if piece.src == me:
                 _copy_own(held[piece.path], into[piece.path], piece)
             continue
-        moves += 1
-        tag = moves
+        tag = moves = moves + 1
         if _bundled(piece):  # every rank groups alike: the tags agree
             bundles.setdefault((piece.src, piece.dst, piece.dtype), []).append(piece)
         elif piece.src == me:

@@ -86,8 +86,8 @@ class Offer:
     def summary(self) -> Summary:
         """Its step, whether it is vouched for and holds every row it asks for, and its layout's digest."""
         full, asks = self.own_asks
-        covers = all(p in self.holds and _within(want, self.holds[p]) for p, want in asks.items()) \
-            and (self.wants is not None or all(b == full[p] for p, b in self.holds.items()))
+        covers = _covers(asks, self.holds) and (
+            self.wants is not None or all(b == full[p] for p, b in self.holds.items()))
         text = ";".join(f"{p}|{b.shape}|{b.dtype}|{b.dim}" for p, b in sorted(full.items()))
         return Summary(self.step, self.vouched, covers, digest64(text.encode()))
 
@@ -125,9 +125,8 @@ class _Cuts:
         key = (id(want), found[1])
         ranges = self.cut.get(key)
         if ranges is None:
-            ranges = self.cut[key] = [(lo, hi, ranks[:1] if self.sole else ranks,
-                                       frozenset(ranks[:1] if self.sole else ranks))
-                                      for lo, hi, ranks in _cuts(want, found[0])]
+            counted = [(lo, hi, ranks[:1] if self.sole else ranks) for lo, hi, ranks in _cuts(want, found[0])]
+            ranges = self.cut[key] = [(lo, hi, ranks, frozenset(ranks)) for lo, hi, ranks in counted]
         return ranges
 
 
@@ -191,7 +190,7 @@ def plan(wants: Mapping[int, Mapping[str, Block]], holds: Mapping[int, Mapping[s
         if me is not None and dst != me and not sole and dst in holds:
             key = (id(wants[dst]), id(holds[dst]))
             if key not in covered:
-                covered[key] = all(p in holds[dst] and _within(w, holds[dst][p]) for p, w in wants[dst].items())
+                covered[key] = _covers(wants[dst], holds[dst])
             if covered[key]:
                 continue
         for path, want in wants[dst].items():
@@ -251,7 +250,9 @@ def settle(offers: list[Offer | None], me: int | None = None) -> Settled:
         for rank, offer in enumerate(offers):
             if offer is not None:
                 key = (id(offer), rank in holders and not sole)
-                asks[rank] = asked[key] if key in asked else asked.setdefault(key, _asks(offer, full, key[1]))
+                if key not in asked:
+                    asked[key] = _asks(offer, full, key[1])
+                asks[rank] = asked[key]
         pieces, missing = plan(asks, holders, sole, me)
         found = Settled(step, source, full, asks, pieces, missing)
         if not missing:
@@ -290,6 +291,11 @@ class Summary:
         first = rows[0]
         return first.step != NOTHING and all(
             r.vouched and r.covers and (r.step, r.layout) == (first.step, first.layout) for r in rows)
+
+
+def _covers(wants: Mapping[str, Block], holds: Mapping[str, Block]) -> bool:
+    """Whether `holds` has every row of every block in `wants`."""
+    return all(p in holds and _within(want, holds[p]) for p, want in wants.items())
 
 
 def _within(want: Block, held: Block) -> bool:
