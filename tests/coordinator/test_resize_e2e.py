@@ -83,10 +83,12 @@ def test_survivors_keep_their_processes_through_joins_drains_scale_leaves_and_cr
     counts = epoch_counts(samples)
     complete = [e for e in counts if e + 1 in counts]  # epochs the job finished
     assert complete, "no epoch finished"
-    # The killed rank's share of the step in flight is trained (it was in the allreduce) but never logged when it
-    # died after the allreduce and before its log line: at most one rank's share of one step, nothing else.
+    # A killed rank's share of the step in flight is trained (it was in the allreduce) but never logged when it
+    # died after the allreduce and before its log line: the crashed rank's, and node b's two ranks' when it lost
+    # power (seen: 8 samples in one epoch, b's two shares), one step's share each at most, nothing else.
+    died_mid_step = 3
     unlogged = {epoch: sorted(set(range(DATASET)) - set(counts[epoch])) for epoch in complete}
-    assert sum(map(len, unlogged.values())) <= BATCH // 4, f"samples skipped: {unlogged}"
+    assert sum(map(len, unlogged.values())) <= died_mid_step * BATCH // 4, f"samples skipped: {unlogged}"
     for epoch in complete:
         assert set(counts[epoch].values()) == {1}, f"epoch {epoch}: a sample was trained twice"
     digests: dict[int, set[str]] = {}
