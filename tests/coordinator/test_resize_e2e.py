@@ -85,7 +85,7 @@ def test_survivors_keep_their_processes_through_joins_drains_scale_leaves_and_cr
     assert complete, "no epoch finished"
     # A killed rank's share of the step in flight is trained (it was in the allreduce) but never logged when it
     # died after the allreduce and before its log line: the crashed rank's, and node b's two ranks' when it lost
-    # power (seen: 8 samples in one epoch, b's two shares), one step's share each at most, nothing else.
+    # power (seen once: 8 samples in one epoch, two ranks' shares), one step's share each at most, nothing else.
     died_mid_step = 3
     unlogged = {epoch: sorted(set(range(DATASET)) - set(counts[epoch])) for epoch in complete}
     assert sum(map(len, unlogged.values())) <= died_mid_step * BATCH // 4, f"samples skipped: {unlogged}"
