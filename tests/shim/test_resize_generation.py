@@ -113,6 +113,14 @@ def test_every_generation_starts_bitwise_identical_from_the_freshest_rank(backen
 
 
 def crash_or_classify(proc: int, store_addr: str, out: dict) -> None:
+    try:
+        classify(proc, store_addr, out)
+    except Exception as exc:  # the test's failure then says why this rank reported nothing
+        out[proc] = {"error": repr(exc)}
+        raise
+
+
+def classify(proc: int, store_addr: str, out: dict) -> None:
     store = open_store(store_addr, 30)
     join(Generation(1, proc, 2, store_addr, "test/lost"), "gloo", store, 5)
     ddp = DDP(torch.nn.Linear(8, 1))
@@ -139,7 +147,7 @@ def test_a_dead_peer_is_told_from_the_scripts_own_error(store_addr: str) -> None
                                      start_method="spawn", join=False)
         context.processes[0].join(60)
         seen = dict(out)
-    assert seen == {0: {"peer": True, "bug": False}}
+    assert seen == {0: {"peer": True, "bug": False}}, f"rank 0's exit code {context.processes[0].exitcode}"
 
 
 def late_member(proc: int, store_addr: str, out: dict) -> None:
