@@ -52,6 +52,9 @@ from elasticd.wire.protocol import Envelope
 
 log = logging.getLogger("elasticd")
 SETTLE_S = 0.1  # batch simultaneous joins/losses into one round; no fixed last-call wait
+# A round that lost a member is broken: its survivors stall for every ms of the window. The daemons that one cause
+# ends at once (a job step's kill, an OOM sweep) close their connections within a few ms of each other.
+BROKEN_SETTLE_S = 0.02
 
 
 class Coordinator:
@@ -218,7 +221,7 @@ class Coordinator:
         self.routes.replace_relay(node_id, now)
         if reform and self.round and self.round.has(node_id):
             self.probe.round_replaced(detail)
-            self.schedule(Cause.membership, detail, now)
+            self.schedule(Cause.membership, detail, now, due=now + BROKEN_SETTLE_S)
         self.tracker.node_gone(node_id)
 
     def node_done(self, node_id: str, done: RoundReport, now: float) -> None:
