@@ -43,6 +43,7 @@ from elasticd.wire.names import CTL_PREFIX, EventKind, JobState, MeshOp, NodeSta
 from elasticd.wire.protocol import Envelope, Json, JsonObject
 
 log = logging.getLogger("elasticd")
+TICK_S = 0.05  # the loop's period, shorter where a pending round falls due sooner (a broken round's 20 ms)
 
 
 class Daemon:
@@ -325,7 +326,8 @@ class Daemon:
                     self.beat(now)
             except Exception:  # a bug in one tick must not freeze membership for the whole job
                 log.exception("[%s] tick failed", self.cfg.node_id)
-            await asyncio.sleep(0.05)
+            pending = self.coordinator.pending if self.coordinator is not None else None
+            await asyncio.sleep(min(TICK_S, max(pending.due - time.time(), 0.001)) if pending else TICK_S)
 
     def beat(self, now: float) -> None:
         if self.gate is not None:

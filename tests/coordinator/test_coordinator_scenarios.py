@@ -8,6 +8,7 @@ import pytest
 from support.sim import COORD, Sim, verb
 
 from elasticd.commands.registry import REGISTRY
+from elasticd.coordinator.coordinator import SETTLE_S
 from elasticd.coordinator.liveness import RECONNECT_GRACE_S
 from elasticd.coordinator.resize import RESIZE_TIMEOUT_S, InPlaceRound
 from elasticd.coordinator.step_agreement import QUERY_TIMEOUT_S
@@ -209,6 +210,25 @@ def test_failure_reported_while_a_peers_connection_is_closed_loses_it_at_once_un
     assert sim.kinds(K.node_lost, K.round_started, since=mark) == [K.node_lost, K.round_started]
     assert sim.round.cause == Cause.membership and sim.rank_map() == [("a", [0, 1]), ("b", [2, 3])]
     assert restarts(sim) == {"failure": 0, "membership": 1, "operator": 0, "hang": 0}
+
+
+def test_a_round_broken_by_lost_nodes_reforms_without_the_settle_window_and_once_for_two_at_once() -> None:
+    """Its survivors already wait: the round starts within a tick of the losses, not SETTLE_S later, and two
+    daemons one cause ends 5 ms apart still cost one round."""
+    sim = Sim("abcd", min_nodes=2, max_restarts=3)
+    sim.start()
+    sim.formed()
+    sim.run(1.5)
+    mark = sim.mark()
+    sim.nodes["c"].kill()
+    sim.run(0.005)
+    sim.nodes["d"].kill()
+    sim.nodes["b"].fail_worker()  # its collective with c and d broke
+    sim.formed(2)
+    lost = sim.of(K.node_lost, since=mark)
+    started, = sim.of(K.round_started, since=mark)
+    assert sorted(e["node"] for e in lost) == ["c", "d"] and sim.rank_map() == [("a", [0, 1]), ("b", [2, 3])]
+    assert started["at"] - max(e["at"] for e in lost) < SETTLE_S  # 0.1-0.15 s before: the window, then a tick
 
 
 def shim_job(ids: str = "abc", **kw: object) -> Sim:
