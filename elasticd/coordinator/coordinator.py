@@ -281,7 +281,7 @@ class Coordinator:
             return  # a graceful stop is in flight; its end starts the round (a lost member abandons it)
         if self.registration.awaiting_announced(self.tally.count(ACTIVE), now) \
                 or (self.round is None and self.resizer.store_pending) \
-                or (pending.cause in (Cause.membership, Cause.operator)  # a failure's round cannot wait
+                or (pending.cause in (Cause.membership, Cause.operator) and not self.round_lost_a_member()
                     and (self.resizer.warming_up({n.node_id for n in self.alive()}, now)
                          or self.resizer.settling(now))):
             return
@@ -289,7 +289,7 @@ class Coordinator:
         if not self.transitions.reform_first(pending):
             self.start_round(pending.cause, pending.detail, pending.detected_at, now)
 
-    def round_lost_a_member(self) -> bool:
+    def round_lost_a_member(self) -> bool:  # a broken round: like a failure's, it waits for no warm-up
         return self.round is not None and any(self.nodes[n].status != NodeStatus.alive for n in self.round.node_ids())
 
     def candidates(self) -> list[NodeRecord]:
@@ -336,7 +336,9 @@ class Coordinator:
                   rank_map={e.node_id: e.ranks for e in entries}, in_place=in_place)
         shared = self.round_shared().encode()
         for node in self.alive():
-            self.send(node.node_id, MeshOp.round, with_part(shared, self.node_part(node)))
+            part = self.node_part(node)
+            self.resizer.hot_spares(node.node_id, part["prewarm"], now)
+            self.send(node.node_id, MeshOp.round, with_part(shared, part))
         self.tracker.release_barrier(None)
 
     def wait_for_nodes(self, members: int, now: float) -> None:

@@ -49,6 +49,7 @@ class Resizer:
         self.current: InPlaceRound | None = None
         self.in_place_nodes: dict[str, int] = {}  # node -> the round in which all its ranks joined as in-place workers
         self.warming: dict[str, float] = {}  # joiner -> since when its pre-started workers are starting
+        self.spares_told: set[str] = set()  # standbys told to keep hot spares, since they last were not
 
     def agree(self, query: StepQuery, now: float) -> bool:
         """A graceful change: resize in place when every member answered, each with only in-place workers."""
@@ -96,6 +97,16 @@ class Resizer:
             return False
         self.warming.setdefault(node.node_id, now)
         return True
+
+    def hot_spares(self, node_id: str, prewarm: bool, now: float) -> None:
+        """A round told this node whether to keep hot spares. Told first (a drained node stays a standby), it
+        starts them now: a change that adds it waits (at most WARM_TIMEOUT_S) until they are up, as a joiner's
+        does; a scale right after a drain otherwise found them still loading and forked cold ones."""
+        if not prewarm:
+            self.spares_told.discard(node_id)
+        elif node_id not in self.spares_told:
+            self.spares_told.add(node_id)
+            self.warming.setdefault(node_id, now)
 
     def warm(self, node_id: str) -> None:
         self.warming.pop(node_id, None)

@@ -74,15 +74,20 @@ class InPlace:
                 self.abort_signals[hello.pid] = hello.abort_signal
         if hello.waiting:  # pre-started: out of any group, like a survivor that has left
             self.left[hello.pid] = hello
-            group = self.node.group
-            if group is not None and group.round_id == 0 and {w.proc.pid for w in group.running} <= self.left.keys():
-                self.node.to_coord(MeshOp.warm, {})
+            self.say_warm()
+
+    def say_warm(self) -> None:
+        """Every pre-started worker waits, ready: the change that adds this node may go."""
+        group = self.node.group
+        if group is not None and group.round_id == 0 and {w.proc.pid for w in group.running} <= self.left.keys():
+            self.node.to_coord(MeshOp.warm, {})
 
     async def prestart(self, expected_world: int) -> None:
         """Start this node's workers before the round that adds it: they load, then wait for their generation;
         `expected_world` (0: unknown) is the world the coordinator expects that to be, which a sharded script's
         rebuild rehearses meanwhile (trainer_shim/prestart.py)."""
-        if self.node.group is not None:
+        if self.node.group is not None:  # up already; a new coordinator asks again, and hears they are warm
+            self.say_warm()
             return
         nproc = self.node.cfg.nproc_per_node
         placeholder = RoundAssignment(0, ranks=list(range(nproc)), world_size=nproc, group_rank=0, group_world_size=1)

@@ -702,6 +702,52 @@ def test_a_standby_of_an_in_place_job_prestarts_for_the_world_it_would_make() ->
     assert (standby.state, standby.prewarm, standby.expected_world) == ("standby", True, 6), standby
 
 
+def drained_to_a_hot_spare(ids: str, drained: str, warm_s: float) -> tuple[Sim, int]:
+    """An in-place job whose node `drained` was just drained to a standby told to keep hot spares, which take
+    `warm_s` to say `warm`; and the mark before its drain."""
+    sim = Sim(ids, min_nodes=1, max_nodes=len(ids))
+    sim.configure(shim=True, step_time=0.1, save_s=0.2, warm_s=warm_s)
+    sim.start(spacing=0.01)
+    rnd = sim.formed()
+    resizer = sim.coordinator.resizer
+    resizer.job_store_started("127.0.0.1:1", "")
+    for node_id in ids:  # their ranks resize in place
+        resizer.progress(node_id, ProgressReport(rnd.round_id, in_place=True), rnd)
+    sim.run(2.0)
+    mark = sim.mark()
+    assert verb(sim.coordinator, "drain", {"node": drained})["accepted"] is True
+    sim.run_until(lambda: sim.round.round_id == 2)
+    assert RoundAssignment.decode(sim.msgs(MeshOp.round, dst=drained, since=mark)[-1].body).prewarm
+    for node_id in sim.round.node_ids():  # the drain's generation synced (the sim's nodes do not say so)
+        now = sim.clock.now
+        resizer.progress(node_id, ProgressReport(2, in_place=True, group_ready=now, synced=now), sim.round)
+    resizer.first_step(sim.round, sim.clock.now)
+    return sim, mark
+
+
+def test_a_scale_right_after_a_drain_waits_for_the_drained_nodes_hot_spares() -> None:
+    """They start when the drain's round makes it a standby: the scale that adds it back waits until they are up,
+    as a joiner's round does, instead of finding them still loading and forking cold workers."""
+    sim, _ = drained_to_a_hot_spare("ab", "b", warm_s=3.0)
+    mark = sim.mark()
+    assert verb(sim.coordinator, "scale", {"nodes": 2})["accepted"] is True
+    sim.run_until(lambda: sim.round.round_id == 3, 20.0)
+    warm, = sim.msgs(MeshOp.warm, src="b")
+    started, = sim.of(K.round_started, since=mark)
+    assert warm.at <= started["at"] < warm.at + 1.0 and sim.rank_map() == [("a", [0, 1]), ("b", [2, 3])]
+
+
+def test_a_node_lost_while_a_standbys_spares_warm_up_reforms_at_once() -> None:
+    """The loss broke the round: its survivors wait for no warm-up (a joiner's, or a drained node's spares)."""
+    sim, _ = drained_to_a_hot_spare("abc", "c", warm_s=20.0)
+    mark, killed = sim.mark(), sim.clock.now
+    sim.nodes["b"].kill()
+    sim.nodes["a"].fail_worker()  # its collective with b broke
+    sim.run_until(lambda: sim.round.round_id == 3, 5.0)
+    started, = sim.of(K.round_started, since=mark)
+    assert started["at"] - killed < 1.0 and sim.msgs(MeshOp.warm, src="c") == []
+
+
 def test_each_member_s_round_is_the_shared_fields_with_its_own_part_over_them() -> None:
     """A round is sent as its shared fields encoded once, each node's part over them: every member must read the
     record `assignment` would have built for it alone (a standby too: no ranks, its role for a state)."""

@@ -120,6 +120,7 @@ class SimNode:
         self.wait_s: float | None = None  # shim ranks that time their allreduce wait report this (stragglers)
         self.in_place = False  # its shim ranks resize in place (trainer_shim.Elastic)
         self.stop_s, self.spawn_s, self.save_s = stop_s, spawn_s, save_s
+        self.warm_s = 1.0  # its hot spares' start and rehearsal, before it says `warm`
         self.delay = sim.delay if delay is None else delay
         sim.sched.add_lane(self.delay)
         self.instance = f"{node_id}-1"
@@ -356,6 +357,8 @@ class SimNode:
             if self.waiting_go is not None and self.waiting_go < round_id:
                 self.waiting_go, self.busy = None, False  # superseded while waiting for its `go`
         self.rounds.append(body)
+        if body.get("prewarm"):  # a standby told to keep hot spares says `warm` once they are up (in_place.py)
+            self.later(self.warm_s, self.send, MeshOp.warm, {})
         self.next_round()
 
     def next_round(self) -> None:
