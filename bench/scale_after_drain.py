@@ -60,7 +60,7 @@ def main() -> int:
     args.state_mb, args.step_time = 0, 0.02  # what Job reads besides: resize.py's defaults
     systems = args.systems.split(",")
     require_base_tree(parser, systems, args.base_tree)
-    logdir = Path(args.out).with_suffix("")
+    logdir = Path(args.out).parent / "logs"  # as resize.py's
     logdir.mkdir(parents=True, exist_ok=True)
     rows = []
     for rep in range(args.repeat):
