@@ -276,20 +276,19 @@ class Coordinator:
         pending = self.pending
         if pending is None or now < pending.due:
             return
-        if self.transition is not None and pending.cause in (Cause.membership, Cause.operator) \
-                and not self.round_lost_a_member():
+        graceful = pending.cause in (Cause.membership, Cause.operator) and not self.round_lost_a_member()
+        if self.transition is not None and graceful:
             return  # a graceful stop is in flight; its end starts the round (a lost member abandons it)
         if self.registration.awaiting_announced(self.tally.count(ACTIVE), now) \
-                or (self.round is None and self.resizer.store_pending) \
-                or (pending.cause in (Cause.membership, Cause.operator) and not self.round_lost_a_member()
-                    and (self.resizer.warming_up({n.node_id for n in self.alive()}, now)
-                         or self.resizer.settling(now))):
+                or (self.round is None and self.resizer.store_pending) or (graceful and self.resizer.settling(now)) \
+                or (graceful and not self.transitions.reformed  # once the ranks stopped, no warm-up is waited for
+                    and self.resizer.warming_up({n.node_id for n in self.alive()}, now)):
             return
         self.pending = None
         if not self.transitions.reform_first(pending):
             self.start_round(pending.cause, pending.detail, pending.detected_at, now)
 
-    def round_lost_a_member(self) -> bool:  # a broken round: like a failure's, it waits for no warm-up
+    def round_lost_a_member(self) -> bool:  # a broken round: it waits for no warm-up, no generation in flight
         return self.round is not None and any(self.nodes[n].status != NodeStatus.alive for n in self.round.node_ids())
 
     def candidates(self) -> list[NodeRecord]:
