@@ -280,9 +280,9 @@ class Coordinator:
         if self.transition is not None and graceful:
             return  # a graceful stop is in flight; its end starts the round (a lost member abandons it)
         if self.registration.awaiting_announced(self.tally.count(ACTIVE), now) \
-                or (self.round is None and self.resizer.store_pending) or (graceful and self.resizer.settling(now)) \
-                or (graceful and not self.transitions.reformed  # once the ranks stopped, no warm-up is waited for
-                    and self.resizer.warming_up({n.node_id for n in self.alive()}, now)):
+                or (self.round is None and self.resizer.store_pending) \
+                or (graceful and (self.resizer.settling(now)
+                                  or self.resizer.warming_up({n.node_id for n in self.alive()}, now))):
             return
         self.pending = None
         if not self.transitions.reform_first(pending):

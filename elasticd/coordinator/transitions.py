@@ -25,6 +25,10 @@ DRAIN_TIMEOUT_S = 30.0  # past this, a transition completes without the ranks th
 # transition begun by a signal waits this long before it asks for the step, so that the other nodes' signals fold
 # into it and the whole job stops at one agreed step with a checkpoint (docs/architecture.md, "Job-wide signals").
 SIGNAL_WINDOW_S = 0.2
+# An operator's drain or cordon asks for the step once a warming spare (WARM_TIMEOUT_S at most) is up: asked
+# earlier, the round after it forked cold workers for the spare, or held every rank until it was up. A leave
+# begun by a signal never waits: its node's grace is running.
+TAKES_A_SPARE = frozenset({TransitionKind.drain, TransitionKind.cordon})
 
 
 @dataclass(frozen=True)
@@ -139,10 +143,14 @@ class Transitions:
         return op_id
 
     def ask_when_due(self, now: float) -> None:
-        trans = self.current
-        if trans is not None and not trans.asked and now >= trans.ask_at:
-            trans.asked = True
-            self.ask_step(trans.op_id, StepRequest.drain)
+        trans, core = self.current, self.core
+        if trans is None or trans.asked or now < trans.ask_at:
+            return
+        if trans.kind in TAKES_A_SPARE and not trans.departing \
+                and core.resizer.warming_up({n.node_id for n in core.alive()}, now):
+            return  # a spare that may take the leaving node's place still loads: the job trains on meanwhile
+        trans.asked, trans.deadline = True, max(trans.deadline, now + DRAIN_TIMEOUT_S)
+        self.ask_step(trans.op_id, StepRequest.drain)
 
     def node_drained(self, node_id: str, now: float) -> None:
         trans = self.current
