@@ -25,9 +25,9 @@ DRAIN_TIMEOUT_S = 30.0  # past this, a transition completes without the ranks th
 # transition begun by a signal waits this long before it asks for the step, so that the other nodes' signals fold
 # into it and the whole job stops at one agreed step with a checkpoint (docs/architecture.md, "Job-wide signals").
 SIGNAL_WINDOW_S = 0.2
-# An operator's drain or cordon asks for the step once a warming spare (WARM_TIMEOUT_S at most) is up: asked
-# earlier, the round after it forked cold workers for the spare, or held every rank until it was up. A leave
-# begun by a signal never waits: its node's grace is running.
+# An operator's drain or cordon asks for the step once no node is warming (WARM_TIMEOUT_S at most), the spare that
+# takes the leaving node's place among them: asked earlier, the round after it held every rank until that spare
+# was up. A leave begun by a signal never waits: its node's grace is running.
 TAKES_A_SPARE = frozenset({TransitionKind.drain, TransitionKind.cordon})
 
 
