@@ -702,9 +702,9 @@ def test_a_standby_of_an_in_place_job_prestarts_for_the_world_it_would_make() ->
     assert (standby.state, standby.prewarm, standby.expected_world) == ("standby", True, 6), standby
 
 
-def drained_to_a_hot_spare(ids: str, drained: str, warm_s: float) -> tuple[Sim, int]:
+def drained_to_a_hot_spare(ids: str, drained: str, warm_s: float) -> Sim:
     """An in-place job whose node `drained` was just drained to a standby told to keep hot spares, which take
-    `warm_s` to say `warm`; and the mark before its drain."""
+    `warm_s` to say `warm`."""
     sim = Sim(ids, min_nodes=1, max_nodes=len(ids))
     sim.configure(shim=True, step_time=0.1, save_s=0.2, warm_s=warm_s)
     sim.start(spacing=0.01)
@@ -722,13 +722,13 @@ def drained_to_a_hot_spare(ids: str, drained: str, warm_s: float) -> tuple[Sim, 
         now = sim.clock.now
         resizer.progress(node_id, ProgressReport(2, in_place=True, group_ready=now, synced=now), sim.round)
     resizer.first_step(sim.round, sim.clock.now)
-    return sim, mark
+    return sim
 
 
 def test_a_scale_right_after_a_drain_waits_for_the_drained_nodes_hot_spares() -> None:
     """They start when the drain's round makes it a standby: the scale that adds it back waits until they are up,
     as a joiner's round does, instead of finding them still loading and forking cold workers."""
-    sim, _ = drained_to_a_hot_spare("ab", "b", warm_s=3.0)
+    sim = drained_to_a_hot_spare("ab", "b", warm_s=3.0)
     mark = sim.mark()
     assert verb(sim.coordinator, "scale", {"nodes": 2})["accepted"] is True
     sim.run_until(lambda: sim.round.round_id == 3, 20.0)
@@ -739,7 +739,7 @@ def test_a_scale_right_after_a_drain_waits_for_the_drained_nodes_hot_spares() ->
 
 def test_a_node_lost_while_a_standbys_spares_warm_up_reforms_at_once() -> None:
     """The loss broke the round: its survivors wait for no warm-up (a joiner's, or a drained node's spares)."""
-    sim, _ = drained_to_a_hot_spare("abc", "c", warm_s=20.0)
+    sim = drained_to_a_hot_spare("abc", "c", warm_s=20.0)
     mark, killed = sim.mark(), sim.clock.now
     sim.nodes["b"].kill()
     sim.nodes["a"].fail_worker()  # its collective with b broke
@@ -751,7 +751,7 @@ def test_a_node_lost_while_a_standbys_spares_warm_up_reforms_at_once() -> None:
 def test_a_drain_whose_spare_still_loads_asks_the_step_once_the_spare_is_up() -> None:
     """c, drained a moment ago, takes b's place: b's drain asks for the step only once c's spares are up (the job
     trains meanwhile), so the round after it neither forks cold workers for c nor holds every rank waiting."""
-    sim, _ = drained_to_a_hot_spare("abc", "c", warm_s=3.0)
+    sim = drained_to_a_hot_spare("abc", "c", warm_s=3.0)
     mark = sim.mark()
     assert verb(sim.coordinator, "drain", {"node": "b"})["accepted"] is True
     sim.run_until(lambda: sim.round.round_id == 3, 20.0)
