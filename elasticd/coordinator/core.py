@@ -28,6 +28,12 @@ class PendingRound:
     detected_at: float
     due: float
 
+    def wake_in(self, now: float, period: float) -> float:
+        """How long a loop ticking every `period` sleeps: to `due` where it falls within the period (a broken
+        round's short window), else the period. Past due, the round is held (a warm-up): no sooner."""
+        left = self.due - now
+        return left if 0 < left < period else period
+
 
 class CoordinatorCore(Protocol):
     """The coordinator as each of its parts sees it: the job's state, its members, and the ways out."""

@@ -43,7 +43,7 @@ from elasticd.wire.names import CTL_PREFIX, EventKind, JobState, MeshOp, NodeSta
 from elasticd.wire.protocol import Envelope, Json, JsonObject
 
 log = logging.getLogger("elasticd")
-TICK_S = 0.05  # the loop's period, shorter where a pending round falls due sooner (a broken round's 20 ms)
+TICK_S = 0.05  # the loop's period, or less to a pending round's due (PendingRound.wake_in)
 
 
 class Daemon:
@@ -327,7 +327,7 @@ class Daemon:
             except Exception:  # a bug in one tick must not freeze membership for the whole job
                 log.exception("[%s] tick failed", self.cfg.node_id)
             pending = self.coordinator.pending if self.coordinator is not None else None
-            await asyncio.sleep(min(TICK_S, max(pending.due - time.time(), 0.001)) if pending else TICK_S)
+            await asyncio.sleep(pending.wake_in(time.time(), TICK_S) if pending else TICK_S)
 
     def beat(self, now: float) -> None:
         if self.gate is not None:

@@ -9,10 +9,12 @@ from support.sim import COORD, Sim, verb
 
 from elasticd.commands.registry import REGISTRY
 from elasticd.coordinator.coordinator import SETTLE_S
+from elasticd.coordinator.core import PendingRound
 from elasticd.coordinator.liveness import RECONNECT_GRACE_S
 from elasticd.coordinator.resize import RESIZE_TIMEOUT_S, InPlaceRound
 from elasticd.coordinator.step_agreement import QUERY_TIMEOUT_S
 from elasticd.coordinator.transitions import DRAIN_TIMEOUT_S, SIGNAL_WINDOW_S
+from elasticd.daemon.daemon import TICK_S
 from elasticd.job.config import STOP_SLACK_S
 from elasticd.wire.assignment import RoundAssignment
 from elasticd.wire.member_state import ProgressReport, Register
@@ -229,6 +231,15 @@ def test_a_round_broken_by_lost_nodes_reforms_without_the_settle_window_and_once
     started, = sim.of(K.round_started, since=mark)
     assert sorted(e["node"] for e in lost) == ["c", "d"] and sim.rank_map() == [("a", [0, 1]), ("b", [2, 3])]
     assert started["at"] - max(e["at"] for e in lost) < SETTLE_S  # 0.1-0.15 s before: the window, then a tick
+
+
+def test_the_daemons_loop_wakes_for_a_broken_rounds_window_and_never_spins_on_a_held_round() -> None:
+    """It ticks every 50 ms, sooner only to a round's due: a round past due is held (a joiner's warm-up, up to
+    30 s), and waking every millisecond for it would burn the coordinator's CPU the whole time."""
+    pending = PendingRound(Cause.membership, "node c's connection closed", 10.0, due=10.02)
+    assert pending.wake_in(10.0, TICK_S) == pytest.approx(0.02)
+    assert pending.wake_in(9.0, TICK_S) == TICK_S
+    assert pending.wake_in(10.5, TICK_S) == TICK_S
 
 
 def shim_job(ids: str = "abc", **kw: object) -> Sim:
