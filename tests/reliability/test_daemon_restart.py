@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.harness import TICKER, Job, job_processes, wait_gone
+from support.harness import TICKER, Job, free_port, job_processes, wait_gone
 
 from elasticd.job.runtime import id_digest
 
@@ -54,11 +54,14 @@ def test_a_sigkilled_member_restarted_on_the_same_node_rejoins(tmp_path: Path) -
 
 def test_stale_runtime_files_never_block_a_start(tmp_path: Path) -> None:
     """A coordinator SIGKILLed twice, with junk added to what it left behind, starts again on the same ports."""
+    # A port of the tests' own slice: a daemon's default is an ephemeral one, which any test's connect may take
+    # while this daemon lies dead, and the restart would then fail for a reason not its own.
+    control = f"tcp://127.0.0.1:{free_port()}"
     with Job(tmp_path, nnodes="1:1", nproc=1) as job:
         for attempt in range(2):
-            a = job.start("a", TICKER)
+            a = job.start("a", TICKER, extra=["--control", control])
             job.wait_event("workers_started")
-            control = a.control
+            assert a.control == control
             assert wait_gone(a.kill_with_workers()) == []
             run = job.tmp / "run"
             assert (run / f"{job.job_id}--a.json").exists()
