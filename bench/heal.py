@@ -5,6 +5,8 @@ each), the newcomers hold a fresh model and no optimizer state (DDP) or a fresh 
 2 shards per replica). All ranks form the new group, then heal; timed from the moment every rank is in it:
   heal       this tree (trainer_shim.heal): each newcomer receives what it lacks, point to point, from every rank
              holding it, into its own tensors; ranks holding the freshest step receive nothing
+  prepared   the same, each DDP newcomer pre-started as a joining node's is: before the join it read the state's
+             size (published by rank 0 in the store) and touched memory for what it lacks (trainer_shim.prepared)
   broadcast  the tree before (--base-tree, its `generation.sync`): the freshest rank broadcasts its whole state
              to every rank, survivors included (DDP only: sharded state was not healed in place before)
   restart    the new world's ranks as new processes at once, each loading its part of the state from a
@@ -17,7 +19,7 @@ Per row: newcomer_s (its heal), survivor_s (the slowest survivor's: it holds the
 the last rank is done: the survivors' stall), moved_bytes (all ranks' received bytes), GB/s (state per replica /
 newcomer_s) and its share of loopback. --tensors sets how many tensors hold the same bytes (issue 35's axis).
 Usage: heal.py [--sizes-mb 100,500,1000,2000] [--layouts ddp,hsdp] [--tensors 12,99,999,4998] [--base-tree DIR]
-               [--heal-tree DIR] [--no-restart] [--out bench/results/heal.json]
+               [--heal-tree DIR] [--no-restart] [--no-prepared] [--out bench/results/heal.json]
 """
 
 from __future__ import annotations
@@ -83,22 +85,25 @@ def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int,
     survivor = rank < old
     held, wants = state_of(rank, nbytes, survivor, layout, new, params)
     cpu = torch.device("cpu")
-    if method == "heal":
+    prepared = None
+    if method in ("heal", "prepared"):
         from trainer_shim import heal as shim_heal  # imported before the clock starts, as a worker has it
         from trainer_shim.state_paths import flatten
+        if method == "prepared":  # before the clock, as a pre-started worker does while the job trains
+            prepared = prepare_newcomer(rank, survivor, held, store, addr)
     else:
         from trainer_shim.generation import sync
     dist.barrier()
     start = time.perf_counter()
     received, sent, error = 0, 0, ""
     try:
-        if method == "heal":
+        if method in ("heal", "prepared"):
             tensors: dict[str, torch.Tensor] = {}
             skeleton = flatten(held, tensors)
             if layout == "hsdp" and not survivor:
                 tensors = {}
             healed, _ = shim_heal.heal(10 if survivor else 0, tensors, skeleton,
-                                       None if wants is None else shim_heal_targets(wants), cpu)
+                                       None if wants is None else shim_heal_targets(wants), cpu, True, prepared)
             received, sent = healed.received_bytes, healed.sent_bytes
         else:  # the tree before: one broadcast of the whole state from the freshest rank
             synced = sync(10 if survivor else 0, lambda: held, cpu, cpu)
@@ -111,6 +116,20 @@ def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int,
     if rank == 0:
         out["result"] = times
     dist.destroy_process_group()
+
+
+def prepare_newcomer(rank: int, survivor: bool, held: dict, store: dist.Store, addr: str) -> Any:
+    """Rank 0 publishes the state's size, as after a generation's first step; each newcomer prepares from it."""
+    from elasticd.wire.names import JOB_STORE_ENV
+    from trainer_shim.heal import touch
+    from trainer_shim.prepared import prepare, publish
+
+    tensors = shim_heal_targets(held)
+    if rank == 0:
+        publish(store, "bench", tensors)
+    dist.barrier()
+    return None if survivor else prepare({JOB_STORE_ENV: f"127.0.0.1:{addr}/bench"}, tensors, torch.device("cpu"),
+                                         touch)
 
 
 def shim_heal_targets(state: dict) -> dict[str, torch.Tensor]:
@@ -187,6 +206,8 @@ def main() -> int:
     parser.add_argument("--heal-tree", default=str(ROOT), help="the checkout whose heal is measured (side by side: "
                         "run once per tree, alternating)")
     parser.add_argument("--no-restart", action="store_true", help="skip the restart lower bound (seconds a row)")
+    parser.add_argument("--no-prepared", action="store_true", help="skip the pre-started newcomer's rows (a tree "
+                        "without trainer_shim.prepared)")
     parser.add_argument("--warm-gb", type=float, default=0.0, help="touch this much memory once before measuring: "
                         "a VM may back memory only when first touched (0.8 s a GB on the 2-core machine), which then "
                         "lands inside the first heals that use it")
@@ -206,7 +227,8 @@ def main() -> int:
             for nbytes, count in ((n, int(t) // 3) for n in sizes for t in args.tensors.split(",")):
                 # The broadcast holds the state about three times per rank (a flat copy, then new tensors).
                 fits = new * 3 * nbytes < 0.7 * psutil.virtual_memory().total
-                methods = ["heal"] + (["broadcast"] if args.base_tree and layout == "ddp" and fits else [])
+                methods = ["heal"] + (["prepared"] if layout == "ddp" and not args.no_prepared else []) \
+                    + (["broadcast"] if args.base_tree and layout == "ddp" and fits else [])
                 for method in methods:
                     env_tree = args.base_tree if method == "broadcast" else args.heal_tree
                     os.environ["PYTHONPATH"] = env_tree  # spawned members import the tree under test

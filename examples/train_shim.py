@@ -46,6 +46,8 @@ def parse_args() -> argparse.Namespace:
                         "and a digest of its state per world to digests.log")
     parser.add_argument("--state-mb", type=int, default=0, help="benchmarks: this many MB more state per rank, "
                         "kept and healed like the model's (bench/resize.py --state-mb)")
+    parser.add_argument("--hidden", type=int, default=64, help="the model's hidden width (its momentum: a newcomer's "
+                        "state to receive into new memory)")
     parser.add_argument("--no-in-place", action="store_true", help="restart on every membership change instead")
     parser.add_argument("--fail-resize", action="store_true", help="tests: the rebuild raises on an in-place resize")
     return parser.parse_args()
@@ -90,7 +92,8 @@ def main() -> int:
     device, backend = device_and_backend()
     session = trainer_shim.init()
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(device)
+    model = torch.nn.Sequential(torch.nn.Linear(16, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 1)) \
+        .to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     sampler = ElasticSampler(DATASET, seed=42)  # rank and world size: set by the shim for each world
     x_all, y_all = synthetic_data()

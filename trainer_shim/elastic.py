@@ -15,9 +15,10 @@ shards are healed into the new model. Without a daemon (plain torchrun, one proc
 
 from __future__ import annotations
 
+import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import torch
@@ -43,18 +44,20 @@ from trainer_shim.generation import (
     open_store,
     sockets_now,
 )
-from trainer_shim.heal import Healed, HealError, heal
+from trainer_shim.heal import Healed, HealError, heal, touch
 from trainer_shim.heal_plan import NOTHING
 from trainer_shim.mesh_caches import MeshCaches
 from trainer_shim.noop import NullSession
 from trainer_shim.peer_errors import lost_in_save, lost_peer, one_line, sharded
 from trainer_shim.phases import COLLECT, REBUILD, RESTORE, STATE, WAIT, Phases
+from trainer_shim.prepared import Prepared, prepare, publish
 from trainer_shim.session import Request, Session
 from trainer_shim.state_paths import fill, flatten
 from trainer_shim.step_commit import StepCommit
 from trainer_shim.step_fence import StepFence
 from trainer_shim.step_timing import CollectiveWait
 
+log = logging.getLogger("trainer_shim")
 RESTART_WAIT_S = 120.0  # after a failed resize, how long the daemon has to replace this process
 
 
@@ -102,6 +105,8 @@ class Elastic:
         self._update_hook: RemovableHandle | None = None
         self._opened: set[str] = set()  # the current group's sockets (severed on leaving)
         self._wait = CollectiveWait()  # watch(): this rank's wait for its peers, per step
+        self._prepared: Prepared | None = None  # a pre-started newcomer's memory, touched, for its heal's new tensors
+        self._size_key: str | None = None  # rank 0 of a data-parallel generation: publish the state's size here
         self.local_device = torch.device("cpu")
         if self.backend == "nccl":
             # NCCL's default (3) tears the process down on an error: keep it, so it can leave and rejoin.
@@ -132,6 +137,8 @@ class Elastic:
             from trainer_shim.prestart import Rebuild, await_first  # FSDP2's imports: only a pre-started rank's
 
             rebuild = Rebuild(self.on_world, self.state_dict, self.load_state_dict) if self.sharded else None
+            if not self.sharded:  # before saying it waits: the round that adds it waits for this, not the job
+                self._prepared = self._prepare(env)
             gen, rehearsed = await_first(self.session, rebuild)  # early, for a round that adds this node
             if rehearsed is not None:
                 self._meshes.enter(*rehearsed)
@@ -218,7 +225,8 @@ class Elastic:
         tensors: dict[str, torch.Tensor] = {}
         with self._phases.timed(STATE):
             skeleton = flatten(self._snapshot(), tensors)
-        healed, filled = heal(self.step, tensors, skeleton, None, self.comm_device, self._vouched)
+        healed, filled = heal(self.step, tensors, skeleton, None, self.comm_device, self._vouched, self._prepared)
+        self._prepared = None
         self.last_heal = healed.report(None)
         return healed, fill(healed.skeleton, filled) if filled else None
 
@@ -290,6 +298,27 @@ class Elastic:
         self._resize(error)
         return None
 
+    def _prepare(self, env: Mapping[str, str]) -> Prepared | None:
+        """A pre-started data-parallel rank: memory for the state it will lack, touched now (trainer_shim.prepared)."""
+        held: dict[str, torch.Tensor] = {}
+        try:
+            flatten(self._snapshot(), held)
+        except Exception:  # a script whose state exists only once it joined: its heal allocates as before
+            return None
+        return prepare(env, held, self.comm_device, touch)
+
+    def _publish_size(self, job_prefix: str) -> None:
+        """Rank 0, once per generation, after a step (an optimizer's lazy state exists then): the state's size,
+        which a pre-started newcomer prepares memory for. Best effort: the store's loss shows at the next change."""
+        self._size_key = None
+        tensors: dict[str, torch.Tensor] = {}
+        try:
+            flatten(self._snapshot(), tensors)
+            if self._store is not None:
+                publish(self._store, job_prefix, tensors)
+        except Exception as exc:
+            log.debug("state size not published: %r", exc)
+
     def _snapshot(self) -> dict[str, Any]:
         return {"user": self.state_dict(), "sampler": self._committed, "step": self.step, "seed": self.seed}
 
@@ -325,6 +354,8 @@ class Elastic:
                 self.sampler.load_state_dict(self._committed)  # the step in flight is trained again
             self._resize(error)
         self._completed()
+        if self._size_key is not None:
+            self._publish_size(self._size_key)
         # Settled now, before the script's should_checkpoint; acted on at the next run_step (or close), so that
         # what the script does at this boundary (a save, an eval: collectives) runs in the world every rank
         # shares. A resize here would take the survivors into a world whose newcomers skip this boundary.
@@ -370,6 +401,7 @@ class Elastic:
             if self.sharded:
                 self._vote = StepCommit(self._store, gen.prefix, gen.rank, gen.world_size, self.timeout_s)
             self.session.unfence()
+            self._size_key = gen.job_prefix if gen.rank == 0 and not self.sharded else None
 
     @held()  # no automatic collection mid-change: one started on one rank stalls every rank
     def _resize(self, error: str | None) -> None:

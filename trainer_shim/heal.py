@@ -22,6 +22,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from trainer_shim.collection import held as collection_held
 from trainer_shim.heal_plan import NOTHING, Block, Offer, Piece, Settled, Summary, block, digest64, settle
+from trainer_shim.prepared import Prepared
 
 SMALL_BYTES = 1 << 20  # pieces under this between two ranks travel together (a model's many norms)
 BUNDLE_BYTES = 4 << 20  # in messages of about this size
@@ -47,11 +48,13 @@ class Healed:
     plan_s: float = 0.0  # the offers' exchange, the plan and the source's structure
     transfer_s: float = 0.0  # the rows' moving (and the new memory's touching)
     missing: list[str] = field(default_factory=list)  # paths with rows no live rank holds at the freshest step
+    prepared_bytes: int = 0  # of received_bytes: into memory touched before (trainer_shim.prepared)
 
     def report(self, fallback: str | None) -> dict[str, Any]:
         """What the `joined` report carries (its `heal`); `fallback`: why the state came from a checkpoint."""
         return {"received_bytes": self.received_bytes, "sent_bytes": self.sent_bytes, "senders": self.senders,
-                **{k: round(getattr(self, k), 4) for k in ("seconds", "plan_s", "transfer_s")}, "fallback": fallback}
+                **{k: round(getattr(self, k), 4) for k in ("seconds", "plan_s", "transfer_s")}, "fallback": fallback,
+                "prepared_bytes": self.prepared_bytes}
 
 
 Blocks = dict[tuple[Any, ...], Block]  # a heal's DTensor blocks by (shape, local shape, dtype, mesh, placements)
@@ -151,7 +154,7 @@ def move(pieces: list[Piece], me: int, held: Mapping[str, tuple[torch.Tensor, Bl
                           later=comm_device.type != "cuda" and all(p.path in new for p in chunk))
     works = dict(zip([id(op.tensor) for op in posts.now], _start(posts.now, comm_device), strict=True))
     if posts.later:
-        _touch([into[path][0] for path in sorted(new)])
+        touch([into[path][0] for path in sorted(new)])
         works.update(zip([id(op.tensor) for op in posts.later], _start(posts.later, comm_device), strict=True))
     for buf, parts in posts.staged:  # in order of arrival: each copied out while the next arrives
         works.pop(id(buf)).wait()
@@ -254,7 +257,7 @@ def _scatter(buf: torch.Tensor, parts: list[torch.Tensor]) -> None:
         part.copy_((chunk.view(torch.bool) if part.dtype == torch.bool else chunk).view(part.shape))
 
 
-def _touch(tensors: list[torch.Tensor]) -> None:
+def touch(tensors: list[torch.Tensor]) -> None:
     """Zero new memory with every core this once (a worker runs one intra-op thread): its page faults are most of
     a newcomer's heal on a small machine. New tensors that fill a buffer of their own (`_allocate`'s) are zeroed
     as that one buffer: a thousand small zero_ calls cost more than their bytes."""
@@ -292,13 +295,15 @@ def _start(p2p: list[dist.P2POp], comm_device: torch.device) -> list[Any]:
 @torch.no_grad()  # it only copies rows: no autograd (a DTensor's `to_local` is then a plain attribute read)
 @collection_held()  # a full collection on one rank (115 ms in a bench process here) would stall every rank
 def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants: Mapping[str, torch.Tensor] | None,
-         comm_device: torch.device, vouched: bool = True) -> tuple[Healed, dict[str, torch.Tensor]]:
+         comm_device: torch.device, vouched: bool = True, prepared: Prepared | None = None) \
+        -> tuple[Healed, dict[str, torch.Tensor]]:
     """Collective. `held`: this rank's tensors by path at `held_step` (plain tensors are whole: data parallel;
     DTensors their shard), `skeleton` the structure they came in; `vouched`: held in a world with the others.
     `wants`: the tensors to fill (a sharded rank's new shards), or None for a data-parallel rank, which wants
     what it lacks. Returns the outcome and the tensors by path that now hold the freshest state, empty where
     this rank's own `held` already does. When no rank at the freshest step is vouched for (a job's first world),
-    the lowest holder of each row is its only source, so that every rank ends equal."""
+    the lowest holder of each row is its only source, so that every rank ends equal. `prepared`: memory touched
+    before (trainer_shim.prepared) for the new tensors of a rank that lacks some, where they fit."""
     start = time.perf_counter()
     rank = dist.get_rank()
     blocks: Blocks = {}
@@ -318,10 +323,12 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
     if offers is not None:  # rows into new memory last: its receiver touches it while the rest arrives
         pieces.sort(key=lambda p: offers[p.dst].fresh(p.path, full[p.path]))  # type: ignore[union-attr]
     incoming = [p for p in pieces if p.dst == rank and _bundled(p)]
-    filled = _targets(asks[rank], wants or {}, held, top[1], comm_device, incoming) if asks[rank] else {}
+    filled = _targets(asks[rank], wants or {}, held, top[1], comm_device, incoming, prepared) if asks[rank] else {}
     # a tensor filled whole (its own, or new) is the whole block, cut along the source's dim
     into = {p: wanted[p] if p in wanted else (t, asks[rank][p]) for p, t in filled.items()}
-    new = {p for p in filled if mine.fresh(p, full[p])}
+    ready = {p for p, t in filled.items() if prepared is not None and prepared.holds(t)}  # touched already
+    new = {p for p in filled if mine.fresh(p, full[p]) and p not in ready}
+    result.prepared_bytes = sum(filled[p].numel() * filled[p].element_size() for p in ready)
     result.received_bytes, result.sent_bytes, result.senders = move(pieces, rank, have, into, new, comm_device)
     done = time.perf_counter()
     result.transfer_s, result.seconds = done - planned, done - start
@@ -369,7 +376,8 @@ def _structure(settled: Settled, offers: list[Offer | None] | None, own: list[An
 
 
 def _targets(asks: Mapping[str, Block], wants: Mapping[str, torch.Tensor], held: Mapping[str, torch.Tensor],
-             devices: Mapping[str, str], comm_device: torch.device, incoming: list[Piece]) -> dict[str, torch.Tensor]:
+             devices: Mapping[str, str], comm_device: torch.device, incoming: list[Piece],
+             prepared: Prepared | None = None) -> dict[str, torch.Tensor]:
     """Where this rank's rows go: its new shard, its own tensor of the same shape (received in place), or a
     new tensor on the device the source's was on (CUDA tensors on this rank's device)."""
     out: dict[str, torch.Tensor] = {}
@@ -384,10 +392,11 @@ def _targets(asks: Mapping[str, Block], wants: Mapping[str, torch.Tensor], held:
             out[path] = own
             continue
         fresh[path] = (want, comm_device if devices[path] == "cuda" else torch.device("cpu"))
-    return {**out, **_allocate(fresh, incoming)}
+    return {**out, **_allocate(fresh, incoming, prepared)}
 
 
-def _allocate(fresh: Mapping[str, tuple[Block, torch.device]], incoming: list[Piece]) -> dict[str, torch.Tensor]:
+def _allocate(fresh: Mapping[str, tuple[Block, torch.device]], incoming: list[Piece], prepared: Prepared | None) \
+        -> dict[str, torch.Tensor]:
     """New tensors (touched by `move`). Those a bundle fills whole are views of one buffer per bundle, in its
     order: the bundle is received straight into them, with no staging buffer and no copy out (a newcomer's
     hundreds of small tensors cost what one tensor of their bytes does)."""
@@ -400,12 +409,19 @@ def _allocate(fresh: Mapping[str, tuple[Block, torch.device]], incoming: list[Pi
     out: dict[str, torch.Tensor] = {}
     for (_, dtype, device), paths in runs.items():
         sizes = [math.prod(fresh[p][0].shape) for p in paths]
-        flat = torch.empty(sum(sizes), dtype=dtype, device=device)
+        flat = _empty((sum(sizes),), dtype, device, prepared)
         out.update({p: part.view(fresh[p][0].shape) for p, part in zip(paths, flat.split(sizes), strict=True)})
     for path, (want, device) in fresh.items():
         if path not in out:
-            out[path] = torch.empty(want.shape, dtype=want.dtype, device=device)
+            out[path] = _empty(want.shape, want.dtype, device, prepared)
     return out
+
+
+def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, prepared: Prepared | None) \
+        -> torch.Tensor:
+    """New memory: the prepared memory's next piece where it fits (touched already), else untouched."""
+    made = prepared.empty(shape, dtype, device) if prepared is not None else None
+    return made if made is not None else torch.empty(shape, dtype=dtype, device=device)
 
 
 def _bundled(piece: Piece) -> bool:

@@ -125,6 +125,8 @@ def resize(b: Body) -> str:
     heal = b.sub("heal")
     moved = f"; heal moved {format_bytes(heal.number('received_bytes'))} in {heal.seconds('seconds')}" \
         if heal.fields else ""
+    if heal.fields and heal.number("prepared_bytes"):
+        moved += f" ({format_bytes(heal.number('prepared_bytes'))} into memory touched before)"
     went = f"stall {b.parts('parts')} s; " if b.has("parts") else ""  # first: the console shows a line's start
     return (f"generation {b.count('generation')} formed in place, world {b.count('world_size')} "
             f"({b.word('cause')}: {b.text('detail')}): {went}{b.timeline()} s{moved}")

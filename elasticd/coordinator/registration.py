@@ -85,8 +85,10 @@ class Registration:
         rnd = core.round
         prewarm = node.role == Role.active and core.resizer.prewarm(node, rnd, core.clock())
         expected = expected_world(rnd, node) if prewarm and rnd is not None else 0
+        store = core.resizer.store if prewarm else ""  # where its pre-started workers read the state's size
         return Welcome(True, node.role, rnd.round_id if rnd else 0, ours.pub if ours else "", prewarm, expected,
-                       self.routes.via_endpoint(node))
+                       self.routes.via_endpoint(node), store=store, prefix=core.resizer.job_prefix if store else "",
+                       job_store_tunnel=core.resizer.tunnel if store else "")
 
     def register(self, node_id: str, reg: Register, now: float) -> Welcome:
         core = self.core

@@ -127,11 +127,16 @@ class Resizer:
         with --keys; rounds wait for it no longer."""
         self.store, self.tunnel, self.store_pending = addr, tunnel, False
 
+    @property
+    def job_prefix(self) -> str:
+        """The job's keys in its store; each generation's are under `JOB/gROUND`."""
+        return f"elastic/{self.job_id}"
+
     def fields(self, rnd: Round) -> dict[str, Any]:
         """What a round's assignment adds for every node: the store and prefix, whether this round is in place."""
         if not self.store:
             return {"in_place": False}
-        return {"in_place": self.in_place(rnd), "store": self.store, "prefix": f"elastic/{self.job_id}/g{rnd.round_id}",
+        return {"in_place": self.in_place(rnd), "store": self.store, "prefix": f"{self.job_prefix}/g{rnd.round_id}",
                 **({"job_store_tunnel": self.tunnel} if self.tunnel else {})}
 
     def hot_spare(self, rnd: Round, standby: bool) -> bool:

@@ -23,7 +23,7 @@ from elasticd.member.processes.workers import Worker, WorkerGroup
 from elasticd.member.rank_reports import RankReports
 from elasticd.member.store.round_store import RoundStore, StoreError
 from elasticd.member.worker_output import WorkerOutput
-from elasticd.wire.assignment import RoundAssignment
+from elasticd.wire.assignment import RoundAssignment, Welcome
 from elasticd.wire.diagnosis import Failure
 from elasticd.wire.member_state import EventReport, ProgressReport, Register, Scheduler
 from elasticd.wire.names import EventKind, MeshOp, NodeState
@@ -142,7 +142,8 @@ class NodeAgent:
             if assignment.state != NodeState.running:
                 self.state = assignment.state
                 if assignment.prewarm:  # a standby of an in-place job: its workers wait, ready to join
-                    await self.in_place.prestart(assignment.expected_world)
+                    job_store = f"{assignment.store}/{assignment.prefix.rpartition('/')[0]}" if assignment.store else ""
+                    await self.in_place.prestart(assignment.expected_world, job_store)  # its relay's, with --keys
                 return
             await self.start_workers(round_id, assignment, kept)
 
@@ -188,6 +189,18 @@ class NodeAgent:
                              world_size=assignment.world_size, pids=[w.proc.pid for w in group.workers],
                              kept=[w.proc.pid for w in kept])
         self.report("spawned", ProgressReport(round_id, spawned=time.time(), events=[started]))
+
+    async def prestart(self, welcome: Welcome) -> None:
+        """A welcome that asks for hot workers: they start now, told where the job's store is (with --keys, through
+        this node's relay; none where that fails: they only prepare less, trainer_shim/prepared.py)."""
+        store = welcome.store
+        if welcome.job_store_tunnel and self.round_store is not None:
+            try:
+                store = await self.round_store.job_store(welcome.job_store_tunnel)
+            except (OSError, StoreError) as exc:
+                log.warning("[%s] pre-started workers go without the job's store: %s", self.cfg.node_id, exc)
+                store = ""
+        await self.in_place.prestart(welcome.expected_world, f"{store}/{welcome.prefix}" if store else "")
 
     async def open_store(self, round_id: int, assignment: RoundAssignment) -> dict[str, str] | None:
         """The env that points workers at the round's store; {} without keys (rank 0 hosts it); None: failed."""

@@ -21,7 +21,7 @@ from elasticd.member.processes.workers import Worker, WorkerGroup, signal_worker
 from elasticd.wire.assignment import RoundAssignment
 from elasticd.wire.heal_report import Heal
 from elasticd.wire.member_state import ProgressReport
-from elasticd.wire.names import PRESTART_ENV, REHEARSE_ENV, EventKind, MeshOp, NodeState, WorkerOp
+from elasticd.wire.names import JOB_STORE_ENV, PRESTART_ENV, REHEARSE_ENV, EventKind, MeshOp, NodeState, WorkerOp
 from elasticd.wire.protocol import new_id
 from elasticd.wire.record import Record
 from elasticd.wire.worker_reports import Hello, Joined, JoinFailed, LeftGroup
@@ -82,17 +82,19 @@ class InPlace:
         if group is not None and group.round_id == 0 and {w.proc.pid for w in group.running} <= self.left.keys():
             self.node.to_coord(MeshOp.warm, {})
 
-    async def prestart(self, expected_world: int) -> None:
+    async def prestart(self, expected_world: int, job_store: str = "") -> None:
         """Start this node's workers before the round that adds it: they load, then wait for their generation;
         `expected_world` (0: unknown) is the world the coordinator expects that to be, which a sharded script's
-        rebuild rehearses meanwhile (trainer_shim/prestart.py)."""
+        rebuild rehearses meanwhile (trainer_shim/prestart.py); `job_store` (HOST:PORT/PREFIX, or ""), where a
+        data-parallel one reads the state's size, to touch memory for it meanwhile (trainer_shim/prepared.py)."""
         if self.node.group is not None:  # up already; a new coordinator asks again, and hears they are warm
             self.say_warm()
             return
         nproc = self.node.cfg.nproc_per_node
         placeholder = RoundAssignment(0, ranks=list(range(nproc)), world_size=nproc, group_rank=0, group_world_size=1)
-        env = {**self.node.worker_env, PRESTART_ENV: "1", **({REHEARSE_ENV: str(expected_world)} if expected_world
-                                                              else {})}
+        env = {**self.node.worker_env, PRESTART_ENV: "1"}
+        env.update({REHEARSE_ENV: str(expected_world)} if expected_world else {})
+        env.update({JOB_STORE_ENV: job_store} if job_store else {})
         group = WorkerGroup(self.node.cfg, 0, placeholder, env, self.node.on_worker_exit, self.node.spawner)
         self.node.pre_started(group)
         try:

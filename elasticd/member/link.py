@@ -135,7 +135,7 @@ class Member:
             self.node.welcomed(welcome.role)
             self.link.route(welcome.via)  # in a large job: through a relay from now on
             if welcome.prewarm:
-                self.life.spawn(self.node.in_place.prestart(welcome.expected_world))
+                self.life.spawn(self.node.prestart(welcome))
             return
         now = time.time()
         # A daemon restarted right after a SIGKILL finds its old self still listed until it is declared

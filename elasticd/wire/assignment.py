@@ -68,6 +68,9 @@ class Welcome(Record):
     prewarm: bool = False
     expected_world: int = 0  # with `prewarm`: the world its pre-started workers rehearse (the job's, and this node)
     via: str = ""  # in a job with relays: the relay to send through
+    store: str = ""  # with `prewarm`: the job's store, host:port, where pre-started workers read the state's size
+    prefix: str = ""  # with `store`: the job's keys' prefix in it
+    job_store_tunnel: str = ""  # with `store` and --keys: the store, reached through this node's relay
     errno: int = 0
     code: str = ""
     reason: str = "registration refused"
@@ -79,10 +82,11 @@ class Welcome(Record):
     def encode(self) -> dict[str, Any]:
         """Small on purpose: a welcome without a refusal's fields, a refusal without a welcome's."""
         sent = _WELCOMED if self.ok else _REFUSED
-        return {k: v for k, v in vars(self).items() if k in sent}
+        return {k: v for k, v in vars(self).items() if k in sent and (v or k not in _WITH_STORE)}
 
 
-_WELCOMED = frozenset({"ok", "role", "round", "events_pub", "prewarm", "expected_world", "via"})
+_WITH_STORE = frozenset({"store", "prefix", "job_store_tunnel"})  # a prewarm's only
+_WELCOMED = frozenset({"ok", "role", "round", "events_pub", "prewarm", "expected_world", "via"}) | _WITH_STORE
 _REFUSED = frozenset({"ok", "errno", "code", "reason"})
 
 

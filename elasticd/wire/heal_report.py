@@ -20,6 +20,7 @@ class Heal(Record):
     plan_s: float = 0.0  # of `seconds`: the offers' exchange and the plan
     transfer_s: float = 0.0  # of `seconds`: moving the rows
     fallback: str | None = None
+    prepared_bytes: int = 0  # of `received_bytes`: into memory a pre-started newcomer touched before its round
 
     @classmethod
     def merged(cls, heals: Sequence[Heal], timed: Heal | None = None) -> Heal:
@@ -28,4 +29,5 @@ class Heal(Record):
         times = [timed] if timed is not None else heals
         return cls(sum(h.received_bytes for h in heals), sum(h.sent_bytes for h in heals),
                    sum(h.senders for h in heals), max(h.seconds for h in times), max(h.plan_s for h in times),
-                   max(h.transfer_s for h in times), next((h.fallback for h in heals if h.fallback), None))
+                   max(h.transfer_s for h in times), next((h.fallback for h in heals if h.fallback), None),
+                   sum(h.prepared_bytes for h in heals))

@@ -95,6 +95,7 @@ STEP_WAIT_METRIC = "collective_wait_s"  # a shim rank's smoothed wait in the gra
 PRESTART_ENV = "ELASTICD_AWAIT_GENERATION"  # a pre-started worker: RANK and WORLD_SIZE come with its generation
 REHEARSE_ENV = "ELASTICD_REHEARSE_WORLD"  # a pre-started worker's expected world, which a sharded one rehearses
 NEXT_WORLDS_ENV = "ELASTICD_REHEARSE_NEXT"  # a job's first workers: the worlds one change away, rehearsed at start
+JOB_STORE_ENV = "ELASTICD_JOB_STORE"  # a pre-started worker: HOST:PORT/PREFIX, the job's store and its keys' prefix
 CTL_PREFIX = "ctl."  # a member forwards an operator request as `ctl.<verb>`; the answer comes back as a `rep`
 # A relay's batches (`docs/protocol.md` §9.5): the first part of a multipart message between a relay and the
 # coordinator; JSON frames start with `{`, so neither can be taken for the other.

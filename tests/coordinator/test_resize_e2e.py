@@ -6,6 +6,8 @@ import itertools
 import os
 import re
 import signal
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -132,3 +134,29 @@ def test_with_keys_the_job_store_is_reached_through_the_tunnel_and_a_join_resize
         job.start("b", SHIM, *args)
         grown = resized(job, 2, mark)
         assert kept(job, "a", grown) == (a_pids, a_pids)
+
+
+def test_a_joiners_workers_heal_into_memory_they_touched_before_its_round_and_end_equal(tmp_path: Path) -> None:
+    """A joining node's pre-started data-parallel worker reads the state's size from the job's store, touches
+    memory for what it lacks (SGD's momentum, made at a first step) while the job trains, and its heal puts that
+    state there; every world still begins bitwise identical."""
+    samples = tmp_path / "samples"
+    hidden = 65536
+    with Job(tmp_path, nnodes="1:2", nproc=1) as job:
+        args = (*ARGS, "--hidden", str(hidden), "--sample-log", str(samples), "--ckpt-dir", str(tmp_path / "ckpt"))
+        a_pids = first_world(job, "a", SHIM, args, 1)
+        mark = job.seq()
+        job.start("b", SHIM, *args)
+        grown = resized(job, 2, mark)
+        assert kept(job, "a", grown) == (a_pids, a_pids)
+        heal = job.wait_event("resize", lambda e: e["round"] == grown["round"], since=mark)["heal"]
+        momentum = (16 * hidden + hidden + hidden + 1) * 4  # one buffer per parameter of the two linears
+        assert heal["prepared_bytes"] == momentum and heal["received_bytes"] >= 2 * momentum, heal
+        told = subprocess.run([sys.executable, "-m", "elasticd.cli", "events", "--kind", "resize"], env=job.env,
+                              capture_output=True, text=True, timeout=30)
+        assert told.returncode == 0 and "into memory touched before" in told.stdout, told.stdout + told.stderr
+    digests: dict[int, set[str]] = {}
+    for line in (samples / "digests.log").read_text().splitlines():
+        round_id, _, _, digest = line.split()
+        digests.setdefault(int(round_id), set()).add(digest)
+    assert len(digests) == 2 and all(len(d) == 1 for d in digests.values()), digests

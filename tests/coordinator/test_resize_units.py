@@ -103,7 +103,7 @@ def test_a_resize_says_where_its_stall_went_in_parts_that_add_up_to_it() -> None
     # What the heal moved, every node's together: bytes summed, the first fallback (none here); its times are
     # those of the rank the stall ended with, as its parts are.
     assert fields["heal"] == {"received_bytes": (1 << 20) + (1 << 10), "sent_bytes": 0, "senders": 0,
-                              "seconds": 0.3, "plan_s": 0.1, "transfer_s": 0.2, "fallback": None}
+                              "seconds": 0.3, "plan_s": 0.1, "transfer_s": 0.2, "fallback": None, "prepared_bytes": 0}
 
 
 def test_an_in_place_rounds_stop_barrier_outwaits_the_nodes_wait_for_their_kept_workers() -> None:

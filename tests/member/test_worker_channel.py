@@ -169,7 +169,7 @@ async def test_left_joined_and_resize_failed_reach_the_in_place_round_as_records
     assert node.failures == ["worker rank 3 on node a lost its process group at step 7: NCCL communicator was aborted"]
     node.group = SimpleNamespace(round_id=5, workers=[SimpleNamespace(proc=SimpleNamespace(pid=PID))])
     heal = {"received_bytes": 4096, "sent_bytes": 0, "senders": 2, "seconds": 0.41, "plan_s": 0.01, "transfer_s": 0.4,
-            "fallback": None}
+            "fallback": None, "prepared_bytes": 1024}
     await live.send(WorkerOp.joined, {"rank": 2, "pid": PID, "round": 4, "step": 7, "in_place": True})  # an old one
     await live.send(WorkerOp.joined, {"rank": 2, "pid": PID, "round": 5, "step": 7, "in_place": True,
                                       "last_step_at": 10.0, "group_ready": 10.5, "synced": 11.0, "rebuild_s": 0.27,
@@ -181,7 +181,7 @@ async def test_left_joined_and_resize_failed_reach_the_in_place_round_as_records
                                                   "events": [],
                                                   "heal": {"received_bytes": 4096, "sent_bytes": 0, "senders": 2,
                                                            "seconds": 0.41, "plan_s": 0.01, "transfer_s": 0.4,
-                                                           "fallback": None}}),
+                                                           "fallback": None, "prepared_bytes": 1024}}),
                          (MeshOp.resize_failed, {"round": 6, "reason": "rank 2 on node a: the store timed out"})]
     assert PID not in node.in_place.capable and live.channel.dropped_frames == 0
 
@@ -194,7 +194,7 @@ async def test_a_nodes_progress_carries_the_phases_of_its_last_rank_to_join(live
     node.group = SimpleNamespace(round_id=5, workers=[SimpleNamespace(proc=SimpleNamespace(pid=p))
                                                       for p in (PID, PID + 1)])
     heal = {"received_bytes": 4096, "sent_bytes": 0, "senders": 1, "seconds": 0.3, "plan_s": 0.1,
-            "transfer_s": 0.2, "fallback": None}
+            "transfer_s": 0.2, "fallback": None, "prepared_bytes": 1024}
     await live.send(WorkerOp.joined, {"rank": 2, "pid": PID + 1, "round": 5, "step": 7, "in_place": True,
                                       "last_step_at": 10.0, "group_ready": 10.6, "synced": 11.4, "rebuild_s": 0.2,
                                       "state_s": 0.1, "wait_s": 0.05, "restore_s": 0.1, "heal": heal})
@@ -206,7 +206,7 @@ async def test_a_nodes_progress_carries_the_phases_of_its_last_rank_to_join(live
         "round": 5, "in_place": True, "group_ready": 10.6, "synced": 11.4, "rebuild_s": 0.2, "state_s": 0.1,
         "wait_s": 0.05, "restore_s": 0.1, "last_step_at": 10.0, "events": [],
         "heal": {"received_bytes": 8192, "sent_bytes": 0, "senders": 2, "seconds": 0.3, "plan_s": 0.1,
-                 "transfer_s": 0.2, "fallback": None}})]
+                 "transfer_s": 0.2, "fallback": None, "prepared_bytes": 2048}})]
 
 
 @pytest.mark.asyncio

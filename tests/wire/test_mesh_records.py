@@ -205,6 +205,10 @@ def test_a_welcome_says_only_what_it_is() -> None:
     assert Welcome(True, "standby", 3, "tcp://c:1").encode() == {"ok": True, "role": "standby", "round": 3,
                                                                  "events_pub": "tcp://c:1", "prewarm": False,
                                                                  "expected_world": 0, "via": ""}
+    warm = Welcome(True, "active", 3, "tcp://c:1", True, 5, store="10.0.0.1:29400", prefix="elastic/j")
+    assert warm.encode() == {"ok": True, "role": "active", "round": 3, "events_pub": "tcp://c:1", "prewarm": True,
+                             "expected_world": 5, "via": "", "store": "10.0.0.1:29400", "prefix": "elastic/j"}
+    assert Welcome.decode(warm.encode()) == warm
     refused = Welcome.refusal(ProtocolError(ErrorCode.DUPLICATE_NODE, "taken"))
     assert refused.encode() == {"ok": False, "errno": ErrorCode.DUPLICATE_NODE, "code": "duplicate_node",
                                 "reason": "taken"}

@@ -38,7 +38,7 @@ FROM_SHIM: dict[str, dict[str, Any]] = {
     WorkerOp.joined: {"rank": 2, "pid": 4242, "round": 6, "step": 120, "in_place": True, "last_step_at": 1795841441.25,
                       "group_ready": 1795841441.5, "synced": 1795841442.25, "rebuild_s": 0.27,
                       "heal": {"received_bytes": 4096, "sent_bytes": 0, "senders": 2, "seconds": 0.41, "plan_s": 0.01,
-                               "transfer_s": 0.4, "fallback": None}},
+                               "transfer_s": 0.4, "fallback": None, "prepared_bytes": 1024}},
     WorkerOp.resize_failed: {"rank": 2, "pid": 4242, "round": 6, "reason": "the generation's store did not answer"},
 }
 # ...and as the daemon sends it.
