@@ -125,7 +125,7 @@ def test_with_keys_the_job_store_is_reached_through_the_tunnel_and_a_join_resize
     with Job(tmp_path, nnodes="1:2", nproc=1, extra=["--keys", str(tmp_path / "keys")]) as job:
         job.credentials = Credentials.load(str(store.create_client("ops", "operator")),
                                            str(store.node_dir / "node.key"))
-        args = (*ARGS, "--ckpt-dir", str(tmp_path / "ckpt"))
+        args = (*ARGS, "--ckpt-dir", str(tmp_path / "ckpt"), "--hidden", "65536")
         job.start("a", SHIM, *args)
         first = job.wait_event("round_started", lambda e: e["world_size"] == 1)
         job.wait_event("first_step", since=first["seq"])
@@ -134,6 +134,8 @@ def test_with_keys_the_job_store_is_reached_through_the_tunnel_and_a_join_resize
         job.start("b", SHIM, *args)
         grown = resized(job, 2, mark)
         assert kept(job, "a", grown) == (a_pids, a_pids)
+        # b's pre-started worker read the state's size through its node's relay too, and prepared for it
+        assert job.wait_event("resize", lambda e: e["round"] == grown["round"], since=mark)["heal"]["prepared_bytes"]
 
 
 def test_a_joiners_workers_heal_into_memory_they_touched_before_its_round_and_end_equal(tmp_path: Path) -> None:
@@ -155,8 +157,16 @@ def test_a_joiners_workers_heal_into_memory_they_touched_before_its_round_and_en
         told = subprocess.run([sys.executable, "-m", "elasticd.cli", "events", "--kind", "resize"], env=job.env,
                               capture_output=True, text=True, timeout=30)
         assert told.returncode == 0 and "into memory touched before" in told.stdout, told.stdout + told.stderr
+        mark = job.seq()
+        cli(job, "drain", "b")  # b stands by with hot spares, which prepare as a joiner's workers do
+        assert kept(job, "a", resized(job, 1, mark)) == (a_pids, a_pids)
+        mark = job.seq()
+        cli(job, "scale", "2")
+        back = resized(job, 2, mark)
+        assert job.wait_event("resize", lambda e: e["round"] == back["round"], since=mark)["heal"][
+            "prepared_bytes"] == momentum
     digests: dict[int, set[str]] = {}
     for line in (samples / "digests.log").read_text().splitlines():
         round_id, _, _, digest = line.split()
         digests.setdefault(int(round_id), set()).add(digest)
-    assert len(digests) == 2 and all(len(d) == 1 for d in digests.values()), digests
+    assert len(digests) == 4 and all(len(d) == 1 for d in digests.values()), digests
