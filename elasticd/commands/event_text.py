@@ -151,6 +151,13 @@ def worker_hung(b: Body) -> str:
     return f"rank {b.count('rank')} made no step for {b.seconds('silent_s')}{blocked}"
 
 
+def worker_not_left(b: Body) -> str:
+    stack = b.sub("stack")
+    blocked = f", blocked at {stack.word('where')}" if stack.has("where") else \
+        f" (no stack: {b.text('stacks_note')})" if b.has("stacks_note") else ""
+    return f"rank {b.count('rank')} did not leave its group within {b.seconds('waited_s')}; replaced{blocked}"
+
+
 def workers_stopped(b: Body) -> str:
     by_exit: dict[str, list[int]] = {}
     for rank, code in b.sub("exit_codes").fields.items():
@@ -258,6 +265,7 @@ SENTENCES: dict[str, Sentence] = {
     EventKind.worker_killed: lambda b: f"rank {b.count('rank')} killed: {b.text('reason')}",
     EventKind.worker_failed: worker_failed,
     EventKind.worker_hung: worker_hung,
+    EventKind.worker_not_left: worker_not_left,
     EventKind.worker_left: lambda b: f"rank {b.count('rank')} left its process group at step {b.count('step')}: "
                                      f"{b.text('error')}",
     EventKind.checkpoint_saved: checkpoint_saved,

@@ -24,7 +24,7 @@ from elasticd.member.rank_reports import RankReports
 from elasticd.member.store.round_store import RoundStore, StoreError
 from elasticd.member.worker_output import WorkerOutput
 from elasticd.wire.assignment import RoundAssignment, Welcome
-from elasticd.wire.diagnosis import Failure
+from elasticd.wire.diagnosis import Failure, StackDump
 from elasticd.wire.member_state import EventReport, ProgressReport, Register, Scheduler
 from elasticd.wire.names import EventKind, MeshOp, NodeState
 from elasticd.wire.worker_reports import RankStep
@@ -335,6 +335,9 @@ class NodeAgent:
         """A failure with no exit behind it (a spawn, a store, a lost process, a hang): its reason says what."""
         self.send_failure(Failure(self.cfg.node_id, worker.rank if worker else rank, self.round_id,
                                   pid=worker.proc.pid if worker else 0, at=time.time(), hang=hang, reason=reason))
+
+    async def dump_stacks(self, worker: Worker) -> StackDump:
+        return await self.output.dump(worker)
 
     def report_hangs(self, hung: dict[int, float]) -> None:
         """Ranks that made no step for --hang-timeout (rank -> seconds): this node's stacks first (where each hung),

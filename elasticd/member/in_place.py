@@ -19,6 +19,7 @@ from elasticd.job.config import LEAVE_SLACK_S, JobConfig
 from elasticd.member.processes.spawner import Spawner
 from elasticd.member.processes.workers import Worker, WorkerGroup, signal_worker
 from elasticd.wire.assignment import RoundAssignment
+from elasticd.wire.diagnosis import StackDump
 from elasticd.wire.heal_report import Heal
 from elasticd.wire.member_state import ProgressReport
 from elasticd.wire.names import JOB_STORE_ENV, PRESTART_ENV, REHEARSE_ENV, EventKind, MeshOp, NodeState, WorkerOp
@@ -47,6 +48,7 @@ class Agent(Protocol):
     def to_coord(self, op: MeshOp, body: dict[str, Any]) -> None: ...
     def on_worker_exit(self, worker: Worker) -> None: ...
     def pre_started(self, group: WorkerGroup) -> None: ...
+    async def dump_stacks(self, worker: Worker) -> StackDump: ...
 
 
 class InPlace:
@@ -188,11 +190,21 @@ class InPlace:
                                                   for w in survivors):
             await asyncio.sleep(0.005)
         kept = [w for w in survivors if w.exit_code is None and w.proc.pid in self.left]
-        if len(kept) < len(survivors):
-            log.warning("[%s] %d worker(s) did not leave their group in time; they are replaced",
-                        self.node.cfg.node_id, len(survivors) - len(kept))
+        await self.not_left([w for w in survivors if w.exit_code is None and w not in kept],
+                            self.node.cfg.grace_s + LEAVE_SLACK_S)
         group.release(kept)
         return kept
+
+    async def not_left(self, stuck: list[Worker], waited_s: float) -> None:
+        """Workers that never left their group (they are replaced, their state with them): where each was stuck,
+        from its stack taken now, in a `worker_not_left` event and this node's log."""
+        for dump in await asyncio.gather(*(self.node.dump_stacks(w) for w in stuck)):
+            where = f", blocked at {dump.where}" if dump.where else f" (no stack: {dump.note})" if dump.note else ""
+            log.warning("[%s] worker rank %d (pid %d) did not leave its group within %.0fs; it is replaced%s",
+                        self.node.cfg.node_id, dump.rank, dump.pid, waited_s, where)
+            self.node.event(EventKind.worker_not_left, rank=dump.rank, pid=dump.pid, waited_s=round(waited_s, 1),
+                            **({"stack": dump.body()} if dump.text else {}),
+                            **({"stacks_note": dump.note} if dump.note else {}))
 
     def publish(self, group: WorkerGroup, kept: list[Worker], assignment: RoundAssignment) -> None:
         """Tell each kept worker its place in the new generation; newcomers read theirs from their environment."""

@@ -169,6 +169,7 @@ class EventKind(StrEnum):
     worker_killed = "worker_killed"
     worker_hung = "worker_hung"
     worker_left = "worker_left"  # a shim rank left its process group after a collective error (a peer died)
+    worker_not_left = "worker_not_left"  # a kept rank did not leave its group in time: replaced, its stack taken first
     checkpoint_saved = "checkpoint_saved"
     checkpoint_skipped = "checkpoint_skipped"
     command_received = "command_received"

@@ -85,6 +85,9 @@ SAMPLES: dict[str, dict[str, Any]] = {
     EventKind.worker_hung: {"rank": 1, "silent_s": 6.2,
                             "stack": {"where": "train.py:17 in wait_forever",
                                       "text": 'Thread 0x1 (most recent call first):\n  File "train.py", line 17'}},
+    EventKind.worker_not_left: {"rank": 2, "pid": 3003, "waited_s": 13.0,
+                                "stack": {"where": "train.py:40 in step",
+                                          "text": 'Thread 0x1 (most recent call first):\n  File "train.py", line 40'}},
     EventKind.worker_left: {"round": 4, "rank": 2, "pid": 3003, "step": 118,
                             "error": "NCCL communicator was aborted on rank 2"},
     EventKind.checkpoint_saved: {"rank": 3, "step": 200, "bytes": 48_000_000, "duration_s": 0.049312345,
@@ -155,6 +158,8 @@ def test_a_hung_rank_names_where_it_is_blocked_or_why_no_stack_was_taken() -> No
         "rank 1 made no step for 6.2 s, blocked at train.py:17 in wait_forever"
     assert describe(event("worker_hung", rank=1, silent_s=61.04, stacks_note="py-spy is not installed")) == \
         "rank 1 made no step for 61 s (no stack: py-spy is not installed)"
+    assert describe(event("worker_not_left", **SAMPLES[EventKind.worker_not_left])) == \
+        "rank 2 did not leave its group within 13 s; replaced, blocked at train.py:40 in step"
 
 
 def test_fields_read_like_a_person_wrote_them() -> None:

@@ -9,7 +9,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,11 +18,14 @@ import pytest_asyncio
 import zmq
 import zmq.asyncio
 
+import elasticd.member.in_place as in_place_module
+from elasticd.commands.event_text import describe
 from elasticd.job.config import JobConfig
 from elasticd.member.in_place import InPlace
 from elasticd.member.rank_reports import RankReports
 from elasticd.member.worker_channel import WorkerChannel
 from elasticd.wire.assignment import WorkerRequest
+from elasticd.wire.diagnosis import StackDump, main_thread_where
 from elasticd.wire.names import EventKind, MeshOp, NodeState, WorkerOp
 from elasticd.wire.protocol import decode
 from elasticd.wire.worker_reports import RankStep
@@ -63,6 +66,10 @@ class Node:
     def check_drained(self) -> None: ...
     def on_worker_exit(self, _worker: object) -> None: ...
     def pre_started(self, _group: object) -> None: ...
+
+    async def dump_stacks(self, worker: Any) -> StackDump:
+        text = 'Current thread 0x1 (most recent call first):\n  File "train.py", line 12 in step\n'
+        return StackDump(worker.rank, worker.proc.pid, main_thread_where(text), text)
 
 
 @dataclass
@@ -221,3 +228,23 @@ async def test_requests_go_out_as_their_records_encode(live: Channel) -> None:
     await live.send(WorkerOp.hello, {**HELLO, "rank": 4, "pid": PID + 1})  # late to the round: its drain, held not
     assert await live.answers() == [(WorkerOp.drain, {"request_id": "d1", "at_step": 40}),
                                     (WorkerOp.welcome, {"hold": False})]
+
+
+@pytest.mark.asyncio
+async def test_a_kept_worker_that_never_leaves_its_group_is_replaced_saying_where_it_was_stuck(
+        live: Channel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A survivor that does not say `left` in time is not kept (a new process takes its rank); before that, its
+    stack is taken and the event says where it was blocked: the reason a crash cost a restart of that rank."""
+    node = live.node
+    monkeypatch.setattr(in_place_module, "LEAVE_SLACK_S", 0.05)
+    node.cfg = replace(node.cfg, grace_s=0.0)
+    released: list[Any] = []
+    stuck = SimpleNamespace(proc=SimpleNamespace(pid=PID), rank=2, exit_code=None)
+    node.group = SimpleNamespace(running=[stuck], release=released.extend)
+    node.in_place.capable.add(PID)
+    assert await node.in_place.keep(5) == [] and released == []
+    (kind, fields), = node.events
+    assert kind == EventKind.worker_not_left and fields["rank"] == 2 and fields["pid"] == PID
+    assert fields["stack"]["where"].startswith("train.py:12")
+    text = describe({"kind": kind, **fields})
+    assert "rank 2 did not leave its group within" in text and "blocked at train.py:12" in text, text
