@@ -124,12 +124,11 @@ def prepare_newcomer(rank: int, survivor: bool, held: dict, store: dist.Store, a
     from trainer_shim.heal import touch
     from trainer_shim.prepared import prepare, publish
 
-    tensors = shim_heal_targets(held)
     if rank == 0:
-        publish(store, "bench", tensors)
+        publish(store, "bench", lambda: held)
     dist.barrier()
-    return None if survivor else prepare({JOB_STORE_ENV: f"127.0.0.1:{addr}/bench"}, tensors, torch.device("cpu"),
-                                         touch)
+    return None if survivor else prepare({JOB_STORE_ENV: f"127.0.0.1:{addr}/bench"}, lambda: held,
+                                         torch.device("cpu"), touch)
 
 
 def shim_heal_targets(state: dict) -> dict[str, torch.Tensor]:

@@ -15,10 +15,9 @@ shards are healed into the new model. Without a daemon (plain torchrun, one proc
 
 from __future__ import annotations
 
-import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -57,7 +56,6 @@ from trainer_shim.step_commit import StepCommit
 from trainer_shim.step_fence import StepFence
 from trainer_shim.step_timing import CollectiveWait
 
-log = logging.getLogger("trainer_shim")
 RESTART_WAIT_S = 120.0  # after a failed resize, how long the daemon has to replace this process
 
 
@@ -138,7 +136,7 @@ class Elastic:
 
             rebuild = Rebuild(self.on_world, self.state_dict, self.load_state_dict) if self.sharded else None
             if not self.sharded:  # before saying it waits: the round that adds it waits for this, not the job
-                self._prepared = self._prepare(env)
+                self._prepared = prepare(env, self._snapshot, self.comm_device, touch)
             gen, rehearsed = await_first(self.session, rebuild)  # early, for a round that adds this node
             if rehearsed is not None:
                 self._meshes.enter(*rehearsed)
@@ -298,27 +296,6 @@ class Elastic:
         self._resize(error)
         return None
 
-    def _prepare(self, env: Mapping[str, str]) -> Prepared | None:
-        """A pre-started data-parallel rank: memory for the state it will lack, touched now (trainer_shim.prepared)."""
-        held: dict[str, torch.Tensor] = {}
-        try:
-            flatten(self._snapshot(), held)
-        except Exception:  # a script whose state exists only once it joined: its heal allocates as before
-            return None
-        return prepare(env, held, self.comm_device, touch)
-
-    def _publish_size(self, job_prefix: str) -> None:
-        """Rank 0, once per generation, after a step (an optimizer's lazy state exists then): the state's size,
-        which a pre-started newcomer prepares memory for. Best effort: the store's loss shows at the next change."""
-        self._size_key = None
-        tensors: dict[str, torch.Tensor] = {}
-        try:
-            flatten(self._snapshot(), tensors)
-            if self._store is not None:
-                publish(self._store, job_prefix, tensors)
-        except Exception as exc:
-            log.debug("state size not published: %r", exc)
-
     def _snapshot(self) -> dict[str, Any]:
         return {"user": self.state_dict(), "sampler": self._committed, "step": self.step, "seed": self.seed}
 
@@ -354,8 +331,9 @@ class Elastic:
                 self.sampler.load_state_dict(self._committed)  # the step in flight is trained again
             self._resize(error)
         self._completed()
-        if self._size_key is not None:
-            self._publish_size(self._size_key)
+        if self._size_key is not None and self._store is not None:  # for a pre-started newcomer (prepared.py)
+            publish(self._store, self._size_key, self._snapshot)
+            self._size_key = None
         # Settled now, before the script's should_checkpoint; acted on at the next run_step (or close), so that
         # what the script does at this boundary (a save, an eval: collectives) runs in the world every rank
         # shares. A resize here would take the survivors into a world whose newcomers skip this boundary.

@@ -15,12 +15,14 @@ import logging
 import math
 from collections.abc import Callable, Mapping
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from elasticd.wire.names import JOB_STORE_ENV
+from trainer_shim.state_paths import flatten
 
 log = logging.getLogger("trainer_shim")
 STATE_SIZE_KEY = "state_size"  # under the job's prefix: {device type: {dtype: [bytes, tensors]}}
@@ -43,9 +45,15 @@ def sizes(tensors: Mapping[str, torch.Tensor]) -> Sizes:
     return out
 
 
-def publish(store: dist.Store, job_prefix: str, tensors: Mapping[str, torch.Tensor]) -> None:
-    """Rank 0, after a generation's first step (an optimizer's lazy state exists then): the state's size."""
-    store.set(f"{job_prefix}/{STATE_SIZE_KEY}", json.dumps(sizes(tensors)))
+def publish(store: dist.Store, job_prefix: str, state: Callable[[], Any]) -> None:
+    """Rank 0, once per generation, after a step (an optimizer's lazy state exists then): the size of `state()`.
+    Best effort: a store that is gone shows at the next change."""
+    tensors: dict[str, torch.Tensor] = {}
+    try:
+        flatten(state(), tensors)
+        store.set(f"{job_prefix}/{STATE_SIZE_KEY}", json.dumps(sizes(tensors)))
+    except Exception as exc:
+        log.debug("state size not published: %r", exc)
 
 
 def lacking(published: Sizes, held: Sizes) -> dict[str, int]:
@@ -89,11 +97,12 @@ class Prepared:
         return t.untyped_storage().data_ptr() in self.storages
 
 
-def prepare(env: Mapping[str, str], held: Mapping[str, torch.Tensor], comm_device: torch.device,
+def prepare(env: Mapping[str, str], state: Callable[[], Any], comm_device: torch.device,
             touch: Callable[[list[torch.Tensor]], None]) -> Prepared | None:
-    """A pre-started newcomer's memory for the state it lacks, touched (`touch`: the heal's zeroing on every
-    core), or None: no store named (JOB_STORE_ENV), no size published yet (the job's first join after its
-    start), too little to matter, or any error (best effort: the heal then allocates as it would)."""
+    """A pre-started newcomer's memory for what it lacks of the published state (it holds `state()`), touched
+    (`touch`: the heal's zeroing on every core), or None: no store named (JOB_STORE_ENV), no size published yet
+    (the job's first join after its start), too little to matter, or any error, a script whose state exists only
+    once it joined included (best effort: the heal then allocates as it would)."""
     addr, _, prefix = env.get(JOB_STORE_ENV, "").partition("/")
     host, _, port = addr.rpartition(":")
     if not host or not port.isdigit() or not prefix:
@@ -104,6 +113,8 @@ def prepare(env: Mapping[str, str], held: Mapping[str, torch.Tensor], comm_devic
         key = f"{prefix}/{STATE_SIZE_KEY}"
         if not store.check([key]):
             return None
+        held: dict[str, torch.Tensor] = {}
+        flatten(state(), held)
         need = lacking(json.loads(store.get(key)), sizes(held))
         buffers = {d: torch.empty(n, dtype=torch.uint8, device=comm_device if d == comm_device.type else "cpu")
                    for d, n in need.items() if d in ("cpu", comm_device.type)}

@@ -81,9 +81,14 @@ def test_a_pre_started_rank_reads_the_size_from_the_jobs_store_and_touches_what_
         touched.extend(tensors)
         touch(tensors)
 
-    assert prepare(env, state(False), torch.device("cpu"), touching) is None  # nothing published yet
-    publish(server, "elastic/job", state(True))
-    prepared = prepare(env, state(False), torch.device("cpu"), touching)
+    assert prepare(env, lambda: state(False), torch.device("cpu"), touching) is None  # nothing published yet
+    publish(server, "elastic/job", lambda: state(True))
+    prepared = prepare(env, lambda: state(False), torch.device("cpu"), touching)
     assert prepared is not None and touched and prepared.nbytes == 4 * MOMENT * 4 + 4 + 64 * 5
-    assert prepare({JOB_STORE_ENV: "nowhere"}, state(False), torch.device("cpu"), touch) is None
-    assert prepare({}, state(False), torch.device("cpu"), touch) is None
+    assert prepare({JOB_STORE_ENV: "nowhere"}, lambda: state(False), torch.device("cpu"), touch) is None
+    assert prepare({}, lambda: state(False), torch.device("cpu"), touch) is None
+
+    def not_yet() -> dict[str, torch.Tensor]:
+        raise AttributeError("'World' object has no attribute 'model'")  # a script that builds in on_world
+
+    assert prepare(env, not_yet, torch.device("cpu"), touch) is None
