@@ -118,12 +118,12 @@ def prepare(env: Mapping[str, str], state: Callable[[], Any], comm_device: torch
         need = lacking(json.loads(store.get(key)), sizes(held))
         buffers = {d: torch.empty(n, dtype=torch.uint8, device=comm_device if d == comm_device.type else "cpu")
                    for d, n in need.items() if d in ("cpu", comm_device.type)}
-    except Exception as exc:  # never stops a worker: its heal allocates instead
+        if not buffers:
+            return None
+        touch(list(buffers.values()))
+    except Exception as exc:  # never stops a worker: its heal allocates instead (an allocation too large included)
         log.debug("no memory prepared for the heal: %r", exc)
         return None
-    if not buffers:
-        return None
-    touch(list(buffers.values()))
     prepared = Prepared(buffers)
     log.debug("prepared %d bytes for the heal", prepared.nbytes)
     return prepared
