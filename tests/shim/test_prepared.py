@@ -92,3 +92,6 @@ def test_a_pre_started_rank_reads_the_size_from_the_jobs_store_and_touches_what_
         raise AttributeError("'World' object has no attribute 'model'")  # a script that builds in on_world
 
     assert prepare(env, not_yet, torch.device("cpu"), touch) is None
+    for junk in ("{half", '{"cpu": {"float32": "x"}}', '{"cpu": {"float32": [1e30, 1]}}'):  # torn, odd, absurd
+        server.set("elastic/job/state_size", junk)
+        assert prepare(env, lambda: state(False), torch.device("cpu"), touch) is None, junk
