@@ -42,6 +42,7 @@ from trainer_shim.generation import (
     leave,
     open_store,
     sockets_now,
+    subgroup_timeout,
 )
 from trainer_shim.heal import Healed, HealError, heal, touch
 from trainer_shim.heal_plan import NOTHING
@@ -214,7 +215,7 @@ class Elastic:
         before = sockets_now()
         if self.sharded:  # before the script builds: no mesh of another rank of this world may come from a cache
             self._meshes.enter(self.world_size, self.rank)
-        with self._phases.timed(REBUILD):
+        with self._phases.timed(REBUILD), subgroup_timeout(self.timeout_s):
             self.on_world(self.rank, self.world_size)
         self._opened |= sockets_now() - before
 

@@ -11,7 +11,7 @@ import hashlib
 import inspect
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -248,6 +248,20 @@ def abort(backend: str, opened: set[str]) -> None:
             group.abort()
         return
     sever(opened)
+
+
+@contextlib.contextmanager
+def subgroup_timeout(seconds: float) -> Iterator[None]:
+    """Groups made meanwhile (the script's device mesh's) wait `seconds` for a peer, as the generation's own group
+    does, not c10d's 30 minutes. A gloo send queued on a pair that had just failed is not woken by severing its
+    socket: it waits for its group's timeout (gdb: `UnboundBuffer::waitSend` in a ring all-reduce). Seen in 3 of
+    130 crashes here (bench/results/crash-soak.md); with 30 minutes its node replaced it, its shards with it."""
+    saved = c10d.default_pg_timeout
+    c10d.default_pg_timeout = timedelta(seconds=seconds)
+    try:
+        yield
+    finally:
+        c10d.default_pg_timeout = saved
 
 
 def sever(opened: set[str]) -> None:
