@@ -14,7 +14,6 @@ import json
 import logging
 import math
 from collections.abc import Callable, Mapping
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -22,6 +21,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from elasticd.wire.names import JOB_STORE_ENV
+from trainer_shim.generation import open_store
 from trainer_shim.state_paths import flatten
 
 log = logging.getLogger("trainer_shim")
@@ -104,12 +104,10 @@ def prepare(env: Mapping[str, str], state: Callable[[], Any], comm_device: torch
     (the job's first join after its start), too little to matter, or any error, a script whose state exists only
     once it joined included (best effort: the heal then allocates as it would)."""
     addr, _, prefix = env.get(JOB_STORE_ENV, "").partition("/")
-    host, _, port = addr.rpartition(":")
-    if not host or not port.isdigit() or not prefix:
+    if not addr or not prefix:
         return None
     try:
-        store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=READ_TIMEOUT_S),
-                              wait_for_workers=False)
+        store = open_store(addr, READ_TIMEOUT_S)  # a bad address raises here, as an unreachable one does
         key = f"{prefix}/{STATE_SIZE_KEY}"
         if not store.check([key]):
             return None

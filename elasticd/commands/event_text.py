@@ -144,18 +144,19 @@ def worker_failed(b: Body) -> str:
     return text
 
 
-def worker_hung(b: Body) -> str:
+def blocked(b: Body) -> str:
+    """Where a stuck rank's stack says it was blocked, or why no stack was taken (`worker_hung`, `worker_not_left`)."""
     stack = b.sub("stack")
-    blocked = f", blocked at {stack.word('where')}" if stack.has("where") else \
+    return f", blocked at {stack.word('where')}" if stack.has("where") else \
         f" (no stack: {b.text('stacks_note')})" if b.has("stacks_note") else ""
-    return f"rank {b.count('rank')} made no step for {b.seconds('silent_s')}{blocked}"
+
+
+def worker_hung(b: Body) -> str:
+    return f"rank {b.count('rank')} made no step for {b.seconds('silent_s')}{blocked(b)}"
 
 
 def worker_not_left(b: Body) -> str:
-    stack = b.sub("stack")
-    blocked = f", blocked at {stack.word('where')}" if stack.has("where") else \
-        f" (no stack: {b.text('stacks_note')})" if b.has("stacks_note") else ""
-    return f"rank {b.count('rank')} did not leave its group within {b.seconds('waited_s')}; replaced{blocked}"
+    return f"rank {b.count('rank')} did not leave its group within {b.seconds('waited_s')}; replaced{blocked(b)}"
 
 
 def workers_stopped(b: Body) -> str:
