@@ -4,7 +4,8 @@ Every row is one join: the old world's ranks hold the state at step 10 (model + 
 each), the newcomers hold a fresh model and no optimizer state (DDP) or a fresh sharded model and optimizer (HSDP,
 2 shards per replica). All ranks form the new group, then heal; timed from the moment every rank is in it:
   heal       this tree (trainer_shim.heal): each newcomer receives what it lacks, point to point, from every rank
-             holding it, into its own tensors; ranks holding the freshest step receive nothing
+             holding it, into its own tensors; ranks holding the freshest step receive nothing. Every rank's
+             staging buffers are touched before the clock, as an in-place worker's are at its start
   prepared   the same, each DDP newcomer pre-started as a joining node's is: before the join it read the state's
              size (published by rank 0 in the store) and touched memory for what it lacks (trainer_shim.prepared)
   broadcast  the tree before (--base-tree, its `generation.sync`): the freshest rank broadcasts its whole state
@@ -85,12 +86,13 @@ def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int,
     survivor = rank < old
     held, wants = state_of(rank, nbytes, survivor, layout, new, params)
     cpu = torch.device("cpu")
-    prepared = None
+    prepared = staging = None
     if method in ("heal", "prepared"):
         from trainer_shim import heal as shim_heal  # imported before the clock starts, as a worker has it
         from trainer_shim.state_paths import flatten
         if method == "prepared":  # before the clock, as a pre-started worker does while the job trains
             prepared = prepare_newcomer(rank, survivor, held, store, addr)
+        staging = warm_staging()
     else:
         from trainer_shim.generation import sync
     dist.barrier()
@@ -103,7 +105,8 @@ def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int,
             if layout == "hsdp" and not survivor:
                 tensors = {}
             healed, _ = shim_heal.heal(10 if survivor else 0, tensors, skeleton,
-                                       None if wants is None else shim_heal_targets(wants), cpu, True, prepared)
+                                       None if wants is None else shim_heal_targets(wants), cpu, True, prepared,
+                                       **({"staging": staging} if staging is not None else {}))
             received, sent = healed.received_bytes, healed.sent_bytes
         else:  # the tree before: one broadcast of the whole state from the freshest rank
             synced = sync(10 if survivor else 0, lambda: held, cpu, cpu)
@@ -129,6 +132,18 @@ def prepare_newcomer(rank: int, survivor: bool, held: dict, store: dist.Store, a
     dist.barrier()
     return None if survivor else prepare({JOB_STORE_ENV: f"127.0.0.1:{addr}/bench"}, lambda: held,
                                          torch.device("cpu"), touch)
+
+
+def warm_staging() -> Any:
+    """This process's staging buffers, touched as every in-place worker's are at its start (None: a tree before)."""
+    try:
+        from trainer_shim.heal import MESSAGE_BYTES, touch
+        from trainer_shim.staging import Staging
+    except ImportError:
+        return None
+    staging = Staging(MESSAGE_BYTES)
+    staging.warm(touch)
+    return staging
 
 
 def shim_heal_targets(state: dict) -> dict[str, torch.Tensor]:

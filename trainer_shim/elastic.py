@@ -44,7 +44,7 @@ from trainer_shim.generation import (
     sockets_now,
     subgroup_timeout,
 )
-from trainer_shim.heal import Healed, HealError, heal, touch
+from trainer_shim.heal import MESSAGE_BYTES, Healed, HealError, heal, touch
 from trainer_shim.heal_plan import NOTHING
 from trainer_shim.mesh_caches import MeshCaches
 from trainer_shim.noop import NullSession
@@ -52,6 +52,7 @@ from trainer_shim.peer_errors import lost_in_save, lost_peer, one_line, sharded
 from trainer_shim.phases import COLLECT, REBUILD, RESTORE, STATE, WAIT, Phases
 from trainer_shim.prepared import Prepared, prepare, publish
 from trainer_shim.session import Request, Session
+from trainer_shim.staging import Staging
 from trainer_shim.state_paths import fill, flatten
 from trainer_shim.step_commit import StepCommit
 from trainer_shim.step_fence import StepFence
@@ -106,6 +107,7 @@ class Elastic:
         self._wait = CollectiveWait()  # watch(): this rank's wait for its peers, per step
         self._prepared: Prepared | None = None  # a pre-started newcomer's memory, touched, for its heal's new tensors
         self._size_key: str | None = None  # rank 0 of a data-parallel generation: publish the state's size here
+        self._staging = Staging(MESSAGE_BYTES)  # its heals' buffers for many small pieces, kept
         self.local_device = torch.device("cpu")
         if self.backend == "nccl":
             # NCCL's default (3) tears the process down on an error: keep it, so it can leave and rejoin.
@@ -132,6 +134,8 @@ class Elastic:
         started = time.time()
         if self.in_place:
             freeze_imports()
+        if (self.in_place or env.get(PRESTART_ENV)) and self.comm_device.type == "cpu":
+            self._staging.warm(touch)  # before its first heal, which every later world starts with
         if env.get(PRESTART_ENV) and isinstance(self.session, Session):
             from trainer_shim.prestart import Rebuild, await_first  # FSDP2's imports: only a pre-started rank's
 
@@ -224,7 +228,8 @@ class Elastic:
         tensors: dict[str, torch.Tensor] = {}
         with self._phases.timed(STATE):
             skeleton = flatten(self._snapshot(), tensors)
-        healed, filled = heal(self.step, tensors, skeleton, None, self.comm_device, self._vouched, self._prepared)
+        healed, filled = heal(self.step, tensors, skeleton, None, self.comm_device, self._vouched, self._prepared,
+                              self._staging)
         self._prepared = None
         self.last_heal = healed.report(None)
         return healed, fill(healed.skeleton, filled) if filled else None
@@ -248,7 +253,7 @@ class Elastic:
             self._held = (self.step if fresh else NOTHING, target if fresh else {}, structure)
         step, held, skeleton = self._held
         self._held = None
-        healed, filled = heal(step, held, skeleton, target, self.comm_device, self._vouched)
+        healed, filled = heal(step, held, skeleton, target, self.comm_device, self._vouched, staging=self._staging)
         if not healed.missing:
             self.last_heal = healed.report(None)
             return healed, fill(healed.skeleton, {**target, **filled})

@@ -23,11 +23,12 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from trainer_shim.collection import held as collection_held
 from trainer_shim.heal_plan import NOTHING, Block, Offer, Piece, Settled, Summary, block, digest64, settle
 from trainer_shim.prepared import Prepared
+from trainer_shim.staging import RECEIVE, SEND, SLOTS, Staging
 
 SMALL_BYTES = 1 << 20  # pieces under this between two ranks travel together (a model's many norms)
 BUNDLE_BYTES = 4 << 20  # in messages of about this size
+MESSAGE_BYTES = BUNDLE_BYTES + SMALL_BYTES  # the largest such message: a staging buffer's kept size
 TOUCH_THREADS = 8  # at most this many threads zero a newcomer's new memory
-STAGING_SLOTS = 3  # a sender copies messages together in this many reused buffers, each reused once its send is done
 
 
 class HealError(RuntimeError):
@@ -120,15 +121,15 @@ def _wire(t: torch.Tensor, comm_device: torch.device) -> torch.Tensor:
 
 
 def move(pieces: list[Piece], me: int, held: Mapping[str, tuple[torch.Tensor, Block]],
-         into: Mapping[str, tuple[torch.Tensor, Block]], new: set[str], comm_device: torch.device) \
-        -> tuple[int, int, int]:
+         into: Mapping[str, tuple[torch.Tensor, Block]], new: set[str], comm_device: torch.device,
+         staging: Staging | None = None) -> tuple[int, int, int]:
     """Run this rank's part of the plan: (received, sent, senders). Every send and the receives into existing
     tensors are posted at once; the tensors in `new` (memory never touched) are zeroed meanwhile, which costs
     their page faults while the wire is busy instead of inside the receive, and their receives follow. Small
     pieces between two ranks go together per dtype (`SMALL_BYTES`), in messages of about `BUNDLE_BYTES` tagged
     after the others: a sender copies the next message together while this one is on the wire, a receiver copies
-    one out while the next arrives."""
-    posts = _Posts(comm_device)
+    one out while the next arrives, each in `staging`'s buffers (fresh ones where it is None)."""
+    posts = _Posts(comm_device, staging or Staging(MESSAGE_BYTES))
     bundles: dict[tuple[int, int, torch.dtype], list[Piece]] = {}
     moves = 0  # a move's tag is its place among the plan's moves, which every rank lists alike (copies: its own)
     for piece in pieces:
@@ -156,9 +157,10 @@ def move(pieces: list[Piece], me: int, held: Mapping[str, tuple[torch.Tensor, Bl
     if posts.later:
         touch([into[path][0] for path in sorted(new)])
         works.update(zip([id(op.tensor) for op in posts.later], _start(posts.later, comm_device), strict=True))
-    for buf, parts in posts.staged:  # in order of arrival: each copied out while the next arrives
+    for buf, parts in posts.staged:  # grouped (NCCL): in order of arrival, each copied out as the next arrives
         works.pop(id(buf)).wait()
         _scatter(buf, parts)
+    posts.pump()
     for work in [*works.values(), *posts.sending]:
         work.wait()
     return posts.received, posts.sent, len(posts.senders)
@@ -177,64 +179,93 @@ def _chunks(group: list[Piece]) -> list[list[Piece]]:
     return out
 
 
-class _Posts:
-    """One rank's sends and receives of a heal, before they are started; counts what they move. Over gloo a
-    send starts as soon as it is posted, so its wire time overlaps the copying together of the next one."""
+@dataclass
+class _Copied:
+    """A message copied together before it is sent, or received into a buffer and copied out (over gloo)."""
 
-    def __init__(self, comm_device: torch.device) -> None:
+    ring: str  # staging.SEND or staging.RECEIVE
+    parts: list[torch.Tensor]
+    peer: int
+    tag: int
+    buf: torch.Tensor | None = None
+    work: Any = None
+
+
+class _Posts:
+    """One rank's sends and receives of a heal, before they are started; counts what they move. Over gloo a send
+    starts as soon as it is posted; its messages copied together or apart go through `pump`."""
+
+    def __init__(self, comm_device: torch.device, staging: Staging) -> None:
         self.comm_device = comm_device
         self.eager = comm_device.type != "cuda"  # NCCL needs its point-to-point calls grouped: started together
+        self.staging = staging
         self.now: list[dist.P2POp] = []
         self.later: list[dist.P2POp] = []  # receives into new memory, after it is touched
         self.sending: list[Any] = []  # sends already started (eager)
-        self.staged: list[tuple[torch.Tensor, list[torch.Tensor]]] = []  # (buffer, where its parts go), after
+        self.staged: list[tuple[torch.Tensor, list[torch.Tensor]]] = []  # grouped: (buffer, where its parts go)
+        self.copied: list[_Copied] = []  # eager: in tag order, for `pump`
         self.received = self.sent = 0
         self.senders: set[int] = set()
-        self.ring: list[tuple[torch.Tensor | None, Any]] = [(None, None)] * STAGING_SLOTS  # (buffer, its send)
-        self.turn = 0  # staged sends so far: each takes the ring's next slot
 
     def send(self, parts: list[torch.Tensor], peer: int, tag: int, nbytes: int) -> None:
         wire = [_wire(t, self.comm_device) for t in parts]
-        slot = None
-        if len(wire) == 1:
-            flat = wire[0]
-        elif self.eager:  # over NCCL every send starts at once, each copied into its own buffer
-            slot, self.turn = self.turn % STAGING_SLOTS, self.turn + 1
-            flat = torch.cat([t.reshape(-1) for t in wire], out=self._staging(slot, wire))
-        else:
-            flat = torch.cat([t.reshape(-1) for t in wire])
+        self.sent += nbytes
+        if len(wire) > 1 and self.eager:
+            self.copied.append(_Copied(SEND, wire, peer, tag))
+            return
+        flat = wire[0] if len(wire) == 1 else torch.cat([t.reshape(-1) for t in wire])
         if self.eager:
             self.sending.append(dist.isend(flat, peer, tag=tag))
-            if slot is not None:
-                self.ring[slot] = (self.ring[slot][0], self.sending[-1])
         else:
             self.now.append(dist.P2POp(dist.isend, flat, peer, tag=tag))
-        self.sent += nbytes
-
-    def _staging(self, slot: int, wire: list[torch.Tensor]) -> torch.Tensor:
-        """The ring's buffer at `slot` to copy a message together in, once the send it last held is done: a fresh
-        one per message costs its page faults every time (40 ms per 100 MB here, against 7 ms into one reused)."""
-        buf, busy = self.ring[slot]
-        if busy is not None:  # once only: a second wait on a gloo send waits for a send that never comes
-            busy.wait()
-            self.sending.remove(busy)
-        size = sum(t.numel() for t in wire) * wire[0].element_size()
-        if buf is None or buf.numel() < size:
-            buf = torch.empty(size, dtype=torch.uint8, device=self.comm_device)
-        self.ring[slot] = (buf, None)
-        return buf[:size].view(wire[0].dtype)
 
     def receive(self, parts: list[torch.Tensor], peer: int, tag: int, nbytes: int, later: bool) -> None:
-        one, flat = parts[0], _back_to_back(parts, self.comm_device)
-        if flat is not None:
-            buf = flat  # straight into the destination
-        else:
-            wire = torch.uint8 if one.dtype == torch.bool else one.dtype
+        self.received += nbytes
+        self.senders.add(peer)
+        buf = _back_to_back(parts, self.comm_device)  # straight into the destination where it can
+        if buf is None and self.eager:
+            self.copied.append(_Copied(RECEIVE, parts, peer, tag))
+            return
+        if buf is None:
+            wire = torch.uint8 if parts[0].dtype == torch.bool else parts[0].dtype
             buf = torch.empty(sum(t.numel() for t in parts), dtype=wire, device=self.comm_device)
             self.staged.append((buf, parts))
         (self.later if later else self.now).append(dist.P2POp(dist.irecv, buf, peer, tag=tag))
-        self.received += nbytes
-        self.senders.add(peer)
+
+    def pump(self) -> None:
+        """The messages copied together or apart, in tag order, `SLOTS` in flight per direction, each slot's buffer
+        reused once its message is done. Every rank takes them in the plan's order and waits only for an earlier
+        one, so the earliest unfinished message is always posted at both ends: two ranks that each send the other
+        more messages than there are slots (a reshard's many small shards) cannot wait on each other."""
+        flight: dict[str, list[_Copied]] = {SEND: [], RECEIVE: []}
+        turns = dict.fromkeys(flight, 0)
+        for msg in self.copied:
+            ring = flight[msg.ring]
+            if len(ring) == SLOTS:
+                _finish(ring.pop(0))
+            slot, turns[msg.ring] = turns[msg.ring] % SLOTS, turns[msg.ring] + 1
+            one = msg.parts[0]
+            size = sum(t.numel() for t in msg.parts)
+            msg.buf = self.staging.buffer(msg.ring, slot, size * one.element_size()).view(_on_wire(one.dtype))
+            if msg.ring == SEND:
+                msg.work = dist.isend(torch.cat([t.reshape(-1) for t in msg.parts], out=msg.buf), msg.peer,
+                                      tag=msg.tag)
+            else:
+                msg.work = dist.irecv(msg.buf, msg.peer, tag=msg.tag)
+            ring.append(msg)
+        for msg in [*flight[SEND], *flight[RECEIVE]]:
+            _finish(msg)
+
+
+def _finish(msg: _Copied) -> None:
+    msg.work.wait()  # once only: a second wait on a gloo send waits for a send that never comes
+    if msg.ring == RECEIVE:
+        assert msg.buf is not None
+        _scatter(msg.buf, msg.parts)
+
+
+def _on_wire(dtype: torch.dtype) -> torch.dtype:
+    return torch.uint8 if dtype == torch.bool else dtype
 
 
 def _back_to_back(parts: list[torch.Tensor], comm_device: torch.device) -> torch.Tensor | None:
@@ -295,15 +326,16 @@ def _start(p2p: list[dist.P2POp], comm_device: torch.device) -> list[Any]:
 @torch.no_grad()  # it only copies rows: no autograd (a DTensor's `to_local` is then a plain attribute read)
 @collection_held()  # a full collection on one rank (115 ms in a bench process here) would stall every rank
 def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants: Mapping[str, torch.Tensor] | None,
-         comm_device: torch.device, vouched: bool = True, prepared: Prepared | None = None) \
-        -> tuple[Healed, dict[str, torch.Tensor]]:
+         comm_device: torch.device, vouched: bool = True, prepared: Prepared | None = None,
+         staging: Staging | None = None) -> tuple[Healed, dict[str, torch.Tensor]]:
     """Collective. `held`: this rank's tensors by path at `held_step` (plain tensors are whole: data parallel;
     DTensors their shard), `skeleton` the structure they came in; `vouched`: held in a world with the others.
     `wants`: the tensors to fill (a sharded rank's new shards), or None for a data-parallel rank, which wants
     what it lacks. Returns the outcome and the tensors by path that now hold the freshest state, empty where
     this rank's own `held` already does. When no rank at the freshest step is vouched for (a job's first world),
     the lowest holder of each row is its only source, so that every rank ends equal. `prepared`: memory touched
-    before (trainer_shim.prepared) for the new tensors of a rank that lacks some, where they fit."""
+    before (trainer_shim.prepared) for the new tensors of a rank that lacks some, where they fit; `staging`: this
+    process's buffers for messages of many small pieces (trainer_shim.staging), fresh ones where it is None."""
     start = time.perf_counter()
     rank = dist.get_rank()
     blocks: Blocks = {}
@@ -329,7 +361,8 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
     ready = {p for p, t in filled.items() if prepared is not None and prepared.holds(t)}  # touched already
     new = {p for p in filled if mine.fresh(p, full[p]) and p not in ready}
     result.prepared_bytes = sum(filled[p].numel() * filled[p].element_size() for p in ready)
-    result.received_bytes, result.sent_bytes, result.senders = move(pieces, rank, have, into, new, comm_device)
+    result.received_bytes, result.sent_bytes, result.senders = move(pieces, rank, have, into, new, comm_device,
+                                                                       staging)
     done = time.perf_counter()
     result.transfer_s, result.seconds = done - planned, done - start
     return result, filled
