@@ -8,6 +8,8 @@ each), the newcomers hold a fresh model and no optimizer state (DDP) or a fresh 
              staging buffers are touched before the clock, as an in-place worker's are at its start
   prepared   the same, each DDP newcomer pre-started as a joining node's is: before the join it read the state's
              size (published by rank 0 in the store) and touched memory for what it lacks (trainer_shim.prepared)
+  drain      a world of survivors only (one rank of the old world gone), every rank at the freshest step: each
+             rank's heal is its own summary and the one exchange of summaries (issue 35: at most 10 ms)
   broadcast  the tree before (--base-tree, its `generation.sync`): the freshest rank broadcasts its whole state
              to every rank, survivors included (DDP only: sharded state was not healed in place before)
   restart    the new world's ranks as new processes at once, each loading its part of the state from a
@@ -20,7 +22,7 @@ Per row: newcomer_s (its heal), survivor_s (the slowest survivor's: it holds the
 the last rank is done: the survivors' stall), moved_bytes (all ranks' received bytes), GB/s (state per replica /
 newcomer_s) and its share of loopback. --tensors sets how many tensors hold the same bytes (issue 35's axis).
 Usage: heal.py [--sizes-mb 100,500,1000,2000] [--layouts ddp,hsdp] [--tensors 12,99,999,4998] [--base-tree DIR]
-               [--heal-tree DIR] [--no-restart] [--no-prepared] [--out bench/results/heal.json]
+               [--heal-tree DIR] [--no-restart] [--no-prepared] [--no-drains] [--out bench/results/heal.json]
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ import torch.multiprocessing as mp
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 10.0  # the shim's collective timeout: a heal slower than this falls back to a restart
 WORLDS = {"ddp": [(2, 3), (4, 5)], "hsdp": [(2, 4), (4, 6)]}  # (old, new): HSDP adds one replica of 2 shards
+DRAINS = {"ddp": [(3, 2), (5, 4)], "hsdp": [(4, 2), (6, 4)]}  # (old, new): HSDP loses one replica
+HEALS = ("heal", "prepared", "drain")  # the methods that run this tree's heal
 SHARDS = 2
 
 
@@ -87,7 +91,7 @@ def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int,
     held, wants = state_of(rank, nbytes, survivor, layout, new, params)
     cpu = torch.device("cpu")
     prepared = staging = None
-    if method in ("heal", "prepared"):
+    if method in HEALS:
         from trainer_shim import heal as shim_heal  # imported before the clock starts, as a worker has it
         from trainer_shim.state_paths import flatten
         if method == "prepared":  # before the clock, as a pre-started worker does while the job trains
@@ -99,7 +103,7 @@ def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int,
     start = time.perf_counter()
     received, sent, error = 0, 0, ""
     try:
-        if method in ("heal", "prepared"):
+        if method in HEALS:
             tensors: dict[str, torch.Tensor] = {}
             skeleton = flatten(held, tensors)
             if layout == "hsdp" and not survivor:
@@ -161,7 +165,7 @@ def run_join(method: str, layout: str, old: int, new: int, nbytes: int, params: 
         mp.start_processes(member, args=(method, layout, old, new, nbytes, str(server.port), out, params),
                            nprocs=new, start_method="spawn")
         times = out["result"]
-    newcomer = max(t for t, survivor, *_ in times if not survivor)
+    newcomer = max((t for t, survivor, *_ in times if not survivor), default=None)
     survivor_s = max(t for t, survivor, *_ in times if survivor)
     idle = [t for t, survivor, received, _, sent in times if survivor and not received and not sent] \
         if method == "heal" else []  # a survivor that moved nothing: its cost is the exchange alone
@@ -169,7 +173,8 @@ def run_join(method: str, layout: str, old: int, new: int, nbytes: int, params: 
     return {"method": method, "layout": layout, "old": old, "new": new, "state_mb": nbytes >> 20,
             "tensors": 3 * params, "survivor_s": round(survivor_s, 4),
             "idle_survivor_s": round(max(idle), 4) if idle else None,
-            "newcomer_s": round(newcomer, 3), "world_s": round(max(t for t, *_ in times), 3),
+            "newcomer_s": None if newcomer is None else round(newcomer, 3),
+            "world_s": round(max(t for t, *_ in times), 3),
             "moved_bytes": sum(r for _, _, r, *_ in times), "errors": errors}
 
 
@@ -222,6 +227,7 @@ def main() -> int:
     parser.add_argument("--no-restart", action="store_true", help="skip the restart lower bound (seconds a row)")
     parser.add_argument("--no-prepared", action="store_true", help="skip the pre-started newcomer's rows (a tree "
                         "without trainer_shim.prepared)")
+    parser.add_argument("--no-drains", action="store_true", help="skip the drains' rows (a world of survivors only)")
     parser.add_argument("--warm-gb", type=float, default=0.0, help="touch this much memory once before measuring: "
                         "a VM may back memory only when first touched (0.8 s a GB on the 2-core machine), which then "
                         "lands inside the first heals that use it")
@@ -237,11 +243,14 @@ def main() -> int:
     loopback = {n: min(run_loopback(n) for _ in range(3)) for n in sizes}  # its best: the physical limit
     folder = Path(tempfile.mkdtemp(prefix="heal-bench-"))
     for layout in args.layouts.split(","):
-        for old, new in WORLDS[layout]:
+        changes = [(old, new, False) for old, new in WORLDS[layout]] \
+            + ([] if args.no_drains else [(old, new, True) for old, new in DRAINS[layout]])
+        for old, new, drain in changes:
             for nbytes, count in ((n, int(t) // 3) for n in sizes for t in args.tensors.split(",")):
                 # The broadcast holds the state about three times per rank (a flat copy, then new tensors).
                 fits = new * 3 * nbytes < 0.7 * psutil.virtual_memory().total
-                methods = ["heal"] + (["prepared"] if layout == "ddp" and not args.no_prepared else []) \
+                methods = ["drain"] if drain else ["heal"] \
+                    + (["prepared"] if layout == "ddp" and not args.no_prepared else []) \
                     + (["broadcast"] if args.base_tree and layout == "ddp" and fits else [])
                 for method in methods:
                     env_tree = args.base_tree if method == "broadcast" else args.heal_tree
@@ -249,11 +258,12 @@ def main() -> int:
                     sys.path.insert(0, env_tree)
                     row = run_join(method, layout, old, new, nbytes, count)
                     sys.path.remove(env_tree)
-                    row["gbps"] = round(nbytes / row["newcomer_s"] / 1e9, 3)
-                    row["loopback_gbps"] = round(nbytes / loopback[nbytes] / 1e9, 3)
-                    row["of_loopback"] = round(row["gbps"] / row["loopback_gbps"], 3)
-                    if not args.no_restart:
-                        row["restart_s"] = round(run_restart(nbytes, layout, new, folder), 3)
+                    if not drain:
+                        row["gbps"] = round(nbytes / row["newcomer_s"] / 1e9, 3)
+                        row["loopback_gbps"] = round(nbytes / loopback[nbytes] / 1e9, 3)
+                        row["of_loopback"] = round(row["gbps"] / row["loopback_gbps"], 3)
+                        if not args.no_restart:
+                            row["restart_s"] = round(run_restart(nbytes, layout, new, folder), 3)
                     row["load"] = round(os.getloadavg()[0], 2)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
