@@ -11,7 +11,7 @@ import math
 import os
 import pickle
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,19 +58,26 @@ class Healed:
                 "prepared_bytes": self.prepared_bytes}
 
 
-Blocks = dict[tuple[Any, ...], Block]  # a heal's DTensor blocks by (shape, local shape, dtype, mesh, placements)
+Blocks = dict[tuple[Any, ...], Block]  # a heal's blocks by (shape, dtype), or a DTensor's by (shape, local shape,
+# dtype, its mesh's identity, placements)
 
 
 def block_of(t: torch.Tensor, blocks: Blocks | None = None) -> tuple[torch.Tensor, Block]:
     """A tensor's local data and the block of the global tensor it is. A DTensor may be sharded along one dim.
-    `blocks`: a heal's cache of the DTensors' blocks (a parameter and its two moments share one, as do a model's
-    same-shaped layers: computing one costs ~30 us, and even its lookup by parts was 6.5 us a tensor)."""
-    if not isinstance(t, DTensor):
-        local = t.detach()
-        return local, block(tuple(t.shape), t.dtype, 0, 0, t.shape[0] if t.dim() else 1)
-    local = t.to_local().detach()  # under `heal`'s no_grad: the plain local tensor, not autograd's Function
+    `blocks`: a heal's cache of the blocks (a parameter and its two moments share one, as do a model's same-shaped
+    layers: computing a DTensor's costs ~30 us, and even its lookup by parts was 6.5 us a tensor). A mesh is keyed
+    by its identity: hashing its contents cost more than the rest of the lookup, and the heal holds every mesh."""
     cache = blocks if blocks is not None else {}
-    key = (t.shape, local.shape, t.dtype, t.device_mesh, t.placements)
+    if not isinstance(t, DTensor):
+        local = t.detach() if t.requires_grad else t  # a state's tensors come detached: no new object each
+        key: tuple[Any, ...] = (t.shape, t.dtype)
+        found = cache.get(key)
+        if found is None:
+            found = cache[key] = block(tuple(t.shape), t.dtype, 0, 0, t.shape[0] if t.dim() else 1)
+        return local, found
+    local = t.to_local()  # under `heal`'s no_grad: the plain local tensor, not autograd's Function
+    local = local.detach() if local.requires_grad else local
+    key = (t.shape, local.shape, t.dtype, id(t.device_mesh), t.placements)
     found = cache.get(key)
     if found is None:
         found = cache[key] = _dtensor_block(t, local)
@@ -345,7 +352,7 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
                  None if wants is None else {p: b for p, (_, b) in wanted.items()})
     offers = _offers(mine, comm_device)  # None where every rank can heal from its own rows
     settled = Settled.alone(mine, rank) if offers is None else settle(offers, rank)
-    top = _structure(settled, offers, [skeleton, {p: t.device.type for p, (t, _) in have.items()}], comm_device)
+    top = _structure(settled, offers, skeleton, have, comm_device)
     result = Healed(settled.step, settled.source, top[0], missing=settled.missing)
     planned = time.perf_counter()
     result.plan_s = result.seconds = planned - start
@@ -355,7 +362,8 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
     if offers is not None:  # rows into new memory last: its receiver touches it while the rest arrives
         pieces.sort(key=lambda p: offers[p.dst].fresh(p.path, full[p.path]))  # type: ignore[union-attr]
     incoming = [p for p in pieces if p.dst == rank and _bundled(p)]
-    filled = _targets(asks[rank], wants or {}, held, top[1], comm_device, incoming, prepared) if asks[rank] else {}
+    device_of = top[1].__getitem__ if top[1] is not None else lambda p: have[p][0].device.type
+    filled = _targets(asks[rank], wants or {}, held, device_of, comm_device, incoming, prepared) if asks[rank] else {}
     # a tensor filled whole (its own, or new) is the whole block, cut along the source's dim
     into = {p: wanted[p] if p in wanted else (t, asks[rank][p]) for p, t in filled.items()}
     ready = {p for p, t in filled.items() if prepared is not None and prepared.holds(t)}  # touched already
@@ -395,21 +403,23 @@ def _offers(mine: Offer, comm_device: torch.device) -> list[Offer | None] | None
     return [alike[(row[4], row[5])] for row in seen]
 
 
-def _structure(settled: Settled, offers: list[Offer | None] | None, own: list[Any], comm_device: torch.device) \
-        -> list[Any]:
-    """The source's structure and its tensors' devices, broadcast where some rank needs them: a newcomer, a rank
-    behind, any rank not vouched for at the freshest step. A vouched rank at that step trained in the source's
-    world and holds the same structure: where every rank is one (a drain, a leave), nobody waits for a broadcast.
+def _structure(settled: Settled, offers: list[Offer | None] | None, skeleton: Any,
+               have: Mapping[str, tuple[torch.Tensor, Block]], comm_device: torch.device) -> list[Any]:
+    """The source's structure and its tensors' device types by path, broadcast where some rank needs them: a
+    newcomer, a rank behind, any rank not vouched for at the freshest step. A vouched rank at that step trained in
+    the source's world and holds the same structure: where every rank is one (a drain, a leave), nobody waits for
+    a broadcast, and the devices are this rank's own (None: looked up where asked, not listed for every tensor).
     (Sent with the offers, it saved 7-15 ms at 1,000 tensors, but an all-gather pads every slot to the largest.)"""
     if settled.missing or offers is None or all(o is None or (o.vouched and o.step == settled.step) for o in offers):
-        return own
-    top = own if dist.get_rank() == settled.source else [None, None]
+        return [skeleton, None]
+    source = dist.get_rank() == settled.source
+    top = [skeleton, {p: t.device.type for p, (t, _) in have.items()}] if source else [None, None]
     dist.broadcast_object_list(top, src=settled.source, device=comm_device)
     return top
 
 
 def _targets(asks: Mapping[str, Block], wants: Mapping[str, torch.Tensor], held: Mapping[str, torch.Tensor],
-             devices: Mapping[str, str], comm_device: torch.device, incoming: list[Piece],
+             device_of: Callable[[str], str], comm_device: torch.device, incoming: list[Piece],
              prepared: Prepared | None = None) -> dict[str, torch.Tensor]:
     """Where this rank's rows go: its new shard, its own tensor of the same shape (received in place), or a
     new tensor on the device the source's was on (CUDA tensors on this rank's device)."""
@@ -424,7 +434,7 @@ def _targets(asks: Mapping[str, Block], wants: Mapping[str, torch.Tensor], held:
                 and own.dtype == want.dtype:
             out[path] = own
             continue
-        fresh[path] = (want, comm_device if devices[path] == "cuda" else torch.device("cpu"))
+        fresh[path] = (want, comm_device if device_of(path) == "cuda" else torch.device("cpu"))
     return {**out, **_allocate(fresh, incoming, prepared)}
 
 

@@ -87,8 +87,12 @@ class Offer:
         """Its step, whether it is vouched for and holds every row it asks for, and its layout's digest."""
         full, asks = self.own_asks
         covers = _covers(asks, self.holds) and (
-            self.wants is not None or all(b == full[p] for p, b in self.holds.items()))
-        text = ";".join(f"{p}|{b.shape}|{b.dtype}|{b.dim}" for p, b in sorted(full.items()))
+            self.wants is not None or all(b is full[p] or b == full[p] for p, b in self.holds.items()))
+        texts: dict[int, str] = {}  # per block: a model's same-shaped tensors share one (interned)
+        for b in full.values():
+            if id(b) not in texts:
+                texts[id(b)] = f"|{b.shape}|{b.dtype}|{b.dim}"
+        text = ";".join(p + texts[id(b)] for p, b in sorted(full.items()))
         return Summary(self.step, self.vouched, covers, digest64(text.encode()))
 
     def fresh(self, path: str, full: Block) -> bool:
@@ -226,10 +230,12 @@ class Settled:
 
     @classmethod
     def alone(cls, offer: Offer, rank: int) -> Settled:
-        """The plan where every rank is self-sufficient: its own rows, copied where its new tensors want them."""
+        """The plan where every rank is self-sufficient (its summary `covers`): its own rows, copied where its new
+        tensors want them, each want whole from its own block (what `plan` makes of one rank, without its cuts)."""
         full, asks = offer.own_asks
-        pieces, missing = plan({rank: asks}, {rank: offer.holds})
-        return cls(offer.step, 0, full, {rank: asks}, pieces, missing)
+        pieces = [Piece(path, rank, rank, want.lo, want.hi, 0, want.dtype) for path, want in asks.items()
+                  if want.lo < want.hi]
+        return cls(offer.step, 0, full, {rank: asks}, pieces, [])
 
 
 def settle(offers: list[Offer | None], me: int | None = None) -> Settled:
