@@ -85,18 +85,20 @@ def state_of(rank: int, nbytes: int, survivor: bool, layout: str, world: int,
 
 def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int, addr: str, out: dict,
            params: int = 4) -> None:
+    # First, as an in-place worker does at its start: the zeroing's threads (trainer_shim.heal.touch) then finish
+    # long before the clock, not in the first milliseconds of a heal that costs a few.
+    staging = warm_staging() if method in HEALS else None
     store = dist.TCPStore("127.0.0.1", int(addr), is_master=False, timeout=timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=new, timeout=timedelta(seconds=TIMEOUT_S))
     survivor = rank < old
     held, wants = state_of(rank, nbytes, survivor, layout, new, params)
     cpu = torch.device("cpu")
-    prepared = staging = None
+    prepared = None
     if method in HEALS:
         from trainer_shim import heal as shim_heal  # imported before the clock starts, as a worker has it
         from trainer_shim.state_paths import flatten
         if method == "prepared":  # before the clock, as a pre-started worker does while the job trains
             prepared = prepare_newcomer(rank, survivor, held, store, addr)
-        staging = warm_staging()
     else:
         from trainer_shim.generation import sync
     dist.barrier()
