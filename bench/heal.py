@@ -85,7 +85,7 @@ def state_of(rank: int, nbytes: int, survivor: bool, layout: str, world: int,
 
 def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int, addr: str, out: dict,
            params: int = 4) -> None:
-    # First, as an in-place worker does at its start: the zeroing's threads (trainer_shim.heal.touch) then finish
+    # First, as an in-place worker does at its start: the zeroing's threads (trainer_shim.heal_moves.touch) then finish
     # long before the clock, not in the first milliseconds of a heal that costs a few.
     staging = warm_staging() if method in HEALS else None
     store = dist.TCPStore("127.0.0.1", int(addr), is_master=False, timeout=timedelta(seconds=60))
@@ -130,8 +130,12 @@ def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int,
 def prepare_newcomer(rank: int, survivor: bool, held: dict, store: dist.Store, addr: str) -> Any:
     """Rank 0 publishes the state's size, as after a generation's first step; each newcomer prepares from it."""
     from elasticd.wire.names import JOB_STORE_ENV
-    from trainer_shim.heal import touch
     from trainer_shim.prepared import prepare, publish
+
+    try:
+        from trainer_shim.heal_moves import touch
+    except ImportError:  # a tree before trainer_shim.heal_moves
+        from trainer_shim.heal import touch  # type: ignore[attr-defined,no-redef]
 
     if rank == 0:
         publish(store, "bench", lambda: held)
@@ -143,7 +147,7 @@ def prepare_newcomer(rank: int, survivor: bool, held: dict, store: dist.Store, a
 def warm_staging() -> Any:
     """This process's staging buffers, touched as every in-place worker's are at its start (None: a tree before)."""
     try:
-        from trainer_shim.heal import MESSAGE_BYTES, touch
+        from trainer_shim.heal_moves import MESSAGE_BYTES, touch
         from trainer_shim.staging import Staging
     except ImportError:
         return None

@@ -44,7 +44,8 @@ from trainer_shim.generation import (
     sockets_now,
     subgroup_timeout,
 )
-from trainer_shim.heal import MESSAGE_BYTES, Healed, HealError, heal, touch
+from trainer_shim.heal import Healed, HealError, heal
+from trainer_shim.heal_moves import MESSAGE_BYTES, touch
 from trainer_shim.heal_plan import NOTHING
 from trainer_shim.mesh_caches import MeshCaches
 from trainer_shim.noop import NullSession

@@ -13,7 +13,8 @@ from support.spawned import spawned
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from trainer_shim.heal import MESSAGE_BYTES, heal, touch
+from trainer_shim.heal import heal
+from trainer_shim.heal_moves import MESSAGE_BYTES, touch
 from trainer_shim.staging import SLOTS, Staging
 
 ROWS, COLS = 64, 400  # 100 KB a tensor, 50 KB a shard: every piece goes in a bundle

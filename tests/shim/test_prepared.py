@@ -12,7 +12,8 @@ from support.harness import free_port
 from support.spawned import spawned
 
 from elasticd.wire.names import JOB_STORE_ENV
-from trainer_shim.heal import heal, touch
+from trainer_shim.heal import heal
+from trainer_shim.heal_moves import touch
 from trainer_shim.prepared import MIN_BYTES, Prepared, lacking, prepare, publish, sizes
 
 MOMENT = 1 << 19  # floats: 2 MB a moment
