@@ -2,7 +2,8 @@
 
 docs/architecture.md, "Healing". Any torch.distributed world (no daemon): each rank says which block of each tensor
 it holds (a DTensor's shard, or a plain tensor whole) at which step and which it wants; every rank computes the same
-plan (trainer_shim.heal_plan), and the pieces move point to point into the wanting rank's own tensors.
+plan (trainer_shim.heal_plan), and the pieces move point to point into the wanting rank's own tensors
+(trainer_shim.heal_moves).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ BUNDLE_BYTES = 4 << 20  # in messages of about this size
 MESSAGE_BYTES = BUNDLE_BYTES + SMALL_BYTES  # the largest such message: a staging buffer's kept size
 TOUCH_THREADS = 8  # at most this many threads zero a newcomer's new memory
 
+
 def _rows(local: torch.Tensor, block: Block, lo: int, hi: int) -> torch.Tensor:
     flat = local.reshape(1) if not block.shape else local
     return flat.narrow(block.dim, lo - block.lo, hi - lo)
