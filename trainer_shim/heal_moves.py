@@ -47,12 +47,13 @@ def _wire(t: torch.Tensor, comm_device: torch.device) -> torch.Tensor:
 def move(pieces: list[Piece], me: int, held: Mapping[str, tuple[torch.Tensor, Block]],
          into: Mapping[str, tuple[torch.Tensor, Block]], new: set[str], comm_device: torch.device,
          staging: Staging | None = None) -> tuple[int, int, int]:
-    """Run this rank's part of the plan: (received, sent, senders). Every send and the receives into existing
-    tensors are posted at once; the tensors in `new` (memory never touched) are zeroed meanwhile, which costs
+    """Run this rank's part of the plan: (received, sent, senders). Every send and receive straight from or into
+    a tensor is posted at once; the tensors in `new` (memory never touched) are zeroed meanwhile, which costs
     their page faults while the wire is busy instead of inside the receive, and their receives follow. Small
     pieces between two ranks go together per dtype (`SMALL_BYTES`), in messages of about `BUNDLE_BYTES` tagged
-    after the others: a sender copies the next message together while this one is on the wire, a receiver copies
-    one out while the next arrives, each in `staging`'s buffers (fresh ones where it is None)."""
+    after the others. Over gloo, a message copied together or apart goes through `staging`'s buffers (fresh ones
+    where it is None) in the plan's order (`_Posts.pump`): a sender copies the next one together while this one
+    is on the wire, a receiver copies one out while the next arrives. Under NCCL all are posted at once."""
     posts = _Posts(comm_device, staging or Staging(MESSAGE_BYTES))
     bundles: dict[tuple[int, int, torch.dtype], list[Piece]] = {}
     moves = 0  # a move's tag is its place among the plan's moves, which every rank lists alike (copies: its own)
