@@ -22,7 +22,8 @@ Per row: newcomer_s (its heal), survivor_s (the slowest survivor's: it holds the
 the last rank is done: the survivors' stall), moved_bytes (all ranks' received bytes), GB/s (state per replica /
 newcomer_s) and its share of loopback. --tensors sets how many tensors hold the same bytes (issue 35's axis).
 Usage: heal.py [--sizes-mb 100,500,1000,2000] [--layouts ddp,hsdp] [--tensors 12,99,999,4998] [--base-tree DIR]
-               [--heal-tree DIR] [--no-restart] [--no-prepared] [--no-drains] [--out bench/results/heal.json]
+               [--heal-tree DIR] [--ddp-joins 1-2,2-3,4-5] [--no-restart] [--no-prepared] [--no-drains]
+               [--out bench/results/heal.json]
 """
 
 from __future__ import annotations
@@ -237,6 +238,8 @@ def main() -> int:
     parser.add_argument("--warm-gb", type=float, default=0.0, help="touch this much memory once before measuring: "
                         "a VM may back memory only when first touched (0.8 s a GB on the 2-core machine), which then "
                         "lands inside the first heals that use it")
+    parser.add_argument("--ddp-joins", default=",".join(f"{o}-{n}" for o, n in WORLDS["ddp"]),
+                        help="the DDP joins, old-new: 1-2 gives each process a core of this 2-core machine")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "heal.json"))
     args = parser.parse_args()
     # Every process runs one intra-op thread, as elasticd's workers do (and torchrun's): with more, each new
@@ -249,7 +252,9 @@ def main() -> int:
     loopback = {n: min(run_loopback(n) for _ in range(3)) for n in sizes}  # its best: the physical limit
     folder = Path(tempfile.mkdtemp(prefix="heal-bench-"))
     for layout in args.layouts.split(","):
-        changes = [(old, new, False) for old, new in WORLDS[layout]] \
+        joins = [tuple(map(int, j.split("-"))) for j in args.ddp_joins.split(",")] if layout == "ddp" \
+            else WORLDS[layout]
+        changes = [(old, new, False) for old, new in joins] \
             + ([] if args.no_drains else [(old, new, True) for old, new in DRAINS[layout]])
         for old, new, drain in changes:
             for nbytes, count in ((n, int(t) // 3) for n in sizes for t in args.tensors.split(",")):

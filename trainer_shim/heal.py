@@ -73,7 +73,8 @@ def block_of(t: torch.Tensor, blocks: Blocks | None = None) -> tuple[torch.Tenso
         return local, found
     local = t.to_local()  # under `heal`'s no_grad: the plain local tensor, not autograd's Function
     local = local.detach() if local.requires_grad else local
-    key = (t.shape, local.shape, t.dtype, id(t.device_mesh), t.placements)
+    spec = t._spec  # its fields directly: DTensor's properties for them cost a third of the lookup
+    key = (spec.shape, local.shape, local.dtype, id(spec.mesh), spec.placements)
     found = cache.get(key)
     if found is None:
         found = cache[key] = _dtensor_block(t, local)
@@ -135,10 +136,10 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
         pieces.sort(key=lambda p: offers[p.dst].fresh(p.path, full[p.path]))  # type: ignore[union-attr]
     incoming = [p for p in pieces if p.dst == rank and bundled(p)]
     device_of = top[1].__getitem__ if top[1] is not None else lambda p: have[p][0].device.type
-    filled = _targets(asks[rank], wants or {}, held, device_of, comm_device, incoming, prepared) if asks[rank] else {}
+    filled, ready = _targets(asks[rank], wants or {}, held, device_of, comm_device, incoming, prepared) \
+        if asks[rank] else ({}, set())
     # a tensor filled whole (its own, or new) is the whole block, cut along the source's dim
     into = {p: wanted[p] if p in wanted else (t, asks[rank][p]) for p, t in filled.items()}
-    ready = {p for p, t in filled.items() if prepared is not None and prepared.holds(t)}  # touched already
     new = {p for p in filled if mine.fresh(p, full[p]) and p not in ready}
     result.prepared_bytes = sum(filled[p].numel() * filled[p].element_size() for p in ready)
     result.received_bytes, result.sent_bytes, result.senders = move(pieces, rank, have, into, new, comm_device,
@@ -192,26 +193,28 @@ def _structure(settled: Settled, offers: list[Offer | None] | None, skeleton: An
 
 def _targets(asks: Mapping[str, Block], wants: Mapping[str, torch.Tensor], held: Mapping[str, torch.Tensor],
              device_of: Callable[[str], str], comm_device: torch.device, incoming: list[Piece],
-             prepared: Prepared | None = None) -> dict[str, torch.Tensor]:
+             prepared: Prepared | None = None) -> tuple[dict[str, torch.Tensor], set[str]]:
     """Where this rank's rows go: its new shard, its own tensor of the same shape (received in place), or a
-    new tensor on the device the source's was on (CUDA tensors on this rank's device)."""
+    new tensor on the device the source's was on (CUDA tensors on this rank's device); and the paths of those
+    new tensors that lie in `prepared` memory (touched already)."""
     out: dict[str, torch.Tensor] = {}
     fresh: dict[str, tuple[Block, torch.device]] = {}
+    cpu = torch.device("cpu")
     for path, want in asks.items():
         if path in wants:
             out[path] = wants[path]
             continue
         own = held.get(path)
-        if own is not None and not isinstance(own, DTensor) and tuple(own.shape) == want.shape \
-                and own.dtype == want.dtype:
+        if own is not None and not isinstance(own, DTensor) and own.shape == want.shape and own.dtype == want.dtype:
             out[path] = own
             continue
-        fresh[path] = (want, comm_device if device_of(path) == "cuda" else torch.device("cpu"))
-    return {**out, **_allocate(fresh, incoming, prepared)}
+        fresh[path] = (want, comm_device if device_of(path) == "cuda" else cpu)
+    made, ready = _allocate(fresh, incoming, prepared)
+    return {**out, **made}, ready
 
 
 def _allocate(fresh: Mapping[str, tuple[Block, torch.device]], incoming: list[Piece], prepared: Prepared | None) \
-        -> dict[str, torch.Tensor]:
+        -> tuple[dict[str, torch.Tensor], set[str]]:
     """New tensors (touched by `move`). Those a bundle fills whole are views of one buffer per bundle, in its
     order: the bundle is received straight into them, with no staging buffer and no copy out (a newcomer's
     hundreds of small tensors cost what one tensor of their bytes does)."""
@@ -222,18 +225,23 @@ def _allocate(fresh: Mapping[str, tuple[Block, torch.device]], incoming: list[Pi
                 and (piece.lo, piece.hi) == (0, want.shape[want.dim] if want.shape else 1):
             runs.setdefault((piece.src, piece.dtype, device), []).append(piece.path)
     out: dict[str, torch.Tensor] = {}
+    ready: set[str] = set()  # in prepared memory
     for (_, dtype, device), paths in runs.items():
         sizes = [math.prod(fresh[p][0].shape) for p in paths]
-        flat = _empty((sum(sizes),), dtype, device, prepared)
+        flat, touched = _empty((sum(sizes),), dtype, device, prepared)
         out.update({p: part.view(fresh[p][0].shape) for p, part in zip(paths, flat.split(sizes), strict=True)})
+        if touched:
+            ready.update(paths)
     for path, (want, device) in fresh.items():
         if path not in out:
-            out[path] = _empty(want.shape, want.dtype, device, prepared)
-    return out
+            out[path], touched = _empty(want.shape, want.dtype, device, prepared)
+            if touched:
+                ready.add(path)
+    return out, ready
 
 
 def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, prepared: Prepared | None) \
-        -> torch.Tensor:
-    """New memory: the prepared memory's next piece where it fits (touched already), else untouched."""
+        -> tuple[torch.Tensor, bool]:
+    """New memory, and whether it is touched: the prepared memory's next piece where it fits, else untouched."""
     made = prepared.empty(shape, dtype, device) if prepared is not None else None
-    return made if made is not None else torch.empty(shape, dtype=dtype, device=device)
+    return (made, True) if made is not None else (torch.empty(shape, dtype=dtype, device=device), False)

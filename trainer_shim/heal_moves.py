@@ -24,8 +24,9 @@ TOUCH_THREADS = 8  # at most this many threads zero a newcomer's new memory
 
 
 def _rows(local: torch.Tensor, block: Block, lo: int, hi: int) -> torch.Tensor:
-    flat = local.reshape(1) if not block.shape else local
-    return flat.narrow(block.dim, lo - block.lo, hi - lo)
+    if not block.shape:
+        return local.reshape(1)
+    return local if lo == block.lo and hi == block.hi else local.narrow(block.dim, lo - block.lo, hi - lo)
 
 
 def _copy_own(held: tuple[torch.Tensor, Block], into: tuple[torch.Tensor, Block], piece: Piece) -> None:

@@ -118,18 +118,23 @@ class _Cuts:
         for rank, held in sorted(holds.items()):
             groups.setdefault(id(held), (held, []))[1].append(rank)
         self.groups, self.sole = list(groups.values()), sole
-        self.holders: dict[str, tuple[list[tuple[list[int], Block]], tuple[int, ...]]] = {}  # and their identities
+        self.layout: dict[str, tuple[int, ...]] = {}  # a path's holders' blocks, by their identities
+        self.holders: dict[tuple[int, ...], list[tuple[list[int], Block]]] = {}  # those blocks with their ranks
         self.cut: dict[tuple[int, tuple[int, ...]], list[Cut]] = {}
 
     def __call__(self, path: str, want: Block) -> list[Cut]:
-        found = self.holders.get(path)
-        if found is None:  # the same for every rank that wants the path; every block outlives the plan
-            holders = [(ranks, held[path]) for held, ranks in self.groups if path in held]
-            found = self.holders[path] = holders, tuple(i for ranks, b in holders for i in (id(ranks), id(b)))
-        key = (id(want), found[1])
+        layout = self.layout.get(path)
+        if layout is None:  # the same for every rank that wants the path; every block outlives the plan
+            blocks = [held.get(path) for held, _ in self.groups]
+            layout = self.layout[path] = tuple(map(id, blocks))
+            if layout not in self.holders:
+                self.holders[layout] = [(ranks, b) for (_, ranks), b in zip(self.groups, blocks, strict=True)
+                                        if b is not None]
+        key = (id(want), layout)
         ranges = self.cut.get(key)
         if ranges is None:
-            counted = [(lo, hi, ranks[:1] if self.sole else ranks) for lo, hi, ranks in _cuts(want, found[0])]
+            counted = [(lo, hi, ranks[:1] if self.sole else ranks)
+                       for lo, hi, ranks in _cuts(want, self.holders[layout])]
             ranges = self.cut[key] = [(lo, hi, ranks, frozenset(ranks)) for lo, hi, ranks in counted]
         return ranges
 
@@ -207,6 +212,10 @@ def plan(wants: Mapping[int, Mapping[str, Block]], holds: Mapping[int, Mapping[s
                         pieces.append(Piece(path, dst, dst, lo, hi, 0, want.dtype))
                     continue
                 nbytes = (hi - lo) * want.row_bytes
+                if len(ranks) == 1:  # its only holder (a shard with no other copy): no choice to make
+                    pieces.append(Piece(path, ranks[0], dst, lo, hi, nbytes, want.dtype))
+                    load[ranks[0]] += nbytes
+                    continue
                 parts = min(len(ranks), MAX_SOURCES, hi - lo) if nbytes >= SPLIT_BYTES else 1
                 chosen = least.take(ranks, parts)
                 for i, src in enumerate(chosen):

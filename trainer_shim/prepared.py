@@ -75,7 +75,6 @@ class Prepared:
     def __init__(self, buffers: Mapping[str, torch.Tensor]) -> None:
         self.buffers = dict(buffers)
         self.used = dict.fromkeys(self.buffers, 0)
-        self.storages = {b.untyped_storage().data_ptr() for b in self.buffers.values()}
 
     @property
     def nbytes(self) -> int:
@@ -92,9 +91,6 @@ class Prepared:
             return None
         self.used[device.type] = at + -(-nbytes // ALIGN) * ALIGN
         return buf[at:at + nbytes].view(dtype).view(shape)
-
-    def holds(self, t: torch.Tensor) -> bool:
-        return t.untyped_storage().data_ptr() in self.storages
 
 
 def prepare(env: Mapping[str, str], state: Callable[[], Any], comm_device: torch.device,

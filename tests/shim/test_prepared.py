@@ -39,9 +39,10 @@ def member(rank: int, port: int, spare_bytes: int, out: dict[int, Any]) -> None:
         prepared = Prepared({"cpu": torch.zeros(spare_bytes or need["cpu"], dtype=torch.uint8)})
     healed, filled = heal(10 if rank == 0 else 0, held, None, None, torch.device("cpu"), True, prepared)
     mine = {**held, **filled}
+    storages = [] if prepared is None else [b.untyped_storage().data_ptr() for b in prepared.buffers.values()]
     out[rank] = {"digest": {p: float(t.double().sum()) for p, t in sorted(mine.items())},
                  "prepared_bytes": healed.prepared_bytes, "received": healed.received_bytes,
-                 "in_prepared": sorted(p for p, t in filled.items() if prepared is not None and prepared.holds(t))}
+                 "in_prepared": sorted(p for p, t in filled.items() if t.untyped_storage().data_ptr() in storages)}
     dist.destroy_process_group()
 
 
