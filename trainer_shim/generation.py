@@ -254,8 +254,9 @@ def abort(backend: str, opened: set[str]) -> None:
 def subgroup_timeout(seconds: float) -> Iterator[None]:
     """Groups made meanwhile (the script's device mesh's) wait `seconds` for a peer, as the generation's own group
     does, not c10d's 30 minutes. A gloo send queued on a pair that had just failed is not woken by severing its
-    socket: it waits for its group's timeout (gdb: `UnboundBuffer::waitSend` in a ring all-reduce). Seen in 3 of
-    130 crashes here (bench/results/crash-soak.md); with 30 minutes its node replaced it, its shards with it."""
+    socket: it waits for its group's timeout (gdb: `UnboundBuffer::waitSend` in a ring all-reduce; gloo's
+    `Pair::signalException` wakes no unbound buffer's send in its transmit queue). Seen in 3 of 130 crashes here
+    (bench/results/crash-soak.md); with 30 minutes its node replaced it, its shards with it."""
     saved = c10d.default_pg_timeout
     c10d.default_pg_timeout = timedelta(seconds=seconds)
     try:

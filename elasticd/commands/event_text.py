@@ -21,6 +21,7 @@ from elasticd.commands.event_fields import (
     seconds,
 )
 from elasticd.commands.render import format_bytes, short_path, span
+from elasticd.wire.diagnosis import blocked
 from elasticd.wire.names import EventKind, TransitionKind
 
 SENTENCE_CHARS = 400  # the whole sentence, whatever the body
@@ -144,19 +145,19 @@ def worker_failed(b: Body) -> str:
     return text
 
 
-def blocked(b: Body) -> str:
+def stuck_at(b: Body) -> str:
     """Where a stuck rank's stack says it was blocked, or why no stack was taken (`worker_hung`, `worker_not_left`)."""
     stack = b.sub("stack")
-    return f", blocked at {stack.word('where')}" if stack.has("where") else \
-        f" (no stack: {b.text('stacks_note')})" if b.has("stacks_note") else ""
+    return blocked(stack.word("where") if stack.has("where") else "",
+                   b.text("stacks_note") if b.has("stacks_note") else "")
 
 
 def worker_hung(b: Body) -> str:
-    return f"rank {b.count('rank')} made no step for {b.seconds('silent_s')}{blocked(b)}"
+    return f"rank {b.count('rank')} made no step for {b.seconds('silent_s')}{stuck_at(b)}"
 
 
 def worker_not_left(b: Body) -> str:
-    return f"rank {b.count('rank')} did not leave its group within {b.seconds('waited_s')}; replaced{blocked(b)}"
+    return f"rank {b.count('rank')} did not leave its group within {b.seconds('waited_s')}; replaced{stuck_at(b)}"
 
 
 def workers_stopped(b: Body) -> str:

@@ -24,7 +24,7 @@ from elasticd.member.rank_reports import RankReports
 from elasticd.member.store.round_store import RoundStore, StoreError
 from elasticd.member.worker_output import WorkerOutput
 from elasticd.wire.assignment import RoundAssignment, Welcome
-from elasticd.wire.diagnosis import Failure, StackDump
+from elasticd.wire.diagnosis import Failure, StackDump, blocked
 from elasticd.wire.member_state import EventReport, ProgressReport, Register, Scheduler
 from elasticd.wire.names import EventKind, MeshOp, NodeState
 from elasticd.wire.worker_reports import RankStep
@@ -367,10 +367,10 @@ class NodeAgent:
             self.event(EventKind.worker_hung, rank=rank, silent_s=round(hung[rank], 1),
                        **({"stack": dump.body()} if dump is not None and dump.text else {}),
                        **({"stacks_note": note} if note else {}), stacks_of=dumped)
-            where = f", blocked at {dump.where}" if dump is not None and dump.where else ""
+            where = dump.where if dump is not None else ""
             self.report_failure(None, f"worker rank {rank} on node {self.cfg.node_id} made no step for "
-                                f"{hung[rank]:.1f}s (hang timeout {self.cfg.hang_timeout_s:.0f}s){where}", hang=True,
-                                rank=rank)
+                                f"{hung[rank]:.1f}s (hang timeout {self.cfg.hang_timeout_s:.0f}s)"
+                                f"{blocked(where, note)}", hang=True, rank=rank)
             self.in_place.end_hung(rank)
 
     def send_failure(self, failure: Failure) -> None:

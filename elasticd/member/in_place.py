@@ -199,9 +199,8 @@ class InPlace:
         """Workers that never left their group (they are replaced, their state with them): where each was stuck,
         from its stack taken now, in a `worker_not_left` event and this node's log."""
         for dump in await asyncio.gather(*(self.node.dump_stacks(w) for w in stuck)):
-            where = f", blocked at {dump.where}" if dump.where else f" (no stack: {dump.note})" if dump.note else ""
             log.warning("[%s] worker rank %d (pid %d) did not leave its group within %.0fs; it is replaced%s",
-                        self.node.cfg.node_id, dump.rank, dump.pid, waited_s, where)
+                        self.node.cfg.node_id, dump.rank, dump.pid, waited_s, dump.blocked())
             self.node.event(EventKind.worker_not_left, rank=dump.rank, pid=dump.pid, waited_s=round(waited_s, 1),
                             **({"stack": dump.body()} if dump.text else {}),
                             **({"stacks_note": dump.note} if dump.note else {}))

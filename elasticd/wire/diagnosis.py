@@ -172,6 +172,14 @@ class StackDump:
     def body(self, limit: int = MAX_STACK_CHARS) -> JsonObject:
         return {**asdict(self), "text": clip(self.text, limit)}
 
+    def blocked(self) -> str:
+        return blocked(self.where, self.note)
+
+
+def blocked(where: str, note: str) -> str:
+    """Where a stuck rank's stack says it was blocked, or why no stack was taken, to end a sentence about it."""
+    return f", blocked at {where}" if where else f" (no stack: {note})" if note else ""
+
 
 def main_thread_where(dump: str) -> str:
     """The innermost frame of the thread that took the signal (faulthandler prints it `Current thread`), else of
