@@ -22,6 +22,7 @@ import torch.distributed.distributed_c10d as c10d
 import torch.distributed.tensor._random as dtensor_random
 from torch.distributed.tensor import DTensor
 
+from elasticd.wire.assignment import job_prefix
 from trainer_shim.state_paths import Slot, flatten
 
 STORE_ENV = "ELASTICD_STORE"  # host:port of the job's long-lived c10d store (hosted by the coordinator's daemon)
@@ -55,9 +56,8 @@ class Generation:
 
     @property
     def job_prefix(self) -> str:
-        """The job's own keys, above every generation's (`elastic/JOB` of `elastic/JOB/gROUND`: the coordinator's
-        elasticd/coordinator/resize.py names them so)."""
-        return self.prefix.rpartition("/")[0] or self.prefix
+        """The job's own keys, above every generation's."""
+        return job_prefix(self.prefix)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Generation:

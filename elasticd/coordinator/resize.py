@@ -13,6 +13,7 @@ from typing import Any
 
 from elasticd.coordinator.membership import NodeRecord, Round
 from elasticd.coordinator.step_agreement import StepQuery
+from elasticd.wire.assignment import generation_prefix
 from elasticd.wire.heal_report import Heal
 from elasticd.wire.member_state import ProgressReport
 from elasticd.wire.names import EventKind
@@ -136,7 +137,8 @@ class Resizer:
         """What a round's assignment adds for every node: the store and prefix, whether this round is in place."""
         if not self.store:
             return {"in_place": False}
-        return {"in_place": self.in_place(rnd), "store": self.store, "prefix": f"{self.job_prefix}/g{rnd.round_id}",
+        return {"in_place": self.in_place(rnd), "store": self.store,
+                "prefix": generation_prefix(self.job_prefix, rnd.round_id),
                 **({"job_store_tunnel": self.tunnel} if self.tunnel else {})}
 
     def hot_spare(self, rnd: Round, standby: bool) -> bool:

@@ -142,7 +142,7 @@ class NodeAgent:
             if assignment.state != NodeState.running:
                 self.state = assignment.state
                 if assignment.prewarm:  # a standby of an in-place job: its workers wait, ready to join
-                    job_store = f"{assignment.store}/{assignment.prefix.rpartition('/')[0]}" if assignment.store else ""
+                    job_store = f"{assignment.store}/{assignment.job_prefix}" if assignment.store else ""
                     await self.in_place.prestart(assignment.expected_world, job_store)  # its relay's, with --keys
                 return
             await self.start_workers(round_id, assignment, kept)

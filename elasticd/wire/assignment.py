@@ -39,6 +39,20 @@ class RoundAssignment(Record):
             return f"round {self.round} has world_size {self.world_size}"
         return ""
 
+    @property
+    def job_prefix(self) -> str:
+        return job_prefix(self.prefix)
+
+
+def generation_prefix(job: str, round_id: int) -> str:
+    """A generation's keys in the job's store: under the job's own (`elastic/JOB/gROUND` of `elastic/JOB`)."""
+    return f"{job}/g{round_id}"
+
+
+def job_prefix(generation: str) -> str:
+    """The job's own keys, above a generation's (`generation_prefix`): where a pre-started worker reads the state."""
+    return generation.rpartition("/")[0] or generation
+
 
 class NodePart(TypedDict):
     """The fields of a round's `RoundAssignment` that differ from node to node. A round goes to every member as its
