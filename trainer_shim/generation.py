@@ -22,7 +22,7 @@ import torch.distributed.distributed_c10d as c10d
 import torch.distributed.tensor._random as dtensor_random
 from torch.distributed.tensor import DTensor
 
-from elasticd.wire.assignment import job_prefix
+from elasticd.wire.names import job_prefix
 from trainer_shim.state_paths import Slot, flatten
 
 STORE_ENV = "ELASTICD_STORE"  # host:port of the job's long-lived c10d store (hosted by the coordinator's daemon)

@@ -13,10 +13,9 @@ from typing import Any
 
 from elasticd.coordinator.membership import NodeRecord, Round
 from elasticd.coordinator.step_agreement import StepQuery
-from elasticd.wire.assignment import generation_prefix
 from elasticd.wire.heal_report import Heal
 from elasticd.wire.member_state import ProgressReport
-from elasticd.wire.names import EventKind
+from elasticd.wire.names import EventKind, generation_prefix
 
 RESIZE_TIMEOUT_S = 30.0  # an in-place round whose ranks have not all synced by then falls back to a restart
 WARM_TIMEOUT_S = 30.0  # how long a join's round waits for the joiner's pre-started workers

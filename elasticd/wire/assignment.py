@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, TypedDict, cast
 
-from elasticd.wire.names import JobState, MeshOp, NodeState
+from elasticd.wire.names import JobState, MeshOp, NodeState, job_prefix
 from elasticd.wire.protocol import ErrorCode, JsonObject, ProtocolError
 from elasticd.wire.record import Record
 
@@ -42,16 +42,6 @@ class RoundAssignment(Record):
     @property
     def job_prefix(self) -> str:
         return job_prefix(self.prefix)
-
-
-def generation_prefix(job: str, round_id: int) -> str:
-    """A generation's keys in the job's store: under the job's own (`elastic/JOB/gROUND` of `elastic/JOB`)."""
-    return f"{job}/g{round_id}"
-
-
-def job_prefix(generation: str) -> str:
-    """The job's own keys, above a generation's (`generation_prefix`): where a pre-started worker reads the state."""
-    return generation.rpartition("/")[0] or generation
 
 
 class NodePart(TypedDict):

@@ -1,4 +1,4 @@
-"""The job's vocabulary: mesh and worker ops, event kinds, and the states of nodes, rounds and the job, as constants.
+"""The job's vocabulary: ops, event kinds, the states of nodes, rounds and the job, and its store's key names.
 
 Every name here crosses a process boundary (a mesh frame, an event, a JSON reply), so each is a `StrEnum`: it
 compares equal to, and encodes as, its plain string. Members are spelled exactly as on the wire, so
@@ -97,6 +97,18 @@ REHEARSE_ENV = "ELASTICD_REHEARSE_WORLD"  # a pre-started worker's expected worl
 NEXT_WORLDS_ENV = "ELASTICD_REHEARSE_NEXT"  # a job's first workers: the worlds one change away, rehearsed at start
 JOB_STORE_ENV = "ELASTICD_JOB_STORE"  # a pre-started worker: HOST:PORT/PREFIX, the job's store and its keys' prefix
 CTL_PREFIX = "ctl."  # a member forwards an operator request as `ctl.<verb>`; the answer comes back as a `rep`
+
+
+def generation_prefix(job: str, round_id: int) -> str:
+    """A generation's keys in the job's store: under the job's own (`elastic/JOB/gROUND` of `elastic/JOB`)."""
+    return f"{job}/g{round_id}"
+
+
+def job_prefix(generation: str) -> str:
+    """The job's own keys, above a generation's (`generation_prefix`): where a pre-started worker reads the state."""
+    return generation.rpartition("/")[0] or generation
+
+
 # A relay's batches (`docs/protocol.md` §9.5): the first part of a multipart message between a relay and the
 # coordinator; JSON frames start with `{`, so neither can be taken for the other.
 RELAY_UP = b"relay-up"  # relay -> coordinator: identity, frame, identity, frame... (an empty frame: that link closed)

@@ -36,7 +36,9 @@ def resized(job: Job, world: int, since: int) -> dict:
     assert list(parts) == ["leave", "group", "rebuild", "state", "wait", "collect", "plan", "transfer", "restore",
                            "first_step", "other"], parts
     assert abs(sum(parts.values()) - done["stall_s"]) < 0.01 and done["stall_s"] > 0, done
-    assert parts["rebuild"] > 0 and parts["plan"] > 0, parts  # measured by every rank, not left at zero
+    # Measured by every rank, not left at zero: the heal's own figure, to 0.1 ms (a world of one plans in less
+    # than the millisecond its part is rounded to).
+    assert parts["rebuild"] > 0 and done.get("heal", {}).get("plan_s", 0) > 0, done
     return started
 
 
