@@ -153,8 +153,7 @@ class _Posts:
             self.copied.append(_Copied(RECEIVE, parts, peer, tag))
             return
         if buf is None:
-            wire = torch.uint8 if parts[0].dtype == torch.bool else parts[0].dtype
-            buf = torch.empty(sum(t.numel() for t in parts), dtype=wire, device=self.comm_device)
+            buf = torch.empty(sum(t.numel() for t in parts), dtype=_on_wire(parts[0].dtype), device=self.comm_device)
             self.staged.append((buf, parts))
         (self.later if later else self.now).append(dist.P2POp(dist.irecv, buf, peer, tag=tag))
 

@@ -45,7 +45,3 @@ class Staging:
                     fresh.append(made)
         if fresh:
             touch(fresh)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(b.numel() for ring in self.rings.values() for b in ring if b is not None)
