@@ -20,7 +20,9 @@ each), the newcomers hold a fresh model and no optimizer state (DDP) or a fresh 
 Per row: newcomer_s (its heal), survivor_s (the slowest survivor's: it holds the freshest step), idle_survivor_s
 (the slowest survivor that sent nothing, where one did: its cost is the heal's exchange alone), world_s (until
 the last rank is done: the survivors' stall), moved_bytes (all ranks' received bytes), GB/s (state per replica /
-newcomer_s) and its share of loopback. --tensors sets how many tensors hold the same bytes (issue 35's axis).
+newcomer_s) and its share of loopback, cpu_s (every rank's CPU time in the heal, all its threads) and cpu_floor_s
+(cpu_s over the cores this process may use: no heal on them can take less). --tensors sets how many tensors hold
+the same bytes (issue 35's axis).
 Usage: heal.py [--sizes-mb 100,500,1000,2000] [--layouts ddp,hsdp] [--tensors 12,99,999,4998] [--base-tree DIR]
                [--heal-tree DIR] [--ddp-joins 1-2,2-3,4-5] [--no-restart] [--no-prepared] [--no-drains]
                [--out bench/results/heal.json]
@@ -103,7 +105,7 @@ def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int,
     else:
         from trainer_shim.generation import sync
     dist.barrier()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()  # the process's CPU: every thread, gloo's included
     received, sent, error = 0, 0, ""
     try:
         if method in HEALS:
@@ -120,9 +122,10 @@ def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int,
             received = 0 if synced.state is None else nbytes
     except RuntimeError as exc:
         error = str(exc).splitlines()[0][:200]
-    mine = time.perf_counter() - start
+    mine, cpu_used = time.perf_counter() - start, time.process_time() - cpu_start
     times: list[Any] = [None] * new
-    dist.all_gather_object(times, (mine, survivor, received, error, sent))  # after the clock: not part of the heal
+    # after the clock: not part of the heal
+    dist.all_gather_object(times, (mine, survivor, received, error, sent, cpu_used))
     if rank == 0:
         out["result"] = times
     dist.destroy_process_group()
@@ -174,15 +177,17 @@ def run_join(method: str, layout: str, old: int, new: int, nbytes: int, params: 
         times = out["result"]
     newcomer = max((t for t, survivor, *_ in times if not survivor), default=None)
     survivor_s = max(t for t, survivor, *_ in times if survivor)
-    idle = [t for t, survivor, received, _, sent in times if survivor and not received and not sent] \
+    idle = [t for t, survivor, received, _, sent, _ in times if survivor and not received and not sent] \
         if method == "heal" else []  # a survivor that moved nothing: its cost is the exchange alone
-    errors = sorted({e for _, _, _, e, _ in times if e})
+    errors = sorted({e for _, _, _, e, *_ in times if e})
+    cpu_s = sum(c for *_, c in times)
     return {"method": method, "layout": layout, "old": old, "new": new, "state_mb": nbytes >> 20,
             "tensors": 3 * params, "survivor_s": round(survivor_s, 4),
             "idle_survivor_s": round(max(idle), 4) if idle else None,
             "newcomer_s": None if newcomer is None else round(newcomer, 3),
             "world_s": round(max(t for t, *_ in times), 3),
-            "moved_bytes": sum(r for _, _, r, *_ in times), "errors": errors}
+            "moved_bytes": sum(r for _, _, r, *_ in times), "errors": errors, "cpu_s": round(cpu_s, 4),
+            "cpu_floor_s": round(cpu_s / len(os.sched_getaffinity(0)), 4)}
 
 
 def loopback_peer(rank: int, nbytes: int, addr: str, out: dict) -> None:

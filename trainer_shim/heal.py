@@ -71,13 +71,20 @@ def block_of(t: torch.Tensor, blocks: Blocks | None = None) -> tuple[torch.Tenso
         if found is None:
             found = cache[key] = block(tuple(t.shape), t.dtype, 0, 0, t.shape[0] if t.dim() else 1)
         return local, found
-    local = t.to_local()  # under `heal`'s no_grad: the plain local tensor, not autograd's Function
+    try:  # what `to_local` returns under `heal`'s no_grad, without its call: half of this lookup's time
+        local = t._local_tensor
+    except AttributeError:  # a torch that renamed it
+        local = t.to_local()
     local = local.detach() if local.requires_grad else local
     spec = t._spec  # its fields directly: DTensor's properties for them cost a third of the lookup
-    key = (spec.shape, local.shape, local.dtype, id(spec.mesh), spec.placements)
-    found = cache.get(key)
+    same = (id(spec), local.shape)  # sharding propagation caches its specs: a model's same-shaped parameters and
+    found = cache.get(same)  # their optimizer states share one object under FSDP2, and this skips hashing it
     if found is None:
-        found = cache[key] = _dtensor_block(t, local)
+        key = (spec.shape, local.shape, local.dtype, id(spec.mesh), spec.placements)
+        found = cache.get(key)
+        if found is None:
+            found = cache[key] = _dtensor_block(t, local)
+        cache[same] = found
     return local, found
 
 
