@@ -18,11 +18,12 @@ each), the newcomers hold a fresh model and no optimizer state (DDP) or a fresh 
   loopback   gloo send/recv of one tensor of the state's size between two processes: the physical limit here
              (the best of three)
 Per row: newcomer_s (its heal), survivor_s (the slowest survivor's: it holds the freshest step), idle_survivor_s
-(the slowest survivor that sent nothing, where one did: its cost is the heal's exchange alone), world_s (until
-the last rank is done: the survivors' stall), moved_bytes (all ranks' received bytes), GB/s (state per replica /
-newcomer_s) and its share of loopback, cpu_s (every rank's CPU time in the heal, all its threads) and cpu_floor_s
-(cpu_s over the cores this process may use: no heal on them can take less). --tensors sets how many tensors hold
-the same bytes (issue 35's axis).
+(the slowest survivor that sent nothing, where one did: its cost is the heal's exchange alone), survivor_heal_s
+(the slowest survivor's `heal` alone, as its `resize` event reports it: survivor_s also has the state's `flatten`
+before it, and an HSDP rank's of its wanted state), world_s (until the last rank is done: the survivors' stall),
+moved_bytes (all ranks' received bytes), GB/s (state per replica / newcomer_s) and its share of loopback, cpu_s
+(every rank's CPU time in the heal, all its threads) and cpu_floor_s (cpu_s over the cores this process may use:
+no heal on them can take less). --tensors sets how many tensors hold the same bytes (issue 35's axis).
 Usage: heal.py [--sizes-mb 100,500,1000,2000] [--layouts ddp,hsdp] [--tensors 12,99,999,4998] [--base-tree DIR]
                [--heal-tree DIR] [--ddp-joins 1-2,2-3,4-5] [--no-restart] [--no-prepared] [--no-drains]
                [--out bench/results/heal.json]
@@ -106,7 +107,7 @@ def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int,
         from trainer_shim.generation import sync
     dist.barrier()
     start, cpu_start = time.perf_counter(), time.process_time()  # the process's CPU: every thread, gloo's included
-    received, sent, error = 0, 0, ""
+    received, sent, error, own = 0, 0, "", 0.0
     try:
         if method in HEALS:
             tensors: dict[str, torch.Tensor] = {}
@@ -116,16 +117,17 @@ def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int,
             healed, _ = shim_heal.heal(10 if survivor else 0, tensors, skeleton,
                                        None if wants is None else shim_heal_targets(wants), cpu, True, prepared,
                                        **({"staging": staging} if staging is not None else {}))
-            received, sent = healed.received_bytes, healed.sent_bytes
+            received, sent, own = healed.received_bytes, healed.sent_bytes, healed.seconds
         else:  # the tree before: one broadcast of the whole state from the freshest rank
             synced = sync(10 if survivor else 0, lambda: held, cpu, cpu)
             received = 0 if synced.state is None else nbytes
     except RuntimeError as exc:
         error = str(exc).splitlines()[0][:200]
     mine, cpu_used = time.perf_counter() - start, time.process_time() - cpu_start
+    own = own if method in HEALS else mine  # the broadcast has no parts to tell apart
     times: list[Any] = [None] * new
     # after the clock: not part of the heal
-    dist.all_gather_object(times, (mine, survivor, received, error, sent, cpu_used))
+    dist.all_gather_object(times, (mine, survivor, received, error, sent, cpu_used, own))
     if rank == 0:
         out["result"] = times
     dist.destroy_process_group()
@@ -177,12 +179,13 @@ def run_join(method: str, layout: str, old: int, new: int, nbytes: int, params: 
         times = out["result"]
     newcomer = max((t for t, survivor, *_ in times if not survivor), default=None)
     survivor_s = max(t for t, survivor, *_ in times if survivor)
-    idle = [t for t, survivor, received, _, sent, _ in times if survivor and not received and not sent] \
+    idle = [t for t, survivor, received, _, sent, *_ in times if survivor and not received and not sent] \
         if method == "heal" else []  # a survivor that moved nothing: its cost is the exchange alone
     errors = sorted({e for _, _, _, e, *_ in times if e})
-    cpu_s = sum(c for *_, c in times)
+    cpu_s = sum(c for *_, c, _ in times)
     return {"method": method, "layout": layout, "old": old, "new": new, "state_mb": nbytes >> 20,
             "tensors": 3 * params, "survivor_s": round(survivor_s, 4),
+            "survivor_heal_s": round(max(o for _, survivor, *_, o in times if survivor), 4),
             "idle_survivor_s": round(max(idle), 4) if idle else None,
             "newcomer_s": None if newcomer is None else round(newcomer, 3),
             "world_s": round(max(t for t, *_ in times), 3),
