@@ -141,13 +141,14 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
     pieces, full, asks = settled.pieces, settled.full, settled.asks
     if offers is not None:  # rows into new memory last: its receiver touches it while the rest arrives
         pieces.sort(key=lambda p: offers[p.dst].fresh(p.path, full[p.path]))  # type: ignore[union-attr]
-    incoming = [p for p in pieces if p.dst == rank and bundled(p)]
+    incoming = [p for p in pieces if p.dst == rank and bundled(p)] if offers is not None else []
     device_of = top[1].__getitem__ if top[1] is not None else lambda p: have[p][0].device.type
     filled, ready = _targets(asks[rank], wants or {}, held, device_of, comm_device, incoming, prepared) \
         if asks[rank] else ({}, set())
     # a tensor filled whole (its own, or new) is the whole block, cut along the source's dim
     into = {p: wanted[p] if p in wanted else (t, asks[rank][p]) for p, t in filled.items()}
-    new = {p for p in filled if mine.fresh(p, full[p]) and p not in ready}
+    # rows received into new memory (none where every rank heals from its own rows)
+    new = {p for p in filled if mine.fresh(p, full[p]) and p not in ready} if offers is not None else set()
     result.prepared_bytes = sum(filled[p].numel() * filled[p].element_size() for p in ready)
     result.received_bytes, result.sent_bytes, result.senders = move(pieces, rank, have, into, new, comm_device,
                                                                        staging)
