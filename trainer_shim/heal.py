@@ -54,8 +54,8 @@ class Healed:
                 "prepared_bytes": self.prepared_bytes}
 
 
-Blocks = dict[tuple[Any, ...], Block]  # a heal's blocks by (shape, dtype), or a DTensor's by (shape, local shape,
-# dtype, its mesh's identity, placements)
+Blocks = dict[tuple[Any, ...], Block]  # a heal's blocks by (shape, dtype), or a DTensor's by (its spec's identity,
+# local shape) and by (shape, local shape, dtype, its mesh's identity, placements)
 
 
 def block_of(t: torch.Tensor, blocks: Blocks | None = None) -> tuple[torch.Tensor, Block]:
