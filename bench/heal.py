@@ -127,7 +127,8 @@ def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int,
     own = own if method in HEALS else mine  # the broadcast has no parts to tell apart
     times: list[Any] = [None] * new
     # after the clock: not part of the heal
-    dist.all_gather_object(times, (mine, survivor, received, error, sent, cpu_used, own))
+    dist.all_gather_object(times, {"seconds": mine, "survivor": survivor, "received": received, "error": error,
+                                   "sent": sent, "cpu": cpu_used, "heal": own})
     if rank == 0:
         out["result"] = times
     dist.destroy_process_group()
@@ -177,19 +178,19 @@ def run_join(method: str, layout: str, old: int, new: int, nbytes: int, params: 
         mp.start_processes(member, args=(method, layout, old, new, nbytes, str(server.port), out, params),
                            nprocs=new, start_method="spawn")
         times = out["result"]
-    newcomer = max((t for t, survivor, *_ in times if not survivor), default=None)
-    survivor_s = max(t for t, survivor, *_ in times if survivor)
-    idle = [t for t, survivor, received, _, sent, *_ in times if survivor and not received and not sent] \
+    survivors = [r for r in times if r["survivor"]]
+    newcomer = max((r["seconds"] for r in times if not r["survivor"]), default=None)
+    idle = [r["seconds"] for r in survivors if not r["received"] and not r["sent"]] \
         if method == "heal" else []  # a survivor that moved nothing: its cost is the exchange alone
-    errors = sorted({e for _, _, _, e, *_ in times if e})
-    cpu_s = sum(c for *_, c, _ in times)
+    errors = sorted({r["error"] for r in times if r["error"]})
+    cpu_s = sum(r["cpu"] for r in times)
     return {"method": method, "layout": layout, "old": old, "new": new, "state_mb": nbytes >> 20,
-            "tensors": 3 * params, "survivor_s": round(survivor_s, 4),
-            "survivor_heal_s": round(max(o for _, survivor, *_, o in times if survivor), 4),
+            "tensors": 3 * params, "survivor_s": round(max(r["seconds"] for r in survivors), 4),
+            "survivor_heal_s": round(max(r["heal"] for r in survivors), 4),
             "idle_survivor_s": round(max(idle), 4) if idle else None,
             "newcomer_s": None if newcomer is None else round(newcomer, 3),
-            "world_s": round(max(t for t, *_ in times), 3),
-            "moved_bytes": sum(r for _, _, r, *_ in times), "errors": errors, "cpu_s": round(cpu_s, 4),
+            "world_s": round(max(r["seconds"] for r in times), 3),
+            "moved_bytes": sum(r["received"] for r in times), "errors": errors, "cpu_s": round(cpu_s, 4),
             "cpu_floor_s": round(cpu_s / len(os.sched_getaffinity(0)), 4)}
 
 

@@ -105,7 +105,7 @@ def main() -> int:
             runs.append({"tree": tree, "load": os.getloadavg()[0], "survivor": ranks.get(0), "newcomer": ranks.get(3)})
             print(json.dumps(runs[-1]), flush=True)
     tensors = (runs[0]["survivor"] or {}).get("tensors")
-    print(f"## heal at {tensors} DTensors, 4 ranks (HSDP 2x2), {platform.platform()}, {os.cpu_count()} cores")
+    print(f"## heal at {tensors} tensors, 4 ranks (HSDP 2x2), {platform.platform()}, {os.cpu_count()} cores")
     print("| tree | rank 0 heal (s) | rank 3 heal (s) | rank 3 plan (s) | rank 3 transfer (s) | load |")
     print("|---|---|---|---|---|---|")
     for r in runs:
