@@ -29,14 +29,26 @@ def _rows(local: torch.Tensor, block: Block, lo: int, hi: int) -> torch.Tensor:
     return local if lo == block.lo and hi == block.hi else local.narrow(block.dim, lo - block.lo, hi - lo)
 
 
-def _copy_own(held: tuple[torch.Tensor, Block], into: tuple[torch.Tensor, Block], piece: Piece) -> None:
-    """A rank's own rows where its new tensor wants them, none where that is the same memory; a piece that is
-    both tensors whole is not cut (a survivor's every tensor in data parallel, or in HSDP)."""
+def _own(held: tuple[torch.Tensor, Block], into: tuple[torch.Tensor, Block], piece: Piece,
+         copies: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
+    """A rank's own rows where its new tensor wants them, listed for `copy_all`; none where that is the same
+    memory. A piece that is both tensors whole is not cut (a survivor's every tensor in data parallel, or in HSDP)."""
     (src, have), (dst, want) = held, into
     if not have.lo == want.lo == piece.lo or not have.hi == want.hi == piece.hi:
         src, dst = _rows(src, have, piece.lo, piece.hi), _rows(dst, want, piece.lo, piece.hi)
     if src.data_ptr() != dst.data_ptr():
-        dst.copy_(src)
+        copies[0].append(dst)
+        copies[1].append(src)
+
+
+def copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+    """Each source into its destination, in one call, flat where both lie contiguous: a thousand `copy_` calls
+    of 2-D tensors took a third longer than their bytes (12.3 against 8.9 ms for 50 MB in 1,332 tensors here)."""
+    if not dsts:
+        return
+    flat = [d.is_contiguous() and s.is_contiguous() for d, s in zip(dsts, srcs, strict=True)]
+    torch._foreach_copy_([d.view(-1) if f else d for d, f in zip(dsts, flat, strict=True)],
+                         [s.view(-1) if f else s for s, f in zip(srcs, flat, strict=True)])
 
 
 def _wire(t: torch.Tensor, comm_device: torch.device) -> torch.Tensor:
@@ -58,10 +70,11 @@ def move(pieces: list[Piece], me: int, held: Mapping[str, tuple[torch.Tensor, Bl
     posts = _Posts(comm_device, staging or Staging(MESSAGE_BYTES))
     bundles: dict[tuple[int, int, torch.dtype], list[Piece]] = {}
     moves = 0  # a move's tag is its place among the plan's moves, which every rank lists alike (copies: its own)
+    copies: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
     for piece in pieces:
         if piece.src == piece.dst:
             if piece.src == me:
-                _copy_own(held[piece.path], into[piece.path], piece)
+                _own(held[piece.path], into[piece.path], piece, copies)
             continue
         tag = moves = moves + 1
         if bundled(piece):  # every rank groups alike: the tags agree
@@ -71,6 +84,7 @@ def move(pieces: list[Piece], me: int, held: Mapping[str, tuple[torch.Tensor, Bl
         elif piece.dst == me:
             posts.receive([_rows(*into[piece.path], piece.lo, piece.hi)], piece.src, tag, piece.nbytes,
                           later=piece.path in new and comm_device.type != "cuda")
+    copy_all(*copies)
     messages = [(src, dst, chunk) for (src, dst, _), group in bundles.items() for chunk in _chunks(group)]
     for tag, (src_rank, dst_rank, chunk) in enumerate(messages, start=moves + 1):
         nbytes = sum(p.nbytes for p in chunk)
@@ -209,8 +223,9 @@ def _back_to_back(parts: list[torch.Tensor], comm_device: torch.device) -> torch
 
 def _scatter(buf: torch.Tensor, parts: list[torch.Tensor]) -> None:
     """A received flat buffer's contents into its destinations, in order."""
-    for part, chunk in zip(parts, buf.split([t.numel() for t in parts]), strict=True):
-        part.copy_((chunk.view(torch.bool) if part.dtype == torch.bool else chunk).view(part.shape))
+    chunks = [c.view(torch.bool) if p.dtype == torch.bool else c
+              for p, c in zip(parts, buf.split([t.numel() for t in parts]), strict=True)]
+    copy_all(parts, [c if p.is_contiguous() else c.view(p.shape) for p, c in zip(parts, chunks, strict=True)])
 
 
 def touch(tensors: list[torch.Tensor]) -> None:
