@@ -25,7 +25,7 @@ moved_bytes (all ranks' received bytes), GB/s (state per replica / newcomer_s) a
 (every rank's CPU time in the heal, all its threads) and cpu_floor_s (cpu_s over the cores this process may use:
 no heal on them can take less). --tensors sets how many tensors hold the same bytes (issue 35's axis).
 Usage: heal.py [--sizes-mb 100,500,1000,2000] [--layouts ddp,hsdp] [--tensors 12,99,999,4998] [--base-tree DIR]
-               [--heal-tree DIR] [--ddp-joins 1-2,2-3,4-5] [--no-restart] [--no-prepared] [--no-drains]
+               [--heal-tree DIR] [--ddp-joins 1-2,2-3,4-5] [--no-restart] [--no-prepared] [--no-drains] [--own-specs]
                [--out bench/results/heal.json]
 """
 
@@ -57,9 +57,11 @@ SHARDS = 2
 
 
 def state_of(rank: int, nbytes: int, survivor: bool, layout: str, world: int,
-             params: int = 4) -> tuple[dict, dict | None]:
+             params: int = 4, own_specs: bool = False) -> tuple[dict, dict | None]:
     """(held, wants) for one rank: DDP holds whole tensors, HSDP its shard of each (DTensors on a 2-D mesh).
-    `params` tensors of parameters, each with AdamW's two moments: 3 x `params` tensors of the state's bytes."""
+    `params` tensors of parameters, each with AdamW's two moments: 3 x `params` tensors of the state's bytes.
+    HSDP's same-shaped DTensors share one spec object, as FSDP2's do (DTensor's sharding propagation caches the
+    specs it returns: `empty_like` here, FSDP2's own ops there); `own_specs` gives each its own instead."""
     per = max(nbytes // 3 // 4 // params, 1)  # floats per tensor
     shard = layout == "hsdp"
     cols = min(1024, per)  # a small tensor (a bias, a norm's weight) is one row
@@ -69,13 +71,20 @@ def state_of(rank: int, nbytes: int, survivor: bool, layout: str, world: int,
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh("cpu", (world // SHARDS, SHARDS))
 
+    first: list[Any] = []  # the first DTensor, whose like the others are made as
+
     def tensor(fill: float) -> torch.Tensor:
-        local = torch.empty(rows, cols).fill_(fill)  # touched, as a trained model's memory is
+        if shard and first and not own_specs:
+            made: Any = torch.empty_like(first[0])
+            made.to_local().fill_(fill)  # touched, as a trained model's memory is
+            return made
+        local = torch.empty(rows, cols).fill_(fill)
         if not shard:
             return local
         from torch.distributed.tensor import DTensor, Replicate, Shard
-        return DTensor.from_local(local, mesh, [Replicate(), Shard(0)], run_check=False,
-                                  shape=torch.Size((rows * SHARDS, cols)), stride=(cols, 1))
+        first.append(DTensor.from_local(local, mesh, [Replicate(), Shard(0)], run_check=False,
+                                        shape=torch.Size((rows * SHARDS, cols)), stride=(cols, 1)))
+        return first[-1]
 
     model = {f"w{i}": tensor(rank + 1.0) for i in range(params)}
     if survivor or shard:
@@ -88,14 +97,14 @@ def state_of(rank: int, nbytes: int, survivor: bool, layout: str, world: int,
 
 
 def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int, addr: str, out: dict,
-           params: int = 4) -> None:
+           params: int = 4, own_specs: bool = False) -> None:
     # First, as an in-place worker does at its start: the zeroing's threads (trainer_shim.heal_moves.touch) then finish
     # long before the clock, not in the first milliseconds of a heal that costs a few.
     staging = warm_staging() if method in HEALS else None
     store = dist.TCPStore("127.0.0.1", int(addr), is_master=False, timeout=timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=new, timeout=timedelta(seconds=TIMEOUT_S))
     survivor = rank < old
-    held, wants = state_of(rank, nbytes, survivor, layout, new, params)
+    held, wants = state_of(rank, nbytes, survivor, layout, new, params, own_specs)
     cpu = torch.device("cpu")
     prepared = None
     if method in HEALS:
@@ -170,13 +179,14 @@ def shim_heal_targets(state: dict) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def run_join(method: str, layout: str, old: int, new: int, nbytes: int, params: int = 4) -> dict[str, Any]:
+def run_join(method: str, layout: str, old: int, new: int, nbytes: int, params: int = 4,
+             own_specs: bool = False) -> dict[str, Any]:
     server = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
                            timeout=timedelta(seconds=60))
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.start_processes(member, args=(method, layout, old, new, nbytes, str(server.port), out, params),
-                           nprocs=new, start_method="spawn")
+        mp.start_processes(member, nprocs=new, start_method="spawn",
+                           args=(method, layout, old, new, nbytes, str(server.port), out, params, own_specs))
         times = out["result"]
     survivors = [r for r in times if r["survivor"]]
     newcomer = max((r["seconds"] for r in times if not r["survivor"]), default=None)
@@ -185,7 +195,8 @@ def run_join(method: str, layout: str, old: int, new: int, nbytes: int, params: 
     errors = sorted({r["error"] for r in times if r["error"]})
     cpu_s = sum(r["cpu"] for r in times)
     return {"method": method, "layout": layout, "old": old, "new": new, "state_mb": nbytes >> 20,
-            "tensors": 3 * params, "survivor_s": round(max(r["seconds"] for r in survivors), 4),
+            "tensors": 3 * params, **({"own_specs": own_specs} if layout == "hsdp" else {}),
+            "survivor_s": round(max(r["seconds"] for r in survivors), 4),
             "survivor_heal_s": round(max(r["heal"] for r in survivors), 4),
             "idle_survivor_s": round(max(idle), 4) if idle else None,
             "newcomer_s": None if newcomer is None else round(newcomer, 3),
@@ -243,6 +254,8 @@ def main() -> int:
     parser.add_argument("--no-restart", action="store_true", help="skip the restart lower bound (seconds a row)")
     parser.add_argument("--no-prepared", action="store_true", help="skip the pre-started newcomer's rows (a tree "
                         "without trainer_shim.prepared)")
+    parser.add_argument("--own-specs", action="store_true", help="give each HSDP DTensor its own spec object (FSDP2 "
+                        "shares one among same-shaped tensors, as this benchmark does by default)")
     parser.add_argument("--no-drains", action="store_true", help="skip the drains' rows (a world of survivors only)")
     parser.add_argument("--warm-gb", type=float, default=0.0, help="touch this much memory once before measuring: "
                         "a VM may back memory only when first touched (0.8 s a GB on the 2-core machine), which then "
@@ -276,7 +289,7 @@ def main() -> int:
                     env_tree = args.base_tree if method == "broadcast" else args.heal_tree
                     os.environ["PYTHONPATH"] = env_tree  # spawned members import the tree under test
                     sys.path.insert(0, env_tree)
-                    row = run_join(method, layout, old, new, nbytes, count)
+                    row = run_join(method, layout, old, new, nbytes, count, args.own_specs)
                     sys.path.remove(env_tree)
                     if not drain:
                         row["gbps"] = round(nbytes / row["newcomer_s"] / 1e9, 3)
