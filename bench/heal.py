@@ -23,9 +23,13 @@ Per row: newcomer_s (its heal), survivor_s (the slowest survivor's: it holds the
 before it, and an HSDP rank's of its wanted state), world_s (until the last rank is done: the survivors' stall),
 moved_bytes (all ranks' received bytes), GB/s (state per replica / newcomer_s) and its share of loopback, cpu_s
 (every rank's CPU time in the heal, all its threads) and cpu_floor_s (cpu_s over the cores this process may use:
-no heal on them can take less). --tensors sets how many tensors hold the same bytes (issue 35's axis).
+no heal on them can take less). --tensors sets how many tensors hold the same bytes (issue 35's axis). --phases
+adds phases_ms: per role, the mean CPU of each of the heal's steps on its calling thread ("main": all the row
+times there, the state's flatten included; "pump": the messages copied together and apart, of which "_scatter" is
+the copy out) and of all its threads ("cpu").
 Usage: heal.py [--sizes-mb 100,500,1000,2000] [--layouts ddp,hsdp] [--tensors 12,99,999,4998] [--base-tree DIR]
                [--heal-tree DIR] [--ddp-joins 1-2,2-3,4-5] [--no-restart] [--no-prepared] [--no-drains] [--own-specs]
+               [--phases]
                [--out bench/results/heal.json]
 """
 
@@ -39,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -54,6 +59,17 @@ WORLDS = {"ddp": [(2, 3), (4, 5)], "hsdp": [(2, 4), (4, 6)]}  # (old, new): HSDP
 DRAINS = {"ddp": [(3, 2), (5, 4)], "hsdp": [(4, 2), (6, 4)]}  # (old, new): HSDP loses one replica
 HEALS = ("heal", "prepared", "drain")  # the methods that run this tree's heal
 SHARDS = 2
+PHASES = {"trainer_shim.heal": ("_offers", "settle", "_structure", "_targets", "move"),  # as heal() calls them
+          "trainer_shim.heal_moves": ("_scatter",)}  # a received message's copy out (inside `pump`)
+
+
+@dataclass(frozen=True)
+class Made:
+    """How a row's state is made and what is measured: its tensor count, HSDP's specs, the heal's phases."""
+
+    params: int = 4  # tensors of parameters, each with AdamW's two moments
+    own_specs: bool = False
+    phases: bool = False
 
 
 def state_of(rank: int, nbytes: int, survivor: bool, layout: str, world: int,
@@ -97,14 +113,14 @@ def state_of(rank: int, nbytes: int, survivor: bool, layout: str, world: int,
 
 
 def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int, addr: str, out: dict,
-           params: int = 4, own_specs: bool = False) -> None:
+           made: Made) -> None:
     # First, as an in-place worker does at its start: the zeroing's threads (trainer_shim.heal_moves.touch) then finish
     # long before the clock, not in the first milliseconds of a heal that costs a few.
     staging = warm_staging() if method in HEALS else None
     store = dist.TCPStore("127.0.0.1", int(addr), is_master=False, timeout=timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=new, timeout=timedelta(seconds=TIMEOUT_S))
     survivor = rank < old
-    held, wants = state_of(rank, nbytes, survivor, layout, new, params, own_specs)
+    held, wants = state_of(rank, nbytes, survivor, layout, new, made.params, made.own_specs)
     cpu = torch.device("cpu")
     prepared = None
     if method in HEALS:
@@ -114,8 +130,12 @@ def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int,
             prepared = prepare_newcomer(rank, survivor, held, store, addr)
     else:
         from trainer_shim.generation import sync
+    phases: dict[str, float] = {}
+    if made.phases and method in HEALS:
+        time_phases(phases)
     dist.barrier()
     start, cpu_start = time.perf_counter(), time.process_time()  # the process's CPU: every thread, gloo's included
+    main_start = time.thread_time()
     received, sent, error, own = 0, 0, "", 0.0
     try:
         if method in HEALS:
@@ -133,14 +153,39 @@ def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int,
     except RuntimeError as exc:
         error = str(exc).splitlines()[0][:200]
     mine, cpu_used = time.perf_counter() - start, time.process_time() - cpu_start
+    phases["main"] = time.thread_time() - main_start
     own = own if method in HEALS else mine  # the broadcast has no parts to tell apart
     times: list[Any] = [None] * new
     # after the clock: not part of the heal
     dist.all_gather_object(times, {"seconds": mine, "survivor": survivor, "received": received, "error": error,
-                                   "sent": sent, "cpu": cpu_used, "heal": own})
+                                   "sent": sent, "cpu": cpu_used, "heal": own, "phases": phases})
     if rank == 0:
         out["result"] = times
     dist.destroy_process_group()
+
+
+def time_phases(into: dict[str, float]) -> None:
+    """Add each of the heal's steps' CPU on the calling thread to `into` by name (--phases; each step's own CPU:
+    a wait in a collective costs none). Names a tree lacks are skipped."""
+    import importlib
+
+    def timed(fn: Any, name: str) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            begun = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                into[name] = into.get(name, 0.0) + time.thread_time() - begun
+        return run
+
+    for module_name, names in PHASES.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            if hasattr(module, name):
+                setattr(module, name, timed(getattr(module, name), name))
+    posts = getattr(importlib.import_module("trainer_shim.heal_moves"), "_Posts", None)
+    if posts is not None:  # the messages copied together or apart: a sender's copy in, a receiver's copy out
+        posts.pump = timed(posts.pump, "pump")
 
 
 def prepare_newcomer(rank: int, survivor: bool, held: dict, store: dist.Store, addr: str) -> Any:
@@ -179,14 +224,13 @@ def shim_heal_targets(state: dict) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def run_join(method: str, layout: str, old: int, new: int, nbytes: int, params: int = 4,
-             own_specs: bool = False) -> dict[str, Any]:
+def run_join(method: str, layout: str, old: int, new: int, nbytes: int, made: Made) -> dict[str, Any]:
     server = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
                            timeout=timedelta(seconds=60))
     with mp.Manager() as manager:
         out = manager.dict()
         mp.start_processes(member, nprocs=new, start_method="spawn",
-                           args=(method, layout, old, new, nbytes, str(server.port), out, params, own_specs))
+                           args=(method, layout, old, new, nbytes, str(server.port), out, made))
         times = out["result"]
     survivors = [r for r in times if r["survivor"]]
     newcomer = max((r["seconds"] for r in times if not r["survivor"]), default=None)
@@ -194,15 +238,27 @@ def run_join(method: str, layout: str, old: int, new: int, nbytes: int, params: 
         if method == "heal" else []  # a survivor that moved nothing: its cost is the exchange alone
     errors = sorted({r["error"] for r in times if r["error"]})
     cpu_s = sum(r["cpu"] for r in times)
-    return {"method": method, "layout": layout, "old": old, "new": new, "state_mb": nbytes >> 20,
-            "tensors": 3 * params, **({"own_specs": own_specs} if layout == "hsdp" else {}),
-            "survivor_s": round(max(r["seconds"] for r in survivors), 4),
-            "survivor_heal_s": round(max(r["heal"] for r in survivors), 4),
-            "idle_survivor_s": round(max(idle), 4) if idle else None,
-            "newcomer_s": None if newcomer is None else round(newcomer, 3),
-            "world_s": round(max(r["seconds"] for r in times), 3),
-            "moved_bytes": sum(r["received"] for r in times), "errors": errors, "cpu_s": round(cpu_s, 4),
-            "cpu_floor_s": round(cpu_s / len(os.sched_getaffinity(0)), 4)}
+    row = {"method": method, "layout": layout, "old": old, "new": new, "state_mb": nbytes >> 20,
+           "tensors": 3 * made.params, **({"own_specs": made.own_specs} if layout == "hsdp" else {}),
+           "survivor_s": round(max(r["seconds"] for r in survivors), 4),
+           "survivor_heal_s": round(max(r["heal"] for r in survivors), 4),
+           "idle_survivor_s": round(max(idle), 4) if idle else None,
+           "newcomer_s": None if newcomer is None else round(newcomer, 3),
+           "world_s": round(max(r["seconds"] for r in times), 3),
+           "moved_bytes": sum(r["received"] for r in times), "errors": errors, "cpu_s": round(cpu_s, 4),
+           "cpu_floor_s": round(cpu_s / len(os.sched_getaffinity(0)), 4)}
+    if made.phases:
+        roles = {"survivor": survivors, "newcomer": [r for r in times if not r["survivor"]]}
+        row["phases_ms"] = {role: phase_means(ranks) for role, ranks in roles.items() if ranks}
+    return row
+
+
+def phase_means(ranks: list[dict[str, Any]]) -> dict[str, float]:
+    """Each phase's CPU on the heal's thread, averaged over these ranks, in ms; `cpu` all of each's threads."""
+    names = sorted({name for r in ranks for name in r["phases"]})
+    means = {name: 1e3 * sum(r["phases"].get(name, 0.0) for r in ranks) / len(ranks) for name in names}
+    means["cpu"] = 1e3 * sum(r["cpu"] for r in ranks) / len(ranks)
+    return {name: round(v, 2) for name, v in means.items()}
 
 
 def loopback_peer(rank: int, nbytes: int, addr: str, out: dict) -> None:
@@ -256,6 +312,9 @@ def main() -> int:
                         "without trainer_shim.prepared)")
     parser.add_argument("--own-specs", action="store_true", help="give each HSDP DTensor its own spec object (FSDP2 "
                         "shares one among same-shaped tensors, as this benchmark does by default)")
+    parser.add_argument("--phases", action="store_true", help="time the heal's steps on each rank's calling thread "
+                        "(CPU: the exchange, plan, structure, targets, move, and within it the messages' copies) "
+                        "and report their means per role, in ms")
     parser.add_argument("--no-drains", action="store_true", help="skip the drains' rows (a world of survivors only)")
     parser.add_argument("--warm-gb", type=float, default=0.0, help="touch this much memory once before measuring: "
                         "a VM may back memory only when first touched (0.8 s a GB on the 2-core machine), which then "
@@ -289,7 +348,7 @@ def main() -> int:
                     env_tree = args.base_tree if method == "broadcast" else args.heal_tree
                     os.environ["PYTHONPATH"] = env_tree  # spawned members import the tree under test
                     sys.path.insert(0, env_tree)
-                    row = run_join(method, layout, old, new, nbytes, count, args.own_specs)
+                    row = run_join(method, layout, old, new, nbytes, Made(count, args.own_specs, args.phases))
                     sys.path.remove(env_tree)
                     if not drain:
                         row["gbps"] = round(nbytes / row["newcomer_s"] / 1e9, 3)
