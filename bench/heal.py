@@ -297,6 +297,13 @@ def run_restart(nbytes: int, layout: str, new: int, folder: Path) -> float:
     return time.perf_counter() - start
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--sizes-mb", default="100,500,1000,2000")
@@ -323,6 +330,9 @@ def main() -> int:
                         help="the DDP joins, old-new: 1-2 gives each process a core of this 2-core machine")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "heal.json"))
     args = parser.parse_args()
+    if args.base_tree and "def sync(" not in _read(Path(args.base_tree) / "trainer_shim" / "generation.py"):
+        parser.error(f"--base-tree {args.base_tree}: no trainer_shim.generation.sync there, the whole-state broadcast "
+                     "compared against (a tree before 8a51337 has it)")
     # Every process runs one intra-op thread, as elasticd's workers do (and torchrun's): with more, each new
     # group's gloo threads start an OpenMP team at their first copy, 10-30 ms a heal that no worker pays.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
