@@ -87,7 +87,7 @@ def state_of(rank: int, nbytes: int, survivor: bool, layout: str, world: int,
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh("cpu", (world // SHARDS, SHARDS))
 
-    first: list[Any] = []  # the first DTensor, whose like the others are made as
+    first: list[Any] = []  # the first DTensor; the others are made like it and share one propagated spec
 
     def tensor(fill: float) -> torch.Tensor:
         if shard and first and not own_specs:
