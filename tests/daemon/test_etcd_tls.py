@@ -17,7 +17,7 @@ from support.etcd_tls import Authority, Pair, enable_rbac, set_rights
 from support.harness import SHIM, TICKER, Job, sample_lines, wait_for
 from support.system_deps import require_binary
 
-from elasticd.coordinator.etcd.client import EtcdClient
+from elasticd.coordinator.etcd.client import EtcdClient, put
 from elasticd.job.config import EtcdAccess
 
 PASSWORD = "trainer-pw-7f3a9c"  # the daemons' etcd password: no process of the job may show it
@@ -183,8 +183,11 @@ def test_a_password_on_the_command_line_is_refused_without_echoing_it(tmp_path: 
     assert "Traceback" not in result.stderr
 
 
-def test_a_jwt_is_renewed_before_it_expires(tmp_path: Path, tls_etcd: tuple[EtcdCluster, Pki]) -> None:
-    """etcd signing 6 s JWTs: renewed a third of its life early, while the old one is still good."""
+def test_a_jwt_is_renewed_before_it_expires_and_when_the_roles_change(tmp_path: Path,
+                                                                      tls_etcd: tuple[EtcdCluster, Pki]) -> None:
+    """etcd signing 6 s JWTs: renewed a third of its life early, while the old one is still good. A JWT carries the
+    auth store's revision: once an admin changes any role, etcd refuses it ("revision of auth store is old", a 400
+    that once deposed a coordinator mid-job), and the client logs in again and goes on."""
     _, pki = tls_etcd
     openssl = require_binary("openssl", "openssl")
     signing = tmp_path / "jwt.key"
@@ -202,6 +205,10 @@ def test_a_jwt_is_renewed_before_it_expires(tmp_path: Path, tls_etcd: tuple[Etcd
         time.sleep(max(0.0, renew - time.time()) + 0.2)  # past the renewal, well before the token's expiry
         client.get_prefix(JOB_PREFIX)
         assert client._token != first
+        second = client._token
+        set_rights(etcd.url(0), pki.admin, "trainer-role", JOB_PREFIX, granted=True)  # the auth store moves on
+        client.txn([], [put(f"{JOB_PREFIX}probe", "1")])
+        assert client._token != second and client.get_prefix(f"{JOB_PREFIX}probe")[0][0].value == b"1"
 
 
 def access(pki: Pki) -> EtcdAccess:

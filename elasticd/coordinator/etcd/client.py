@@ -26,6 +26,8 @@ TxnOp = dict[str, dict[str, str | int]]  # one txn operation: {"request_put": {â
 MISSING_CLIENT = ("--rdzv-backend etcd needs the etcd3gw client, which is not installed: "
                   "pip install 'elastic[etcd]'")
 REQUEST_TIMEOUT_S = 1.0  # per endpoint: a member that does not answer this fast is treated as down
+# etcd's refusals of a token that a new login cures (go.etcd.io/etcd/api/v3rpc/rpctypes)
+STALE_TOKEN = ("etcdserver: invalid auth token", "etcdserver: revision of auth store is old")
 
 
 @dataclass(frozen=True)
@@ -120,8 +122,10 @@ class EtcdClient:
         raise EtcdUnavailable(f"no etcd endpoint answered ({names}): {_short(last)}{hint}")
 
     def _authorized(self, client: Etcd3Client, action: Callable[[Etcd3Client], T]) -> T:
-        """`action` with our token (logged in when we have none, or ours is due); once more after etcd says that
-        ours has expired (a simple token left unused past etcd's --auth-token-ttl)."""
+        """`action` with our token (logged in when we have none, or ours is due); once more, logged in again, after
+        etcd refused ours (`STALE_TOKEN`): expired (a simple token left unused past etcd's --auth-token-ttl), or
+        issued before an admin changed a user or role (a JWT carries the auth store's revision; a simple token meets
+        it when the change lands during the request). etcd applied nothing it refused so: the retry is safe."""
         if not self.access.user:
             return action(client)
         from etcd3gw import exceptions as errors
@@ -133,7 +137,7 @@ class EtcdClient:
             try:
                 return action(client)
             except errors.Etcd3Exception as exc:
-                if attempt or "invalid auth token" not in str(exc.detail_text):
+                if attempt or not any(text in str(exc.detail_text) for text in STALE_TOKEN):
                     raise
                 with self._lock:
                     self._token = ""
