@@ -3,13 +3,12 @@ contiguous, on both ends and in a rank's own copy) and bool tensors (which trave
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from support.harness import free_port
-from support.spawned import spawned
+from support.spawned import gloo_world, spawned
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
@@ -34,8 +33,7 @@ def columns(local: torch.Tensor, mesh: DeviceMesh) -> DTensor:
 
 def member(rank: int, port: int, out: dict[int, Any]) -> None:
     """Ranks 0 and 1 held two column shards at step 5; rank 2 is new. Each wants its third of the columns."""
-    store = dist.TCPStore("127.0.0.1", port, is_master=rank == 0, timeout=timedelta(seconds=30))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=3, timeout=timedelta(seconds=10))
+    gloo_world(rank, port, 3, 10)
     old, new = DeviceMesh("cpu", torch.tensor([0, 1])), DeviceMesh("cpu", torch.tensor([0, 1, 2]))
     held: dict[str, torch.Tensor] = {}
     if rank < 2:

@@ -3,13 +3,12 @@ each rank copies them in the staging buffers it touched before, not in new memor
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from support.harness import free_port
-from support.spawned import spawned
+from support.spawned import gloo_world, spawned
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
@@ -32,8 +31,7 @@ def sharded(local: torch.Tensor, mesh: DeviceMesh) -> DTensor:
 
 def member(rank: int, port: int, out: dict[int, Any]) -> None:
     """Each rank held the other's rows (the old mesh ran its ranks in the other order) and wants its own."""
-    store = dist.TCPStore("127.0.0.1", port, is_master=rank == 0, timeout=timedelta(seconds=30))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=5))
+    gloo_world(rank, port, 2, 5)
     old, new = DeviceMesh("cpu", torch.tensor([1, 0])), DeviceMesh("cpu", torch.tensor([0, 1]))
     held = {f"t{i}": sharded(whole(i).chunk(2)[1 - rank].clone(), old) for i in range(TENSORS)}
     wants = {f"t{i}": sharded(torch.zeros(ROWS // 2, COLS), new) for i in range(TENSORS)}

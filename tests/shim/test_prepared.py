@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from support.harness import free_port
-from support.spawned import spawned
+from support.spawned import gloo_world, spawned
 
 from elasticd.wire.names import JOB_STORE_ENV
 from trainer_shim.heal import heal
@@ -30,8 +30,7 @@ def state(survivor: bool) -> dict[str, torch.Tensor]:
 
 
 def member(rank: int, port: int, spare_bytes: int, out: dict[int, Any]) -> None:
-    store = dist.TCPStore("127.0.0.1", port, is_master=rank == 0, timeout=timedelta(seconds=30))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=30))
+    gloo_world(rank, port, 2, 30)
     held = state(survivor=rank == 0)
     prepared = None
     if rank == 1:  # the newcomer, pre-started: it read the survivors' size and touched that much
