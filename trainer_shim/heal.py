@@ -139,9 +139,10 @@ def heal(held_step: int, held: Mapping[str, torch.Tensor], skeleton: Any, wants:
     if settled.missing:
         return result, {}
     pieces, full, asks = settled.pieces, settled.full, settled.asks
+    incoming: list[Piece] = []  # none where every rank heals from its own rows
     if offers is not None:  # rows into new memory last: its receiver touches it while the rest arrives
         pieces.sort(key=lambda p: offers[p.dst].fresh(p.path, full[p.path]))  # type: ignore[union-attr]
-    incoming = [p for p in pieces if p.dst == rank and bundled(p)] if offers is not None else []
+        incoming = [p for p in pieces if p.dst == rank and bundled(p)]
     device_of = top[1].__getitem__ if top[1] is not None else lambda p: have[p][0].device.type
     filled, ready = _targets(asks[rank], wants or {}, held, device_of, comm_device, incoming, prepared) \
         if asks[rank] else ({}, set())
