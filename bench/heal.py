@@ -73,11 +73,12 @@ class Made:
 
 
 def state_of(rank: int, nbytes: int, survivor: bool, layout: str, world: int,
-             params: int = 4, own_specs: bool = False) -> tuple[dict, dict | None]:
+             made: Made = Made()) -> tuple[dict, dict | None]:
     """(held, wants) for one rank: DDP holds whole tensors, HSDP its shard of each (DTensors on a 2-D mesh).
-    `params` tensors of parameters, each with AdamW's two moments: 3 x `params` tensors of the state's bytes.
+    `made.params` tensors of parameters, each with AdamW's two moments: 3 x that many tensors of the state's bytes.
     HSDP's same-shaped DTensors share one spec object, as FSDP2's do (DTensor's sharding propagation caches the
-    specs it returns: `empty_like` here, FSDP2's own ops there); `own_specs` gives each its own instead."""
+    specs it returns: `empty_like` here, FSDP2's own ops there); `made.own_specs` gives each its own instead."""
+    params = made.params
     per = max(nbytes // 3 // 4 // params, 1)  # floats per tensor
     shard = layout == "hsdp"
     cols = min(1024, per)  # a small tensor (a bias, a norm's weight) is one row
@@ -90,10 +91,10 @@ def state_of(rank: int, nbytes: int, survivor: bool, layout: str, world: int,
     first: list[Any] = []  # the first DTensor; the others are made like it and share one propagated spec
 
     def tensor(fill: float) -> torch.Tensor:
-        if shard and first and not own_specs:
-            made: Any = torch.empty_like(first[0])
-            made.to_local().fill_(fill)  # touched, as a trained model's memory is
-            return made
+        if shard and first and not made.own_specs:
+            like: Any = torch.empty_like(first[0])
+            like.to_local().fill_(fill)  # touched, as a trained model's memory is
+            return like
         local = torch.empty(rows, cols).fill_(fill)
         if not shard:
             return local
@@ -120,7 +121,7 @@ def member(rank: int, method: str, layout: str, old: int, new: int, nbytes: int,
     store = dist.TCPStore("127.0.0.1", int(addr), is_master=False, timeout=timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=new, timeout=timedelta(seconds=TIMEOUT_S))
     survivor = rank < old
-    held, wants = state_of(rank, nbytes, survivor, layout, new, made.params, made.own_specs)
+    held, wants = state_of(rank, nbytes, survivor, layout, new, made)
     cpu = torch.device("cpu")
     prepared = None
     if method in HEALS:
@@ -233,7 +234,8 @@ def run_join(method: str, layout: str, old: int, new: int, nbytes: int, made: Ma
                            args=(method, layout, old, new, nbytes, str(server.port), out, made))
         times = out["result"]
     survivors = [r for r in times if r["survivor"]]
-    newcomer = max((r["seconds"] for r in times if not r["survivor"]), default=None)
+    newcomers = [r for r in times if not r["survivor"]]
+    newcomer = max((r["seconds"] for r in newcomers), default=None)
     idle = [r["seconds"] for r in survivors if not r["received"] and not r["sent"]] \
         if method == "heal" else []  # a survivor that moved nothing: its cost is the exchange alone
     errors = sorted({r["error"] for r in times if r["error"]})
@@ -248,7 +250,7 @@ def run_join(method: str, layout: str, old: int, new: int, nbytes: int, made: Ma
            "moved_bytes": sum(r["received"] for r in times), "errors": errors, "cpu_s": round(cpu_s, 4),
            "cpu_floor_s": round(cpu_s / len(os.sched_getaffinity(0)), 4)}
     if made.phases:
-        roles = {"survivor": survivors, "newcomer": [r for r in times if not r["survivor"]]}
+        roles = {"survivor": survivors, "newcomer": newcomers}
         row["phases_ms"] = {role: phase_means(ranks) for role, ranks in roles.items() if ranks}
     return row
 
